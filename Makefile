@@ -1,0 +1,27 @@
+# Two entry points a user needs: `make demo` and `make test`.
+# Both create .venv/ (with the project installed editable) when it is missing.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench-quick clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m panjoin.cli demo
+
+test: $(STAMP)
+	$(BIN)/ruff check panjoin tests benchmarks
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m benchmarks.index_sweep --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,1 @@
+"""Benchmark runners shared by ``panjoin bench`` and the sweep scripts in ``benchmarks/``."""

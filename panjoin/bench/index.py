@@ -1,0 +1,132 @@
+"""One point of the per-index microbenchmarks (PanJoin paper, section V-A, Figures 10-13).
+
+``insert``: a fresh subwindow of NSub tuples is filled with sorted batches of
+NBat uniform keys; throughput = NSub / time. ``probe``: a full subwindow is
+probed with sorted batches of NBat keys, the predicate chosen so that each
+probe tuple matches about S stored tuples (eq: keys drawn from NSub / S
+values; band: half-width S * range / (2 NSub)). Each point is run once to
+warm up (JIT compile, page faults), then ``repeat`` times; the median counts.
+The nested loop probes only as many tuples as fit in about half a second,
+since each costs a full scan.
+
+    >>> res = run_point(IndexPoint("nested", "probe", nsub=1024, partitions=8, batch=64,
+    ...                            repeat=1))
+    >>> res.tuples_per_s > 0
+    True
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from panjoin.semantics import parse_predicate, probe_bounds
+from panjoin.subwindow import WindowFilter, make_index
+
+KEY_RANGE = 1 << 40
+
+
+@dataclass
+class IndexPoint:
+    index: str
+    op: str
+    nsub: int = 1 << 20
+    partitions: int = 8192
+    batch: int = 32768
+    selectivity: float = 1.0
+    predicate: str = "band"
+    threads: int = 1
+    repeat: int = 3
+    seed: int = 0
+
+
+@dataclass
+class IndexResult:
+    point: IndexPoint
+    tuples_per_s: float
+    seconds: list
+    results_per_tuple: float
+    bytes_per_tuple: float
+
+
+def _keys(rng, n, point: IndexPoint) -> np.ndarray:
+    if point.predicate == "eq":
+        domain = max(1, round(point.nsub / max(point.selectivity, 1e-9)))
+        return rng.integers(0, domain, n, dtype=np.int64)
+    return rng.integers(0, KEY_RANGE, n, dtype=np.int64)
+
+
+def _pred(point: IndexPoint):
+    if point.predicate == "eq":
+        return parse_predicate("eq")
+    e = int(point.selectivity * KEY_RANGE / (2 * point.nsub))
+    return parse_predicate(f"band:{e}")
+
+
+def _fill(point: IndexPoint, rng, batch: int):
+    ix = make_index(point.index, point.nsub, "int64", point.partitions, point.threads)
+    keys = _keys(rng, point.nsub, point)
+    ts = np.zeros(point.nsub, dtype=np.int64)
+    seq = np.arange(point.nsub, dtype=np.int64)
+    batches = []
+    for a in range(0, point.nsub, batch):
+        b = min(point.nsub, a + batch)
+        order = np.argsort(keys[a:b], kind="stable")
+        batches.append((keys[a:b][order], ts[a:b], seq[a:b][order]))
+    return ix, batches
+
+
+def run_point(point: IndexPoint, progress: bool = False) -> IndexResult:
+    numba.set_num_threads(min(point.threads, numba.config.NUMBA_NUM_THREADS))
+    rng = np.random.default_rng(point.seed)
+    # warm-up: compile every kernel on a small instance of the same shape
+    small = IndexPoint(**{**point.__dict__, "nsub": min(point.nsub, 4096),
+                          "batch": min(point.batch, 1024),
+                          "partitions": min(point.partitions, 64), "repeat": 1})
+    _run_once(small, np.random.default_rng(1))
+    secs, rpt, bpt, n_done = [], 0.0, 0.0, 0
+    for _ in range(max(1, point.repeat)):
+        s, n_done, rpt, bpt = _run_once(point, rng)
+        secs.append(s)
+    med = statistics.median(secs)
+    return IndexResult(point, n_done / med, secs, rpt, bpt)
+
+
+def _run_once(point: IndexPoint, rng):
+    if point.op == "insert":
+        ix, batches = _fill(point, rng, point.batch)
+        t0 = time.perf_counter()
+        for k, t, s in batches:
+            ix.insert(k, t, s)
+        sec = time.perf_counter() - t0
+        return sec, point.nsub, 0.0, ix.nbytes / max(1, len(ix))
+    if point.op != "probe":
+        raise ValueError(f"op must be insert or probe, got {point.op!r}")
+    ix, batches = _fill(point, rng, min(point.nsub, 1 << 20))
+    for k, t, s in batches:
+        ix.insert(k, t, s)
+    pred = _pred(point)
+    flt = WindowFilter.none()
+    # several batches per timing, so that a fast index is not timed on one 3 ms call
+    n_probe = point.batch * max(1, (1 << 18) // point.batch)
+    if point.index == "nested":
+        n_probe = min(point.batch, 16)
+    while True:
+        keys = np.sort(_keys(rng, n_probe, point))
+        t0 = time.perf_counter()
+        done = 0
+        found = 0
+        for a in range(0, n_probe, point.batch):
+            kb = keys[a:a + point.batch]
+            lo, hi = probe_bounds(pred, "R", kb)
+            pi, _ = ix.probe(lo, hi, flt)
+            found += pi.size
+            done += kb.size
+        sec = time.perf_counter() - t0
+        if point.index != "nested" or sec > 0.5 or n_probe >= point.batch * 64:
+            return sec, done, found / max(1, done), ix.nbytes / max(1, len(ix))
+        n_probe *= 4

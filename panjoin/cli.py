@@ -1,0 +1,329 @@
+"""The ``panjoin`` command: replay a recorded stream, generate one, benchmark, demo.
+
+Every subcommand takes ``--config FILE`` (TOML; keys are the long option names,
+e.g. ``window = "count:1M,1M"`` or ``batch-size = 32768``); flags given on the
+command line win over the file. Sizes accept K/M/G suffixes (powers of two).
+
+    panjoin gen events.parquet --n 2M --dist zipf
+    panjoin replay events.parquet --window count:1M,1M --predicate band:10 \\
+        --index bisort --out pairs.parquet
+    panjoin bench index --index bisort --op probe --nsub 8M --partitions 64K --batch 32K
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+from panjoin import __version__
+from panjoin.semantics import SpecError, parse_size
+
+log = logging.getLogger("panjoin")
+
+INDEX_HELP = ("subwindow index: rap (RaP-Table), wib (WiB+-Tree), bisort (BI-Sort), "
+              "nested (nested loop, the baseline)")
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except SpecError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML file of option defaults")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every step")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def _add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
+    g = p.add_argument_group("join (the paper's knobs)")
+    g.add_argument("--window", required=required, metavar="SPEC",
+                   help="count:WR,WS (tuples) or time:TR,TS (ms of event time)")
+    g.add_argument("--predicate", required=required, metavar="SPEC",
+                   help="eq | ne | band:E (|r.key-s.key|<=E) | bands:A,B;C,D (s.key-r.key in ...)")
+    g.add_argument("--index", default="bisort", choices=["rap", "wib", "bisort", "nested"],
+                   help=INDEX_HELP + " (default: %(default)s)")
+    g.add_argument("--allowed-lateness", type=int, default=0, metavar="MS",
+                   help="time windows: a tuple more than MS behind the largest ts so far is "
+                        "late (default: %(default)s)")
+    g.add_argument("--subwindow-size", type=_size, metavar="NSUB",
+                   help="tuples per subwindow (default: a quarter of a count window, else 64K)")
+    g.add_argument("--partitions", type=_size, metavar="P",
+                   help="partitions per subwindow (default: NSub/128, at most 64K)")
+    g.add_argument("--batch-size", type=_size, default=32768, metavar="NBAT",
+                   help="max tuples per batch (default: %(default)s)")
+    g.add_argument("--max-lag", type=_size, metavar="N",
+                   help="cut a stream's batch once the other stream has received N tuples since "
+                        "its oldest tuple (default: the batch size)")
+    g.add_argument("--threads", type=int, metavar="T", help="probe threads (default: all cores)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="panjoin",
+        description="PanJoin: a sliding-window stream join with RaP-Table, WiB+-Tree and "
+                    "BI-Sort subwindows.",
+    )
+    ap.add_argument("--version", action="version", version=f"panjoin {__version__}")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("replay", help="join a recorded event file and write the result pairs",
+                       description="Join an event file (Parquet or CSV with columns stream, id, "
+                                   "key, ts[, payload], rows in arrival order) and write the "
+                                   "exact result as Parquet columns r_id, s_id.")
+    p.add_argument("events", help="event file (.parquet or .csv)")
+    _add_join_opts(p)
+    p.add_argument("--out", required=True, metavar="PAIRS.parquet", help="result pairs")
+    p.add_argument("--late-out", metavar="LATE.parquet",
+                   help="late tuples (time windows): columns stream, id")
+    p.add_argument("--chunk", type=_size, default=1 << 20, help="rows pushed at a time")
+    _add_common(p)
+
+    p = sub.add_parser("gen", help="generate an event file",
+                       description="Write a generated stream pair as an event file.")
+    p.add_argument("out", help="output file (.parquet or .csv)")
+    p.add_argument("--n", type=_size, default=1 << 20, help="tuples in all (default: 1M)")
+    p.add_argument("--dist", default="uniform",
+                   choices=["uniform", "zipf", "increasing", "normal", "equal"],
+                   help="key distribution (default: %(default)s)")
+    p.add_argument("--key-min", type=int, default=0)
+    p.add_argument("--key-max", type=int, default=1_000_000)
+    p.add_argument("--float-keys", action="store_true", help="float64 keys")
+    p.add_argument("--rate", type=float, default=1e6, help="tuples per second (sets ts)")
+    p.add_argument("--disorder-ms", type=int, default=0, help="max ts delay of late-ish tuples")
+    p.add_argument("--r-fraction", type=float, default=0.5, help="share of R tuples")
+    p.add_argument("--zipf-a", type=float, default=1.2)
+    p.add_argument("--modes", type=int, default=4, help="peaks of the 'normal' distribution")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--payload", action="store_true", help="add a string payload column")
+    _add_common(p)
+
+    p = sub.add_parser("bench", help="benchmarks (see benchmarks/)")
+    bsub = p.add_subparsers(dest="bench", required=True, metavar="WHAT")
+    b = bsub.add_parser("index", help="one point of an index microbenchmark",
+                        description="Insert or probe throughput of one subwindow index after a "
+                                    "warm-up; prints 'tuples/s: X' last.")
+    b.add_argument("--index", required=True, choices=["rap", "wib", "bisort", "nested"],
+                   help=INDEX_HELP)
+    b.add_argument("--op", required=True, choices=["insert", "probe"])
+    b.add_argument("--nsub", type=_size, default=1 << 20, help="subwindow size NSub")
+    b.add_argument("--partitions", type=_size, default=8192, help="partition count P")
+    b.add_argument("--batch", type=_size, default=32768, help="batch size NBat")
+    b.add_argument("--selectivity", type=float, default=1.0, help="matches per probe tuple S")
+    b.add_argument("--predicate", choices=["eq", "band"], default="band")
+    b.add_argument("--threads", type=int, default=1)
+    b.add_argument("--repeat", type=int, default=3, help="timed repetitions (median reported)")
+    b.add_argument("--seed", type=int, default=0)
+    _add_common(b)
+
+    p = sub.add_parser("demo", help="the main job on the embedded default (what `make demo` runs)")
+    p.add_argument("--n", type=_size, default=3 << 20, help="tuples in all (default: 3M)")
+    p.add_argument("--index", default="bisort", choices=["rap", "wib", "bisort", "nested"])
+    p.add_argument("--window", type=_size, default=1 << 20, help="count window per stream")
+    _add_common(p)
+    return ap
+
+
+def _leaf_parsers(ap: argparse.ArgumentParser):
+    """Every subcommand parser (``bench index`` included)."""
+    for action in ap._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                inner = list(_leaf_parsers(sub))
+                yield from inner or [sub]
+
+
+def _parse(argv) -> argparse.Namespace:
+    """Parse flags; a ``--config`` TOML file supplies defaults that flags override."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    ap = build_parser()
+    if known.config:
+        path = Path(known.config)
+        try:
+            conf = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            ap.error(f"config file {path} not found")
+        except tomllib.TOMLDecodeError as e:
+            ap.error(f"config file {path} is not valid TOML: {e}")
+        used = set()
+        for sub in _leaf_parsers(ap):
+            actions = {a.dest: a for a in sub._actions}
+            defaults = {}
+            for k, v in conf.items():
+                action = actions.get(k.replace("-", "_"))
+                if action is None:
+                    continue
+                used.add(k)
+                if action.type is not None and isinstance(v, str):
+                    v = action.type(v)
+                defaults[action.dest] = v
+                action.required = False
+            sub.set_defaults(**defaults)
+        unknown = sorted(set(conf) - used)
+        if unknown:
+            ap.error(f"config file {path}: unknown option(s) {', '.join(unknown)}")
+    return ap.parse_args(argv)
+
+
+def _progress(total, desc, disable, unit="tuples"):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, disable=disable,
+                file=sys.stderr, dynamic_ncols=True)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def run_replay(args) -> int:
+    from panjoin.events import read_events, write_ids, write_pairs
+    from panjoin.manager.engine import JoinEngine
+    from panjoin.semantics import parse_predicate, parse_window
+
+    window = parse_window(args.window, args.allowed_lateness)
+    pred = parse_predicate(args.predicate)
+    t0 = time.perf_counter()
+    events = read_events(args.events)
+    log.info("read %d events (%d R, %d S) from %s in %.2fs", len(events), *events.counts(),
+             args.events, time.perf_counter() - t0)
+    engine = JoinEngine(window, pred, index=args.index, subwindow_size=args.subwindow_size,
+                        partitions=args.partitions, batch_size=args.batch_size,
+                        max_lag=args.max_lag, threads=args.threads,
+                        key_dtype=str(events.key.dtype))
+    log.info("join %s on %s, index %s, NSub %d, P %d, NBat %d", window, pred, args.index,
+             engine.nsub, engine.partitions, engine.batch_size)
+    r_parts, s_parts = [], []
+    peak = 0
+    t1 = time.perf_counter()
+    with _progress(len(events), "replay", args.no_progress) as bar:
+        for start in range(0, len(events), args.chunk):
+            chunk = events.slice(start, min(len(events), start + args.chunk))
+            engine.push(chunk)
+            r, s = engine.take_results()
+            r_parts.append(r)
+            s_parts.append(s)
+            peak = max(peak, engine.memory_bytes())
+            bar.update(len(chunk))
+        engine.flush()
+        r, s = engine.take_results()
+        r_parts.append(r)
+        s_parts.append(s)
+    elapsed = time.perf_counter() - t1
+    r_all = np.concatenate(r_parts)
+    s_all = np.concatenate(s_parts)
+    write_pairs(args.out, r_all, s_all)
+    late = engine.take_late()
+    if args.late_out:
+        write_ids(args.late_out, late)
+    n_late = sum(len(v) for v in late.values())
+    rate = len(events) / elapsed if elapsed > 0 else float("inf")
+    stored = max(1, max(engine.window_tuples().values()) * 2)
+    print(f"input tuples: {len(events)}  late: {n_late}"
+          + ("" if args.late_out or not n_late else " (not written: give --late-out)"))
+    print(f"results: {len(r_all)} pairs -> {args.out}")
+    print(f"time: {elapsed:.2f} s  throughput: {rate:,.0f} tuples/s")
+    print(f"memory: peak {_fmt_bytes(peak)} in the window "
+          f"({peak / stored:.1f} bytes per stored tuple)")
+    return 0
+
+
+def run_gen(args) -> int:
+    from panjoin.events import write_events
+    from panjoin.generate import generate
+
+    t0 = time.perf_counter()
+    table = generate(args.n, args.dist, key_min=args.key_min, key_max=args.key_max,
+                     float_keys=args.float_keys, rate=args.rate, disorder_ms=args.disorder_ms,
+                     r_fraction=args.r_fraction, zipf_a=args.zipf_a, modes=args.modes,
+                     seed=args.seed, payload=args.payload)
+    write_events(table, args.out)
+    nr, ns = table.counts()
+    print(f"wrote {len(table)} events ({nr} R, {ns} S, {args.dist} keys) to {args.out} "
+          f"in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+def run_bench(args) -> int:
+    from panjoin.bench.index import IndexPoint, run_point
+
+    point = IndexPoint(index=args.index, op=args.op, nsub=args.nsub, partitions=args.partitions,
+                       batch=args.batch, selectivity=args.selectivity, predicate=args.predicate,
+                       threads=args.threads, repeat=args.repeat, seed=args.seed)
+    res = run_point(point, progress=not args.no_progress)
+    print(f"index: {point.index}  op: {point.op}  nsub: {point.nsub}  partitions: "
+          f"{point.partitions}  batch: {point.batch}  threads: {point.threads}")
+    print(f"results per probe tuple: {res.results_per_tuple:.2f}  "
+          f"bytes per stored tuple: {res.bytes_per_tuple:.1f}")
+    print(f"tuples/s: {res.tuples_per_s:.6g}")
+    return 0
+
+
+def run_demo(args) -> int:
+    """Generate a stream, band-join it with selectivity about 1, print throughput."""
+    from panjoin.generate import band_for_selectivity, generate
+    from panjoin.manager.engine import JoinEngine
+
+    key_max = 1 << 40
+    print(f"PanJoin demo: {args.n:,} tuples (uniform keys, half R, half S), "
+          f"count window {args.window:,} per stream, index {args.index}")
+    events = generate(args.n, "uniform", key_min=0, key_max=key_max, seed=42)
+    e = band_for_selectivity(1.0, args.window, 0, key_max)
+    pred = f"band:{int(e)}"
+    engine = JoinEngine(f"count:{args.window},{args.window}", pred, index=args.index,
+                        batch_size=32768)
+    print(f"predicate {pred} (about 1 match per tuple), NSub {engine.nsub:,}, "
+          f"P {engine.partitions:,}, NBat {engine.batch_size:,}, threads {engine.threads}")
+    n_results = 0
+    step = 1 << 18
+    t0 = time.perf_counter()
+    with _progress(len(events), "join", args.no_progress) as bar:
+        for start in range(0, len(events), step):
+            chunk = events.slice(start, min(len(events), start + step))
+            engine.push(chunk)
+            n_results += len(engine.take_results()[0])
+            bar.update(len(chunk))
+        engine.flush()
+        n_results += len(engine.take_results()[0])
+    elapsed = time.perf_counter() - t0
+    print(f"results: {n_results:,} pairs ({n_results / len(events):.2f} per input tuple)")
+    print(f"throughput: {len(events) / elapsed:,.0f} input tuples/s ({elapsed:.2f} s, "
+          "first-run Numba compilation included)")
+    print(f"window memory: {_fmt_bytes(engine.memory_bytes())}")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handlers = {"replay": run_replay, "gen": run_gen, "bench": run_bench, "demo": run_demo}
+    try:
+        return handlers[args.cmd](args)
+    except (SpecError, ValueError, TypeError, FileNotFoundError) as e:
+        from panjoin.events import EventError
+
+        kind = "bad input" if isinstance(e, EventError) else "error"
+        print(f"panjoin {args.cmd}: {kind}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; nothing was written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""One place for Numba options and the paper's tunables.
+
+Every kernel module imports ``NJIT`` / ``NJIT_PAR`` from here, so switching caching,
+``fastmath`` or threading for the whole project is a one-line change.
+"""
+
+import os
+
+#: options for single-threaded kernels: compiled once, cached on disk, GIL released
+NJIT = dict(cache=True, nogil=True)
+#: options for the multi-threaded drivers (``prange`` over chunks of the probe batch)
+NJIT_PAR = dict(cache=True, nogil=True, parallel=True)
+
+#: default partition count P (paper: 64K for NSub = 8M)
+DEFAULT_PARTITIONS = 1024
+#: default subwindow size NSub in tuples
+DEFAULT_SUBWINDOW = 1 << 16
+#: default batch size NBat
+DEFAULT_BATCH = 1 << 15
+#: LLAT slack sigma: an entry holds (NSub / P) * sigma tuples (paper suggests 1.10-1.25)
+LLAT_SIGMA = 1.25
+#: BI-Sort insertion buffer size B (paper: 1K)
+BISORT_BUFFER = 1024
+#: WiB+-Tree internal node fan-out (paper: about 64 keys, cache resident)
+WIB_FANOUT = 64
+
+
+def default_threads() -> int:
+    """Threads a worker uses for probing: PANJOIN_THREADS, else all cores."""
+    env = os.environ.get("PANJOIN_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, os.cpu_count() or 1)

@@ -1,0 +1,465 @@
+"""The manager's five steps without a network: ``JoinEngine`` (PanJoin paper, section III-A).
+
+1. Collect: one buffer per stream. A buffer is cut into a batch when it holds
+   ``batch_size`` tuples, when the other stream has received ``max_lag``
+   tuples since the buffer's oldest tuple arrived (so a slow stream never holds
+   the fast one's subwindows back), when its oldest tuple has waited
+   ``max_collect_ms`` of wall-clock time (:meth:`JoinEngine.tick`), or on flush.
+2. Preprocess: number the tuples (``seq`` per stream, in arrival order), mark
+   late tuples (time windows), sort the batch by key, decide create/expire.
+3. Send: probe every non-empty subwindow of the opposite stream whose tuples
+   can still pair with the batch; insert into the newest subwindow of the
+   batch's stream (creating a successor when it is full); expire whole oldest
+   subwindows that no future tuple can reach.
+4. Process (the backend: in-process indexes here, workers in the cluster).
+5. Feedback: map stored seqs back to ids, collect the pairs.
+
+Why this is exact whatever the batching (DESIGN section 2): a pair (x, y) is
+found once, by whichever of x and y is processed later, probing the
+subwindows where the other is stored. Where a subwindow straddles a window
+edge, each candidate pair is checked against per-tuple bounds (the paper's
+filtering of the oldest subwindow), both for stored tuples that arrived before
+the probe tuple and, since buffers are cut independently, after it:
+
+- count windows: the index's ``ts`` column holds the number of
+  opposite-stream arrivals before the tuple (``opp``); the probe tuple x of
+  stream X pairs with stored y of stream Y iff ``opp_x - W_Y <= seq_y < opp_x``
+  (y arrived before x, among the last W_Y) or ``seq_y >= opp_x`` and
+  ``opp_y <= seq_x + W_X`` (y arrived after x, x among the last W_X);
+- time windows: ``x.ts - W_Y < y.ts < x.ts + W_X``.
+
+A subwindow of Y expires when its newest tuple is out of reach of every tuple
+of X that is still buffered or yet to come.
+
+Example, count:2,2, batch size 2, arrivals r0 s0 r1 s1 (keys all equal):
+the R buffer is cut after r1: r0, r1 probe nothing (no S stored), then are
+inserted; the S batch s0, s1 probes R: r0 (opp 0) / s0 (seq 0): s0 arrived
+after r0 and r0 is among the last 2 R before s0 -> pair; r1 (opp 1) / s0:
+s0 arrived before r1 -> pair; likewise (r0, s1), (r1, s1): four pairs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from panjoin.config import DEFAULT_BATCH, default_threads
+from panjoin.manager.backend import CreateSpec, LocalBackend
+from panjoin.manager.ring import SubwindowRing
+from panjoin.semantics import Predicate, Window, parse_predicate, parse_window, probe_bounds
+from panjoin.subwindow import INDEX_KINDS, WindowFilter
+from panjoin.subwindow.kernels import window as W
+
+log = logging.getLogger("panjoin.manager")
+
+STREAM_NAMES = ("R", "S")
+_I64 = np.int64
+
+
+@dataclass
+class EngineStats:
+    tuples_in: int = 0
+    late: int = 0
+    batches: int = 0
+    results: int = 0
+    probes_skipped: int = 0
+    probes_filtered: int = 0
+    probes_unfiltered: int = 0
+    preprocess_s: float = 0.0
+    map_s: float = 0.0
+
+
+def default_subwindow_size(window: Window) -> int:
+    """NSub when none is given: a quarter of the count window (at least 1), else 64K."""
+    if window.kind == "count":
+        return max(1, math.ceil(max(window.r, window.s) / 4))
+    return 1 << 16
+
+
+def default_partitions(subwindow_size: int) -> int:
+    """P when none is given: about 128 tuples per partition (the paper: 8M / 64K)."""
+    return int(min(1 << 16, max(1, subwindow_size // 128)))
+
+
+class _Buffer:
+    """The collect buffer of one stream (step 1): chunks of column arrays in arrival order."""
+
+    __slots__ = ("chunks", "n", "first_opp", "min_ts")
+
+    def __init__(self):
+        self.chunks: list[tuple[np.ndarray, ...]] = []
+        self.n = 0
+        self.first_opp = -1
+        self.min_ts = np.iinfo(np.int64).max
+
+    def append(self, key, ev, seq, ids, opp):
+        if key.size == 0:
+            return
+        if self.n == 0:
+            self.first_opp = int(opp[0])
+        self.chunks.append((key, ev, seq, ids, opp))
+        self.n += int(key.size)
+        self.min_ts = min(self.min_ts, int(ev.min()))
+
+    def take(self):
+        cols = tuple(np.concatenate(c) for c in zip(*self.chunks, strict=True))
+        self.__init__()
+        return cols
+
+
+class JoinEngine:
+    """A sliding-window join over two streams, driven like the PanJoin manager.
+
+    >>> import numpy as np
+    >>> eng = JoinEngine("count:2,2", "eq", index="nested", batch_size=2)
+    >>> eng.push_arrays(np.array([0, 1, 0, 1], np.uint8), np.arange(4), np.full(4, 7),
+    ...                 np.arange(4))
+    >>> eng.flush(); len(eng.take_results()[0])
+    4
+    """
+
+    def __init__(
+        self,
+        window: str | Window,
+        predicate: str | Predicate,
+        index: str = "bisort",
+        *,
+        allowed_lateness: int = 0,
+        key_dtype: str | None = None,
+        subwindow_size: int | None = None,
+        partitions: int | None = None,
+        batch_size: int = DEFAULT_BATCH,
+        max_lag: int | None = None,
+        max_collect_ms: float | None = None,
+        threads: int | None = None,
+        backend=None,
+        n_workers: int = 1,
+        index_opts: dict | None = None,
+    ):
+        self.window = parse_window(window, allowed_lateness) if isinstance(window, str) else window
+        self.pred = parse_predicate(predicate)
+        if index not in INDEX_KINDS:
+            raise ValueError(f"unknown index {index!r}; choose one of {', '.join(INDEX_KINDS)}")
+        self.index = index
+        self.key_dtype = np.dtype(key_dtype) if key_dtype else None
+        self.nsub = int(subwindow_size or default_subwindow_size(self.window))
+        if self.nsub <= 0:
+            raise ValueError(f"subwindow size must be positive, got {self.nsub}")
+        self.partitions = int(partitions or default_partitions(self.nsub))
+        if batch_size <= 0:
+            raise ValueError(f"batch size must be positive, got {batch_size}")
+        self.batch_size = int(batch_size)
+        self.max_lag = int(max_lag or self.batch_size)
+        self.max_collect_ms = max_collect_ms
+        self.threads = threads or default_threads()
+        numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
+        self.backend = backend if backend is not None else LocalBackend(self.threads)
+        self.index_opts = dict(index_opts or {})
+        self.rings = {s: SubwindowRing(s, self.nsub, n_workers, first_worker=i)
+                      for i, s in enumerate(STREAM_NAMES)}
+        self.buffers = {s: _Buffer() for s in STREAM_NAMES}
+        self.buf_since = {s: None for s in STREAM_NAMES}  # wall clock of the oldest buffered
+        self.total = {s: 0 for s in STREAM_NAMES}  # tuples stored so far = next seq
+        self.maxts: int | None = None  # largest ts pushed (decides lateness)
+        self.seen_maxts: int | None = None  # largest ts appended to a buffer (the watermark)
+        self.late_ids: dict[str, list[np.ndarray]] = {s: [] for s in STREAM_NAMES}
+        self._results: list[tuple[np.ndarray, np.ndarray]] = []
+        self._next_sub = 0
+        self.stats = EngineStats()
+
+    # ------------------------------------------------------------------ step 1: collect
+
+    def push(self, events) -> None:
+        """Push an arrival-ordered :class:`panjoin.events.EventTable` (or anything with
+        ``stream``, ``id``, ``key``, ``ts`` arrays)."""
+        self.push_arrays(events.stream, events.id, events.key, events.ts)
+
+    def push_arrays(self, stream, ids, keys, ts) -> None:
+        """Push tuples in arrival order; ``stream`` holds 0 for R and 1 for S."""
+        t0 = time.perf_counter()
+        stream = np.asarray(stream, dtype=np.uint8)
+        ids = np.asarray(ids, dtype=_I64)
+        keys = np.asarray(keys)
+        ts = np.asarray(ts, dtype=_I64)
+        n = stream.shape[0]
+        if not (ids.shape == keys.shape == ts.shape == (n,)):
+            raise ValueError("stream, id, key and ts must be 1-d arrays of one length")
+        if n == 0:
+            return
+        if self.key_dtype is None:
+            if keys.dtype not in (np.int64, np.float64):
+                raise TypeError(f"keys must be int64 or float64, got {keys.dtype}")
+            self.key_dtype = keys.dtype
+        elif keys.dtype != self.key_dtype:
+            raise TypeError(f"keys are {keys.dtype} but this join's keys are {self.key_dtype}")
+        if np.any(stream > 1):
+            raise ValueError("stream must be 0 (R) or 1 (S)")
+        self.stats.tuples_in += n
+
+        keep = np.ones(n, dtype=bool)
+        if self.window.kind == "time":
+            # late iff ts < (largest ts of all earlier arrivals) - L, per tuple in arrival order
+            run = np.maximum.accumulate(ts)
+            prev = np.empty(n, dtype=_I64)
+            prev[1:] = run[:-1]
+            prev[0] = self.maxts if self.maxts is not None else np.iinfo(np.int64).min
+            if self.maxts is not None:
+                np.maximum(prev, self.maxts, out=prev)
+            has_prev = np.ones(n, dtype=bool)
+            if self.maxts is None:
+                has_prev[0] = False
+            keep = ~(has_prev & (ts < prev - self.window.lateness))
+            self.maxts = int(run[-1]) if self.maxts is None else max(self.maxts, int(run[-1]))
+            if not keep.all():
+                for x, name in enumerate(STREAM_NAMES):
+                    lm = ~keep & (stream == x)
+                    if lm.any():
+                        self.late_ids[name].append(ids[lm])
+                        self.stats.late += int(lm.sum())
+            stream, ids, keys, ts = stream[keep], ids[keep], keys[keep], ts[keep]
+        k = stream.shape[0]
+        is_r = stream == 0
+        cnt = {"R": np.cumsum(is_r, dtype=_I64), "S": np.cumsum(~is_r, dtype=_I64)}
+        # seq: arrival number within the stream; opp: arrivals of the other stream before it
+        seq = np.where(is_r, self.total["R"] + cnt["R"] - 1, self.total["S"] + cnt["S"] - 1)
+        opp = np.where(is_r, self.total["S"] + cnt["S"] - (~is_r),
+                       self.total["R"] + cnt["R"] - is_r)
+        self.stats.preprocess_s += time.perf_counter() - t0
+
+        pos = 0
+        while pos < k:
+            # the earliest cut event of either buffer within [pos, k)
+            best_e, best_x = k, None
+            for name in STREAM_NAMES:
+                e = self._next_cut(name, pos, k, cnt, opp)
+                if e < best_e:
+                    best_e, best_x = e, name
+            if best_x is None:
+                self._append(pos, k, is_r, keys, ts, seq, ids, opp, cnt)
+                break
+            self._append(pos, best_e + 1, is_r, keys, ts, seq, ids, opp, cnt)
+            self._process(best_x)
+            pos = best_e + 1
+        # cuts that became due exactly at the chunk's end
+        for name in STREAM_NAMES:
+            if self.buffers[name].n >= self.batch_size or self._lag_due(name):
+                self._process(name)
+
+    def _lag_due(self, name: str) -> bool:
+        b = self.buffers[name]
+        o = "S" if name == "R" else "R"
+        # total[] counts every numbered tuple, buffered or stored
+        return b.n > 0 and self.total[o] - b.first_opp >= self.max_lag
+
+    def _next_cut(self, name, pos, k, cnt, opp) -> int:
+        """Chunk index of the tuple whose arrival cuts ``name``'s buffer (k if none)."""
+        b = self.buffers[name]
+        o = "S" if name == "R" else "R"
+        c = cnt[name]
+        before = int(c[pos - 1]) if pos > 0 else 0
+        need = self.batch_size - b.n
+        e = k
+        if need <= 0 or self._lag_due(name):
+            return pos - 1 if pos > 0 else 0
+        i = int(np.searchsorted(c, before + need, side="left"))
+        if i < k:
+            e = i
+        # lag: the other stream reaches first_opp + max_lag arrivals
+        if b.n > 0:
+            first_opp = b.first_opp
+        else:
+            i0 = int(np.searchsorted(c, before + 1, side="left"))
+            if i0 >= k:
+                return e
+            first_opp = int(opp[i0])
+        o_base = self.total[o] - (int(cnt[o][pos - 1]) if pos > 0 else 0)
+        target = first_opp + self.max_lag - o_base  # count of o within the chunk
+        j = int(np.searchsorted(cnt[o], target, side="left"))
+        if j < k:
+            e = min(e, max(j, pos))
+        return e
+
+    def _append(self, a, b, is_r, keys, ts, seq, ids, opp, cnt) -> None:
+        if b <= a:
+            return
+        sl = slice(a, b)
+        # the watermark moves with the tuples appended so far, not the whole chunk
+        top = int(ts[sl].max())
+        self.seen_maxts = top if self.seen_maxts is None else max(self.seen_maxts, top)
+        m = is_r[sl]
+        for name, mask in (("R", m), ("S", ~m)):
+            if mask.any():
+                if self.buffers[name].n == 0:
+                    self.buf_since[name] = time.monotonic()
+                self.buffers[name].append(keys[sl][mask], ts[sl][mask], seq[sl][mask],
+                                          ids[sl][mask], opp[sl][mask])
+                self.total[name] += int(mask.sum())
+
+    def tick(self, now: float | None = None) -> None:
+        """Cut buffers whose oldest tuple has waited ``max_collect_ms`` (wall clock)."""
+        if self.max_collect_ms is None:
+            return
+        now = time.monotonic() if now is None else now
+        for name in STREAM_NAMES:
+            since = self.buf_since[name]
+            if self.buffers[name].n and since is not None and \
+                    (now - since) * 1000.0 >= self.max_collect_ms:
+                self._process(name)
+
+    def flush(self) -> None:
+        """Process whatever is buffered (end of input)."""
+        for name in STREAM_NAMES:
+            if self.buffers[name].n:
+                self._process(name)
+
+    # ------------------------------------------------------------------ steps 2-5
+
+    def _process(self, x: str) -> None:
+        if self.buffers[x].n == 0:
+            return
+        key, ev, seq, ids, opp = self.buffers[x].take()
+        self.buf_since[x] = None
+        self.stats.batches += 1
+        y = "S" if x == "R" else "R"
+        tscol = opp if self.window.kind == "count" else ev
+        self._probe(x, y, key, ev, seq, ids, opp)
+        self._insert(x, key, tscol, seq, ids, ev)
+        self._expire(y)
+        self._expire(x)
+
+    def _probe(self, x, y, key, ev, seq, ids, opp) -> None:
+        ring = self.rings[y]
+        if not any(s.count for s in ring):
+            return
+        t0 = time.perf_counter()
+        order = np.argsort(key, kind="stable")
+        skey = key[order]
+        lo, hi = probe_bounds(self.pred, x, skey)
+        wy, wx = self.window.size(y), self.window.size(x)
+        if self.window.kind == "count":
+            o = opp[order]
+            s = seq[order]
+            bo_min, bo_max = int(opp.min()), int(opp.max())
+            full = WindowFilter(W.COUNT, o - wy, o, s + wx)
+        else:
+            t = ev[order]
+            bmin, bmax = int(ev.min()), int(ev.max())
+            full = WindowFilter(W.TIME, t - wy, t + wx, np.zeros_like(t))
+        none = WindowFilter.none(len(key))
+        sid = ids[order]
+        self.stats.preprocess_s += time.perf_counter() - t0
+        for sub in list(ring):
+            if sub.count == 0:
+                continue
+            if self.window.kind == "count":
+                smin, smax = sub.seq_start, sub.seq_end - 1
+                if smax < bo_min - wy:
+                    self.stats.probes_skipped += 1
+                    continue
+                flt = none if (smax < bo_min and smin >= bo_max - wy) else full
+            else:
+                if sub.ts_max <= bmin - wy or sub.ts_min >= bmax + wx:
+                    self.stats.probes_skipped += 1
+                    continue
+                flt = none if (sub.ts_min > bmax - wy and sub.ts_max < bmin + wx) else full
+            if flt is none:
+                self.stats.probes_unfiltered += 1
+            else:
+                self.stats.probes_filtered += 1
+            pidx, sseq = self.backend.probe(sub.sub_id, lo, hi, flt)
+            if pidx.size == 0:
+                continue
+            t1 = time.perf_counter()
+            xs = sid[pidx]
+            ys = sub.ids_of(sseq)
+            self._results.append((xs, ys) if x == "R" else (ys, xs))
+            self.stats.results += int(pidx.size)
+            self.stats.map_s += time.perf_counter() - t1
+
+    def _insert(self, x, key, tscol, seq, ids, ev) -> None:
+        ring = self.rings[x]
+        n = key.shape[0]
+        a = 0
+        while a < n:
+            sub = ring.newest
+            if sub is None or sub.room <= 0:
+                pred = sub.sub_id if sub is not None else None
+                sub = ring.new_subwindow(self._next_sub)
+                self._next_sub += 1
+                self.backend.create(CreateSpec(
+                    sub.sub_id, x, self.index, self.nsub, str(self.key_dtype), self.partitions,
+                    predecessor=pred, opts=self.index_opts))
+            b = min(n, a + sub.room)
+            # split by arrival, so each subwindow keeps a contiguous seq range; sort each part
+            part = slice(a, b)
+            order = np.argsort(key[part], kind="stable")
+            self.backend.insert(sub.sub_id, key[part][order], tscol[part][order],
+                                seq[part][order])
+            sub.add(seq[part], ids[part], tscol[part])
+            sub.ev_min = min(sub.ev_min, int(ev[part].min()))
+            sub.ev_max = max(sub.ev_max, int(ev[part].max()))
+            a = b
+
+    def _expire(self, y: str) -> None:
+        """Expire oldest subwindows of ``y`` that no buffered or future tuple can reach."""
+        ring = self.rings[y]
+        x = "S" if y == "R" else "R"
+        buf = self.buffers[x]
+        wy = self.window.size(y)
+        while ring.oldest is not None:
+            sub = ring.oldest
+            if self.window.kind == "count":
+                reach = (buf.first_opp if buf.n else self.total[y]) - wy
+                dead = sub.seq_end <= reach
+            else:
+                if self.seen_maxts is None:
+                    return
+                low = self.seen_maxts - self.window.lateness
+                if buf.n:
+                    low = min(low, buf.min_ts)
+                dead = sub.ts_max <= low - wy and sub.count > 0
+            if not dead:
+                return
+            self.backend.expire(sub.sub_id)
+            ring.pop_oldest()
+
+    # ------------------------------------------------------------------ results and status
+
+    def take_results(self) -> tuple[np.ndarray, np.ndarray]:
+        """The (r_id, s_id) pairs produced since the last call."""
+        if not self._results:
+            return np.zeros(0, _I64), np.zeros(0, _I64)
+        r = np.concatenate([a for a, _ in self._results])
+        s = np.concatenate([b for _, b in self._results])
+        self._results = []
+        return r, s
+
+    def take_late(self) -> dict[str, np.ndarray]:
+        out = {k: (np.concatenate(v) if v else np.zeros(0, _I64)) for k, v in self.late_ids.items()}
+        self.late_ids = {s: [] for s in STREAM_NAMES}
+        return out
+
+    def window_tuples(self) -> dict[str, int]:
+        return {s: self.rings[s].tuples() for s in STREAM_NAMES}
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the indexes plus the manager's id store."""
+        ids = sum(sub.count * 8 for ring in self.rings.values() for sub in ring)
+        nb = self.backend.nbytes() if hasattr(self.backend, "nbytes") else 0
+        return int(nb + ids)
+
+    def status(self) -> dict:
+        return {
+            "tuples_in": self.stats.tuples_in,
+            "late": self.stats.late,
+            "batches": self.stats.batches,
+            "results": self.stats.results,
+            "subwindows": {s: len(self.rings[s]) for s in STREAM_NAMES},
+            "window_tuples": self.window_tuples(),
+            "buffered": {s: self.buffers[s].n for s in STREAM_NAMES},
+        }

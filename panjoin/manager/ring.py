@@ -1,0 +1,142 @@
+"""The subwindow ring of one stream: chronologically chained subwindows and their life cycle.
+
+The subwindows of a stream form a chain, oldest first, allocated round-robin
+over the workers (PanJoin paper, section III-A). New tuples go only into the
+newest subwindow; only the oldest expires, and always whole. The manager keeps,
+per subwindow, what it needs to decide without asking the workers: the seq and
+ts ranges (for expiry and for whether probe results need window filtering), and
+the user ids of its tuples in seq order (to turn stored seqs back into ids).
+
+Life cycle of a subwindow (one :class:`SubState` per subwindow)::
+
+    CREATED --first insert--> FILLING --count == capacity--> FULL
+       |                         |                             |
+       +------ expire (every tuple out of every future window) +--> EXPIRED
+
+- CREATED: the create command was sent (RaP-Table splitters from the predecessor);
+- FILLING: it is the newest subwindow and receives every insert;
+- FULL: a successor was created; it is only probed from now on;
+- EXPIRED: the expire command was sent, the manager dropped its ids; it is
+  gone from the ring.
+
+Example, NSub = 4, count window of 6 tuples: inserts of 3, 3, 3 tuples give
+subwindows #0 [seq 0-3] FULL, #1 [seq 4-7] FULL, #2 [seq 8] FILLING; when the
+oldest future probe only reaches back to seq 4, #0 expires.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class SubState(enum.Enum):
+    CREATED = "created"
+    FILLING = "filling"
+    FULL = "full"
+    EXPIRED = "expired"
+
+
+@dataclass
+class Subwindow:
+    """The manager's record of one subwindow (the index itself lives on a worker)."""
+
+    sub_id: int
+    stream: str
+    worker: int
+    capacity: int
+    state: SubState = SubState.CREATED
+    count: int = 0
+    seq_start: int = -1  # seqs of a subwindow are contiguous: [seq_start, seq_start + count)
+    ts_min: int = np.iinfo(np.int64).max  # of the stored ts column (opp counts for count windows)
+    ts_max: int = np.iinfo(np.int64).min
+    ev_min: int = np.iinfo(np.int64).max  # event time range, for time windows and status
+    ev_max: int = np.iinfo(np.int64).min
+    id_chunks: list = field(default_factory=list)
+    _ids: np.ndarray | None = None
+
+    @property
+    def seq_end(self) -> int:
+        return self.seq_start + self.count
+
+    @property
+    def room(self) -> int:
+        return self.capacity - self.count
+
+    def add(self, seq: np.ndarray, ids_in_seq_order: np.ndarray, ts_col: np.ndarray) -> None:
+        """Record an insert: ``seq`` must continue this subwindow's contiguous range."""
+        if seq.size == 0:
+            return
+        first = int(seq.min())
+        if self.count == 0:
+            self.seq_start = first
+        elif first != self.seq_end:
+            raise AssertionError(
+                f"subwindow {self.sub_id}: seq {first} does not follow {self.seq_end}")
+        self.count += int(seq.size)
+        self.ts_min = min(self.ts_min, int(ts_col.min()))
+        self.ts_max = max(self.ts_max, int(ts_col.max()))
+        self.id_chunks.append(ids_in_seq_order)
+        self._ids = None
+        self.state = SubState.FULL if self.count >= self.capacity else SubState.FILLING
+
+    def ids(self) -> np.ndarray:
+        if self._ids is None:
+            self._ids = (np.concatenate(self.id_chunks) if self.id_chunks
+                         else np.zeros(0, np.int64))
+            self.id_chunks = [self._ids]
+        return self._ids
+
+    def ids_of(self, seq: np.ndarray) -> np.ndarray:
+        return self.ids()[seq - self.seq_start]
+
+
+class SubwindowRing:
+    """The chain of one stream's subwindows, oldest at the left."""
+
+    def __init__(self, stream: str, capacity: int, n_workers: int, first_worker: int = 0):
+        self.stream = stream
+        self.capacity = capacity
+        self.n_workers = max(1, n_workers)
+        self._next_worker = first_worker % self.n_workers
+        self.subs: deque[Subwindow] = deque()
+        self.created = 0
+        self.expired = 0
+
+    def __iter__(self):
+        return iter(self.subs)
+
+    def __len__(self) -> int:
+        return len(self.subs)
+
+    @property
+    def newest(self) -> Subwindow | None:
+        return self.subs[-1] if self.subs else None
+
+    @property
+    def oldest(self) -> Subwindow | None:
+        return self.subs[0] if self.subs else None
+
+    def tuples(self) -> int:
+        return sum(s.count for s in self.subs)
+
+    def new_subwindow(self, sub_id: int) -> Subwindow:
+        """Chain a new subwindow on the next worker in round-robin order."""
+        if self.subs and self.subs[-1].state == SubState.FILLING:
+            self.subs[-1].state = SubState.FULL
+        sub = Subwindow(sub_id, self.stream, self._next_worker, self.capacity)
+        self._next_worker = (self._next_worker + 1) % self.n_workers
+        self.subs.append(sub)
+        self.created += 1
+        return sub
+
+    def pop_oldest(self) -> Subwindow:
+        sub = self.subs.popleft()
+        sub.state = SubState.EXPIRED
+        sub.id_chunks = []
+        sub._ids = None
+        self.expired += 1
+        return sub

@@ -1,0 +1,376 @@
+"""Join semantics of DESIGN section 2: window specs, predicates, and the probe bounds.
+
+One parser for every spec the CLI, config files and the gRPC API accept::
+
+    >>> parse_window("count:1000,1000")
+    Window(kind='count', r=1000, s=1000, lateness=0)
+    >>> parse_window("time:5000,5000", lateness=200).s
+    5000
+    >>> parse_predicate("band:10").bands
+    ((-10, 10),)
+    >>> parse_predicate("bands:-5,5;20,35").bands
+    ((-5, 5), (20, 35))
+
+A predicate is a union of closed *bands* on ``s.key - r.key``: ``eq`` is the
+band [0, 0], ``band:E`` is [-E, E], ``bands:A,B;C,D`` is [A, B] or [C, D]
+(overlapping bands are merged so that every pair is produced once), and ``ne``
+is everything except [0, 0]. A probe tuple with key ``k`` therefore looks for
+stored keys inside ``k + [A, B]`` (probing from R) or ``k - [B, A]`` (from S).
+:func:`probe_bounds` turns a sorted probe batch into those per-tuple closed
+intervals, exactly: int64 sums that overflow are detected rather than wrapped,
+and float64 bounds are nudged by one ulp until ``stored - probe`` compares
+exactly with the band edge, so both probe directions agree pair for pair.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+I64_MIN = np.iinfo(np.int64).min
+I64_MAX = np.iinfo(np.int64).max
+
+STREAMS = ("R", "S")
+
+
+class SpecError(ValueError):
+    """A window, predicate or other spec that cannot be parsed; the message says how to fix it."""
+
+
+def other(stream: str) -> str:
+    """The opposite stream: ``other('R') == 'S'``."""
+    return "S" if stream == "R" else "R"
+
+
+# --------------------------------------------------------------------------- windows
+
+
+@dataclass(frozen=True)
+class Window:
+    """A sliding window over both streams.
+
+    ``kind == 'count'``: ``r`` = WR and ``s`` = WS tuples. ``kind == 'time'``:
+    ``r`` = TR and ``s`` = TS milliseconds of event time, and a pair (r, s)
+    qualifies iff ``r.ts - TS < s.ts < r.ts + TR``. ``lateness`` is the allowed
+    lateness L (ms) of time windows.
+    """
+
+    kind: str
+    r: int
+    s: int
+    lateness: int = 0
+
+    def size(self, stream: str) -> int:
+        return self.r if stream == "R" else self.s
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.r},{self.s}"
+
+
+def _parse_int(text: str, what: str) -> int:
+    t = text.strip().replace("_", "")
+    mult = 1
+    if t and t[-1] in "kKmMgG":
+        mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[t[-1].lower()]
+        t = t[:-1]
+    try:
+        value = int(t) * mult
+    except ValueError:
+        raise SpecError(f"{what}: {text!r} is not an integer (K/M/G suffixes allowed)") from None
+    return value
+
+
+def parse_size(text: str | int) -> int:
+    """Parse a count like ``8M`` or ``64K`` (powers of two) or ``1000``."""
+    if isinstance(text, int):
+        return text
+    return _parse_int(str(text), "size")
+
+
+def parse_window(spec: str | Window, lateness: int = 0) -> Window:
+    """Parse ``count:WR,WS`` or ``time:TR,TS`` (one number applies to both streams)."""
+    if isinstance(spec, Window):
+        return spec
+    text = str(spec).strip()
+    kind, sep, rest = text.partition(":")
+    kind = kind.strip().lower()
+    if not sep or kind not in ("count", "time"):
+        raise SpecError(
+            f"window {text!r}: expected 'count:WR,WS' (tuples) or 'time:TR,TS' (ms), "
+            "e.g. 'count:1000000,1000000' or 'time:5000,5000'"
+        )
+    parts = [p for p in rest.split(",")]
+    if len(parts) == 1:
+        parts = parts * 2
+    if len(parts) != 2:
+        raise SpecError(f"window {text!r}: give two sizes, WR and WS, separated by a comma")
+    r, s = (_parse_int(p, f"window {text!r}") for p in parts)
+    if r <= 0 or s <= 0:
+        raise SpecError(f"window {text!r}: sizes must be positive, got {r} and {s}")
+    if lateness < 0:
+        raise SpecError(f"allowed lateness must be >= 0 ms, got {lateness}")
+    if kind == "count" and lateness:
+        raise SpecError("allowed lateness applies to time windows only; drop --allowed-lateness")
+    return Window(kind, r, s, int(lateness))
+
+
+# --------------------------------------------------------------------------- predicates
+
+
+@dataclass(frozen=True)
+class Predicate:
+    """A join condition on the key: a union of closed bands on ``s.key - r.key``.
+
+    ``kind`` is ``eq``, ``band``, ``bands`` or ``ne``; ``bands`` holds sorted,
+    disjoint ``(A, B)`` pairs (``ne`` keeps ``((0, 0),)`` and negates it).
+    """
+
+    kind: str
+    bands: tuple[tuple[float, float], ...]
+
+    @property
+    def negated(self) -> bool:
+        return self.kind == "ne"
+
+    @property
+    def n_bands(self) -> int:
+        """How many closed intervals one probe tuple looks up."""
+        return 2 if self.negated else len(self.bands)
+
+    def __str__(self) -> str:
+        if self.kind in ("eq", "ne"):
+            return self.kind
+        if self.kind == "band":
+            return f"band:{_fmt(self.bands[0][1])}"
+        return "bands:" + ";".join(f"{_fmt(a)},{_fmt(b)}" for a, b in self.bands)
+
+    def max_width(self) -> float:
+        """Widest band, used to estimate selectivity."""
+        if self.negated:
+            return math.inf
+        return max(b - a for a, b in self.bands)
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def _parse_num(text: str, what: str) -> float:
+    t = text.strip()
+    if t.lstrip("+-").isdigit():
+        return int(t)  # exact, also beyond 2**53
+    try:
+        value = float(t)
+    except ValueError:
+        raise SpecError(f"{what}: {text!r} is not a number") from None
+    if math.isnan(value):
+        raise SpecError(f"{what}: NaN is not a band edge")
+    return value
+
+
+def parse_predicate(spec: str | Predicate) -> Predicate:
+    """Parse ``eq``, ``ne``, ``band:E`` or ``bands:A,B;C,D`` (s.key - r.key in [A,B] or [C,D])."""
+    if isinstance(spec, Predicate):
+        return spec
+    text = str(spec).strip()
+    kind, _, rest = text.partition(":")
+    kind = kind.strip().lower()
+    hint = "expected 'eq', 'ne', 'band:E' or 'bands:A,B;C,D', e.g. 'band:10' or 'bands:-5,5;20,35'"
+    if kind in ("eq", "ne"):
+        if rest.strip():
+            raise SpecError(f"predicate {text!r}: '{kind}' takes no argument")
+        return Predicate(kind, ((0.0, 0.0),))
+    if kind == "band":
+        if not rest.strip():
+            raise SpecError(f"predicate {text!r}: band:E needs E >= 0 (|r.key - s.key| <= E)")
+        e = _parse_num(rest, f"predicate {text!r}")
+        if e < 0:
+            raise SpecError(f"predicate {text!r}: band:E needs E >= 0 (|r.key - s.key| <= E)")
+        return Predicate("band", ((-e, e),))
+    if kind == "bands":
+        bands = []
+        for part in rest.split(";"):
+            if not part.strip():
+                continue
+            ab = part.split(",")
+            if len(ab) != 2:
+                raise SpecError(f"predicate {text!r}: each band is 'A,B'; {hint}")
+            a, b = (_parse_num(x, f"predicate {text!r}") for x in ab)
+            if a > b:
+                raise SpecError(f"predicate {text!r}: band {part!r} has A > B")
+            bands.append((a, b))
+        if not bands:
+            raise SpecError(f"predicate {text!r}: no bands given; {hint}")
+        bands.sort()
+        merged = [bands[0]]
+        for a, b in bands[1:]:
+            if a <= merged[-1][1]:  # overlapping bands would report a pair twice
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        return Predicate("bands", tuple(merged))
+    raise SpecError(f"predicate {text!r}: {hint}")
+
+
+# --------------------------------------------------------------------------- probe bounds
+
+
+def _int_band(a: float, b: float) -> tuple[int | None, int | None]:
+    """Integer edges of a band over int64 keys: [ceil(a), floor(b)], None for unbounded."""
+    lo = None if a == -math.inf else math.ceil(a)
+    hi = None if b == math.inf else math.floor(b)
+    return lo, hi
+
+
+def _add_int(keys: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """keys + c in int64, with masks of the entries that overflowed up or down."""
+    if not (I64_MIN <= c <= I64_MAX):
+        # a band edge beyond int64 itself: exact in Python integers (rare, so slow is fine)
+        exact = keys.astype(object) + c
+        up = np.array([v > I64_MAX for v in exact], dtype=bool)
+        down = np.array([v < I64_MIN for v in exact], dtype=bool)
+        out = np.array([min(max(v, I64_MIN), I64_MAX) for v in exact], dtype=np.int64)
+        return out, up, down
+    with np.errstate(over="ignore"):
+        out = keys + np.int64(c)
+    if c > 0:
+        up = out < keys
+        return out, up, np.zeros_like(up)
+    if c < 0:
+        down = out > keys
+        return out, np.zeros_like(down), down
+    z = np.zeros(keys.shape, dtype=bool)
+    return out, z, z
+
+
+def _exact_ge(c: np.ndarray, k: np.ndarray, a: float) -> np.ndarray:
+    """Exactly ``c - k >= a`` for float64 arrays (TwoSum error-free difference)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = c - k
+        bb = d - c
+        err = (c - (d - bb)) + (-k - bb)
+    return (d > a) | ((d == a) & (err >= 0))
+
+
+def _exact_le(c: np.ndarray, k: np.ndarray, b: float) -> np.ndarray:
+    """Exactly ``c - k <= b`` for float64 arrays."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        d = c - k
+        bb = d - c
+        err = (c - (d - bb)) + (-k - bb)
+    return (d < b) | ((d == b) & (err <= 0))
+
+
+def _float_lo(k: np.ndarray, a: float) -> np.ndarray:
+    """Smallest float64 c with c - k >= a exactly."""
+    if a == -math.inf:
+        return np.full(k.shape, -np.inf)
+    with np.errstate(over="ignore"):
+        c = k + a
+    for _ in range(4):
+        bad = ~_exact_ge(c, k, a) & np.isfinite(c)
+        if not bad.any():
+            break
+        c[bad] = np.nextafter(c[bad], np.inf)
+    for _ in range(4):
+        prev = np.nextafter(c, -np.inf)
+        can = _exact_ge(prev, k, a) & np.isfinite(prev)
+        if not can.any():
+            break
+        c[can] = prev[can]
+    return c
+
+
+def _float_hi(k: np.ndarray, b: float) -> np.ndarray:
+    """Largest float64 c with c - k <= b exactly."""
+    if b == math.inf:
+        return np.full(k.shape, np.inf)
+    with np.errstate(over="ignore"):
+        c = k + b
+    for _ in range(4):
+        bad = ~_exact_le(c, k, b) & np.isfinite(c)
+        if not bad.any():
+            break
+        c[bad] = np.nextafter(c[bad], -np.inf)
+    for _ in range(4):
+        nxt = np.nextafter(c, np.inf)
+        can = _exact_le(nxt, k, b) & np.isfinite(nxt)
+        if not can.any():
+            break
+        c[can] = nxt[can]
+    return c
+
+
+def stored_bands(pred: Predicate, probe_stream: str) -> list[tuple[float, float]]:
+    """Bands on ``stored.key - probe.key`` when ``probe_stream`` probes the other stream."""
+    if probe_stream == "R":
+        return list(pred.bands)
+    return sorted((-b, -a) for a, b in pred.bands)
+
+
+def probe_bounds(
+    pred: Predicate, probe_stream: str, keys: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per probe tuple, the closed key intervals a stored tuple must fall into.
+
+    Returns ``lo`` and ``hi`` of shape ``(n_bands, len(keys))`` and the keys'
+    dtype; an empty interval has ``lo > hi`` (``lo = max``, ``hi = min`` of the
+    dtype). For sorted ``keys`` the non-empty rows are sorted too, which the
+    rebounding binary search relies on. Example, probing from R with band:2::
+
+        keys [3, 10]  ->  lo [[1, 8]], hi [[5, 12]]
+    """
+    keys = np.asarray(keys)
+    n = keys.shape[0]
+    nb = pred.n_bands
+    if keys.dtype == np.float64:
+        lo = np.empty((nb, n), np.float64)
+        hi = np.empty((nb, n), np.float64)
+        if pred.negated:
+            lo[0] = -np.inf
+            hi[0] = np.nextafter(keys, -np.inf)
+            lo[1] = np.nextafter(keys, np.inf)
+            hi[1] = np.inf
+        else:
+            for j, (a, b) in enumerate(stored_bands(pred, probe_stream)):
+                lo[j] = _float_lo(keys, a)
+                hi[j] = _float_hi(keys, b)
+        empty = lo > hi
+        lo[empty] = np.inf
+        hi[empty] = -np.inf
+        return lo, hi
+    if keys.dtype != np.int64:
+        raise TypeError(f"keys must be int64 or float64, got {keys.dtype}")
+    lo = np.empty((nb, n), np.int64)
+    hi = np.empty((nb, n), np.int64)
+    empty = np.zeros((nb, n), dtype=bool)
+    if pred.negated:
+        lo[0] = I64_MIN
+        hi[0], _, empty[0] = _add_int(keys, -1)
+        lo[1], empty[1], _ = _add_int(keys, 1)
+        hi[1] = I64_MAX
+    else:
+        for j, (a, b) in enumerate(stored_bands(pred, probe_stream)):
+            ia, ib = _int_band(a, b)
+            if ia is not None and ib is not None and ia > ib:
+                empty[j] = True  # e.g. band [0.2, 0.8] holds no integer
+                lo[j] = 0
+                hi[j] = 0
+                continue
+            if ia is None:
+                lo[j] = I64_MIN
+            else:
+                lo[j], up, down = _add_int(keys, ia)
+                empty[j] |= up  # k + A above the int64 range: nothing can match
+                lo[j][down] = I64_MIN
+            if ib is None:
+                hi[j] = I64_MAX
+            else:
+                hi[j], up, down = _add_int(keys, ib)
+                empty[j] |= down
+                hi[j][up] = I64_MAX
+    lo[empty] = I64_MAX
+    hi[empty] = I64_MIN
+    return lo, hi

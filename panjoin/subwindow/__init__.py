@@ -1,0 +1,43 @@
+"""Subwindow indexes (PanJoin paper, section III-B to III-D), behind one interface.
+
+``make_index(kind, capacity, ...)`` builds one; ``INDEX_KINDS`` lists them:
+
+- ``rap``     RaP-Table: range partitions (splitters) + histograms + LLAT storage
+- ``wib``     WiB+-Tree: small sorted internal nodes, wide unsorted leaves in an LLAT
+- ``bisort``  BI-Sort: sorted main array + insertion buffer + index array
+- ``nested``  nested loop, the baseline
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from panjoin.subwindow.base import SubwindowIndex, WindowFilter
+
+_CLASSES = {
+    "rap": ("panjoin.subwindow.rap_table", "RaPTable"),
+    "wib": ("panjoin.subwindow.wib_tree", "WiBTree"),
+    "bisort": ("panjoin.subwindow.bi_sort", "BISort"),
+    "nested": ("panjoin.subwindow.nested_loop", "NestedLoop"),
+}
+INDEX_KINDS = tuple(_CLASSES)
+
+
+def index_class(kind: str) -> type[SubwindowIndex]:
+    if kind not in _CLASSES:
+        raise ValueError(f"unknown index {kind!r}; choose one of {', '.join(INDEX_KINDS)}")
+    module, name = _CLASSES[kind]
+    return getattr(importlib.import_module(module), name)
+
+
+def make_index(kind: str, capacity: int, key_dtype="int64", partitions: int = 1024,
+               threads: int = 1, predecessor: SubwindowIndex | None = None,
+               **opts) -> SubwindowIndex:
+    """A new, empty subwindow index. ``predecessor`` (the previous subwindow of the
+    same stream) seeds RaP-Table's splitters by the paper's Algorithm 1."""
+    cls = index_class(kind)
+    return cls(capacity, key_dtype=key_dtype, partitions=partitions, threads=threads,
+               predecessor=predecessor, **opts)
+
+
+__all__ = ["INDEX_KINDS", "SubwindowIndex", "WindowFilter", "index_class", "make_index"]

@@ -1,0 +1,38 @@
+"""The per-pair window filter, applied while probing subwindows that straddle a window edge.
+
+The manager probes a subwindow *without* a filter when every stored tuple is
+inside every probe tuple's window, and with one otherwise (the paper's
+"filtering operation" on the oldest subwindow, section III-G). The filter is
+three int64 numbers per probe tuple, ``c0, c1, c2``, read by mode:
+
+- ``NONE`` (0): every pair qualifies;
+- ``TIME`` (1): stored ``ts`` in the open interval ``(c0, c1)``;
+- ``COUNT`` (2): the stored tuple arrived before the probe tuple and is among
+  the last W of its stream (``c0 <= seq < c1``, with c1 = opposite arrivals
+  before the probe tuple and c0 = c1 - W), or it arrived after the probe tuple
+  and the probe tuple is among the last W' of its own stream before it
+  (``seq >= c1`` and stored ``ts <= c2``; for count windows the engine stores
+  in ``ts`` the number of opposite-stream arrivals before the tuple, and
+  c2 = probe seq + W').
+
+Example, count:3,3: probe r with seq 7 after 10 S arrivals -> c0, c1, c2 = 7, 10, 10;
+s#8 qualifies, s#6 does not (it left the window), s#11 qualifies if at most
+10 R tuples had arrived before it.
+"""
+
+from numba import njit
+
+NONE = 0
+TIME = 1
+COUNT = 2
+
+
+@njit(inline="always", cache=True)
+def in_window(mode, c0, c1, c2, seq, ts):
+    if mode == NONE:
+        return True
+    if mode == TIME:
+        return c0 < ts and ts < c1
+    if seq < c1:
+        return seq >= c0
+    return ts <= c2
