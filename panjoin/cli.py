@@ -132,13 +132,16 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _leaf_parsers(ap: argparse.ArgumentParser):
-    """Every subcommand parser (``bench index`` included)."""
-    for action in ap._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                inner = list(_leaf_parsers(sub))
-                yield from inner or [sub]
+def _chosen_parser(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The (sub)parser of the command named in argv (``bench index`` included)."""
+    parser = ap
+    for tok in argv:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            break
+        if tok in subs[0].choices:
+            parser = subs[0].choices[tok]
+    return parser
 
 
 def _parse(argv) -> argparse.Namespace:
@@ -155,21 +158,20 @@ def _parse(argv) -> argparse.Namespace:
             ap.error(f"config file {path} not found")
         except tomllib.TOMLDecodeError as e:
             ap.error(f"config file {path} is not valid TOML: {e}")
-        used = set()
-        for sub in _leaf_parsers(ap):
-            actions = {a.dest: a for a in sub._actions}
-            defaults = {}
-            for k, v in conf.items():
-                action = actions.get(k.replace("-", "_"))
-                if action is None:
-                    continue
-                used.add(k)
-                if action.type is not None and isinstance(v, str):
-                    v = action.type(v)
-                defaults[action.dest] = v
-                action.required = False
-            sub.set_defaults(**defaults)
-        unknown = sorted(set(conf) - used)
+        argv = sys.argv[1:] if argv is None else list(argv)
+        sub = _chosen_parser(ap, argv)
+        actions = {a.dest: a for a in sub._actions}
+        defaults = {}
+        for k, v in conf.items():
+            action = actions.get(k.replace("-", "_"))
+            if action is None or action.dest in ("help", "config"):
+                continue
+            if action.type is not None and isinstance(v, str):
+                v = action.type(v)
+            defaults[action.dest] = v
+            action.required = False
+        sub.set_defaults(**defaults)
+        unknown = sorted(k for k in conf if k.replace("-", "_") not in defaults)
         if unknown:
             ap.error(f"config file {path}: unknown option(s) {', '.join(unknown)}")
     return ap.parse_args(argv)

@@ -42,6 +42,9 @@ class IndexPoint:
     threads: int = 1
     repeat: int = 3
     seed: int = 0
+    #: insert only: stop filling after this many seconds (BI-Sort with tiny batches into
+    #: a big subwindow is quadratic); throughput is then tuples inserted / time
+    budget_s: float | None = None
 
 
 @dataclass
@@ -88,22 +91,26 @@ def run_point(point: IndexPoint, progress: bool = False) -> IndexResult:
                           "batch": min(point.batch, 1024),
                           "partitions": min(point.partitions, 64), "repeat": 1})
     _run_once(small, np.random.default_rng(1))
-    secs, rpt, bpt, n_done = [], 0.0, 0.0, 0
+    rates, secs, rpt, bpt = [], [], 0.0, 0.0
     for _ in range(max(1, point.repeat)):
         s, n_done, rpt, bpt = _run_once(point, rng)
         secs.append(s)
-    med = statistics.median(secs)
-    return IndexResult(point, n_done / med, secs, rpt, bpt)
+        rates.append(n_done / s if s > 0 else float("inf"))
+    return IndexResult(point, statistics.median(rates), secs, rpt, bpt)
 
 
 def _run_once(point: IndexPoint, rng):
     if point.op == "insert":
         ix, batches = _fill(point, rng, point.batch)
         t0 = time.perf_counter()
+        done = 0
         for k, t, s in batches:
             ix.insert(k, t, s)
+            done += k.size
+            if point.budget_s is not None and time.perf_counter() - t0 > point.budget_s:
+                break
         sec = time.perf_counter() - t0
-        return sec, point.nsub, 0.0, ix.nbytes / max(1, len(ix))
+        return sec, done, 0.0, ix.nbytes / max(1, len(ix))
     if point.op != "probe":
         raise ValueError(f"op must be insert or probe, got {point.op!r}")
     ix, batches = _fill(point, rng, min(point.nsub, 1 << 20))

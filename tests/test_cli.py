@@ -1,0 +1,110 @@
+"""The ``panjoin`` command as a user runs it: gen, replay, config files, bad input, bench."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from panjoin.cli import main
+from panjoin.events import read_events, read_pairs
+from panjoin.reference import reference_join, sort_pairs
+from panjoin.semantics import parse_predicate, parse_window
+
+
+@pytest.fixture(scope="module")
+def events(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ev") / "events.parquet"
+    assert main(["gen", str(path), "--n", "3000", "--key-max", "60", "--rate", "1000",
+                 "--disorder-ms", "40", "--seed", "3", "--no-progress"]) == 0
+    return path
+
+
+@pytest.mark.parametrize("index", ["rap", "wib", "bisort", "nested"])
+def test_replay_writes_the_reference_pairs(events, tmp_path, index, capsys):
+    out = tmp_path / "pairs.parquet"
+    assert main(["replay", str(events), "--window", "count:200,300", "--predicate", "band:1",
+                 "--index", index, "--subwindow-size", "64", "--partitions", "8",
+                 "--batch-size", "100", "--out", str(out), "--no-progress"]) == 0
+    t = read_events(events)
+    ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:200,300"),
+                         parse_predicate("band:1"))
+    assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
+    text = capsys.readouterr().out
+    assert f"results: {len(ref.pairs)} pairs" in text and "tuples/s" in text
+    assert "bytes per stored tuple" in text
+
+
+def test_replay_time_window_late_output(events, tmp_path):
+    out, late = tmp_path / "p.parquet", tmp_path / "late.parquet"
+    assert main(["replay", str(events), "--window", "time:50,80", "--predicate", "eq",
+                 "--allowed-lateness", "10", "--index", "bisort", "--out", str(out),
+                 "--late-out", str(late), "--no-progress"]) == 0
+    t = read_events(events)
+    ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("time:50,80", 10),
+                         parse_predicate("eq"))
+    assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
+    lt = pq.read_table(late).to_pydict()
+    n_late = sum(len(v) for v in ref.late_ids.values())
+    assert n_late > 0 and len(lt["id"]) == n_late
+
+
+def test_config_file_and_flags_override(events, tmp_path):
+    conf = tmp_path / "join.toml"
+    conf.write_text('window = "count:100,100"\npredicate = "band:5"\nindex = "rap"\n'
+                    'batch-size = "64"\n')
+    out = tmp_path / "p.parquet"
+    assert main(["replay", str(events), "--config", str(conf), "--predicate", "eq",
+                 "--out", str(out), "--no-progress"]) == 0
+    t = read_events(events)
+    ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:100,100"),
+                         parse_predicate("eq"))
+    assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
+
+
+def test_unknown_config_key_is_an_error(events, tmp_path, capsys):
+    conf = tmp_path / "bad.toml"
+    conf.write_text('windw = "count:1,1"\n')
+    with pytest.raises(SystemExit):
+        main(["replay", str(events), "--config", str(conf), "--out", "x.parquet"])
+    assert "windw" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec,flag", [("count:0,5", "--window"), ("band:-1", "--predicate"),
+                                       ("cnt:5", "--window")])
+def test_bad_spec_message(events, tmp_path, spec, flag, capsys):
+    args = {"--window": "count:5,5", "--predicate": "eq", flag: spec}
+    out = tmp_path / "p.parquet"
+    code = main(["replay", str(events), "--window", args["--window"], "--predicate",
+                 args["--predicate"], "--out", str(out), "--no-progress"])
+    assert code == 2
+    assert spec.split(":")[0] in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_bad_input_names_the_row_and_writes_nothing(tmp_path, capsys):
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"stream": ["R", "S", "X"], "id": [1, 2, 3], "key": [1, 2, 3],
+                             "ts": [0, 1, 2]}), bad)
+    out = tmp_path / "p.parquet"
+    assert main(["replay", str(bad), "--window", "count:5,5", "--predicate", "eq",
+                 "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "row 3" in err and "X" in err
+    assert not out.exists()
+
+
+def test_help_and_bench_from_a_real_process():
+    run = subprocess.run([sys.executable, "-m", "panjoin.cli", "replay", "--help"],
+                         capture_output=True, text=True, check=True)
+    assert "--subwindow-size" in run.stdout and "--partitions" in run.stdout
+    run = subprocess.run([sys.executable, "-m", "panjoin.cli", "bench", "index", "--index",
+                          "bisort", "--op", "probe", "--nsub", "16K", "--partitions", "128",
+                          "--batch", "1K", "--repeat", "1", "--no-progress"],
+                         capture_output=True, text=True, check=True)
+    last = run.stdout.strip().splitlines()[-1]
+    assert last.startswith("tuples/s: ") and float(last.split()[1]) > 0
