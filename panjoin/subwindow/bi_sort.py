@@ -1,0 +1,298 @@
+"""BI-Sort: Buffered Indexed Sort (PanJoin paper, section III-D; batch mode III-E/F; III-G3).
+
+A subwindow kept fully sorted, made cheap to insert into by an insertion buffer and
+cheap to search by an index array::
+
+    main array (sorted, preallocated at capacity; M used)      insertion buffer (B, unsorted)
+    ┌────────────┬────────────┬────────────┬─────┬───────┐       ┌──────────┬──────┐
+    │ partition 0│ partition 1│ partition 2│ ... │ free  │       │ 20 1 26  │ free │
+    └────────────┴────────────┴────────────┴─────┴───────┘       └──────────┴──────┘
+      ▲ idx[0]     ▲ idx[1]     ▲ idx[2]      index array: every step-th key,
+                                              step = ceil(M / P), rebuilt after a merge
+
+- insert (a sorted batch of K tuples): K > B -> merged straight into the main array
+  (the buffer stays); otherwise appended to the buffer, which, if the batch would
+  overflow it, is first sorted and merged into the main array. A merge runs in
+  place from the back of the preallocated columns, O(M + K) but touching only the
+  tuples that move, split over threads at merge-path co-ranks (III-G3).
+- probe (a sorted batch, per band a closed interval [lo, hi]): the matches in the
+  main array are one contiguous range [start, end); each bound is found by the
+  rebounding binary search on the index array, with cursors that only move right
+  over the batch (the merge-like scan), then inside its one partition (32 probe
+  tuples' searches in lockstep, so that their cache misses overlap). The buffer
+  is scanned linearly. Chunks of the batch run on ``threads`` threads. Results
+  are pairs (``probe``), or ranges of the main array plus the buffer's pairs
+  (``probe_ranges``), which the manager expands against its mirror of the main
+  array (``main_columns``).
+- expire: the manager drops the whole (oldest) subwindow.
+
+Worked trace, P = 3, B = 4, a dozen keys::
+
+    insert [2 5 9 12 17 23 30]  7 > B: merge into the empty main array
+        main  [2 5 9 | 12 17 23 | 30]       M = 7, step = ceil(7/3) = 3
+        index [2 12 30]
+    insert [5 14]               fits: buffer [5 14]
+    insert [1 20 26]            2 + 3 > B: sort buffer, merge it (back to front:
+                                30 23 17 14 12 9 5 5, then [2] is already in place)
+        main  [2 5 5 | 9 12 14 | 17 23 30]  M = 9, step = 3
+        index [2 9 17]          buffer [1 20 26]
+    probe band:2 from keys [6 15]  ->  intervals [4, 8] and [13, 17]
+        [4, 8]:   first idx >= 4 is idx[1] = 9  -> start in (0, 3]: start = 1
+                  first idx >  8 is idx[1]      -> end   in (0, 3]: end   = 3
+        [13, 17]: gallop from idx[1]: idx[2] = 17 >= 13 -> start in (3, 6]: 5
+                  gallop from idx[2]: none > 17 (q = 3)  -> end in (6, 9]: 7
+        ranges (probe 0, [1, 3)) = keys 5 5 and (probe 1, [5, 7)) = keys 14 17;
+        the buffer [1 20 26] adds nothing.
+
+Memory: 24 bytes per tuple of capacity for the main array, plus 24 B for the
+buffer and 8 min(P, capacity) for the index array (1.003x the raw columns at
+NSub = 8M, P = 64K, B = 1K). A merge allocates temporaries of at most the run's
+size (buffer sort) or max(run, capacity / 16) rows (the parallel merge's stash;
+beyond that it merges on one thread), never a second main array.
+
+The main array's layout is a deterministic function of the insert sequence (a merged
+run goes right of equal main keys, whatever the thread count), so a mirror replaying
+the same inserts holds the same main array, and ranges mean the same rows on both
+sides.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from panjoin.config import BISORT_BUFFER
+from panjoin.subwindow.base import SubwindowIndex, WindowFilter
+from panjoin.subwindow.kernels.bisort import (
+    build_index,
+    merge_back,
+    merge_piece,
+    merge_plan,
+    probe_kernel,
+)
+
+#: smallest merge (main + run tuples) worth splitting over threads
+PAR_MERGE_MIN = 1 << 16
+#: fewest probe tuples per chunk worth a thread of its own
+PROBE_CHUNK_MIN = 64
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _merge_pool(workers: int) -> ThreadPoolExecutor:
+    """Threads that run merge pieces (shared by all subwindows; kernels drop the GIL)."""
+    pool = _POOLS.get(workers)
+    if pool is None:
+        pool = _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="bisort-merge")
+    return pool
+
+
+@dataclass
+class RangeResult:
+    """A probe's result as index records (paper III-D, the <id_start, id_end> format).
+
+    Main array: rows ``[start[k], end[k])`` of :meth:`BISort.main_columns` match probe
+    tuple ``probe_idx[k]`` (one record per non-empty (probe tuple, band); the window
+    filter is NOT applied, the caller filters after expanding). Buffer: the pairs
+    ``(buf_probe_idx, buf_seq)``, window filter applied.
+    """
+
+    probe_idx: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    buf_probe_idx: np.ndarray
+    buf_seq: np.ndarray
+
+    @property
+    def n_main(self) -> int:
+        """Candidate pairs the main-array records stand for."""
+        return int((self.end - self.start).sum())
+
+    def expand(self, keys: np.ndarray, ts: np.ndarray, seq: np.ndarray,
+               flt: WindowFilter | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(probe_idx, seq)`` pairs: main ranges expanded against the columns given
+        (the subwindow's or a mirror's) and filtered, then the buffer pairs."""
+        lens = self.end - self.start
+        total = int(lens.sum())
+        pidx = np.repeat(self.probe_idx, lens)
+        # row = start of its record + offset inside the record
+        first = np.repeat(np.cumsum(lens) - lens, lens)
+        rows = np.repeat(self.start, lens) + (np.arange(total, dtype=np.int64) - first)
+        s = seq[rows]
+        if flt is not None:
+            keep = flt.mask(pidx, s, ts[rows])
+            pidx, s = pidx[keep], s[keep]
+        return (np.concatenate([pidx, self.buf_probe_idx]),
+                np.concatenate([s, self.buf_seq]))
+
+
+class BISort(SubwindowIndex):
+    """Sorted main array + insertion buffer + index array; see the module docstring."""
+
+    kind = "bisort"
+
+    def __init__(self, capacity, key_dtype=np.int64, partitions=1024, threads=1,
+                 predecessor=None, **opts):
+        super().__init__(capacity, key_dtype, partitions, threads)
+        buffer = int(opts.get("buffer", BISORT_BUFFER))
+        if buffer <= 0:
+            raise ValueError(f"bisort: insertion buffer size must be positive, got {buffer}")
+        # a buffer beyond the capacity could never fill
+        self.buffer_size = min(buffer, self.capacity)
+        self.par_merge_min = int(opts.get("par_merge_min", PAR_MERGE_MIN))
+        kd = self.key_dtype
+        self.mkeys = np.empty(self.capacity, dtype=kd)
+        self.mts = np.empty(self.capacity, dtype=np.int64)
+        self.mseq = np.empty(self.capacity, dtype=np.int64)
+        self.m = 0
+        self.bkeys = np.empty(self.buffer_size, dtype=kd)
+        self.bts = np.empty(self.buffer_size, dtype=np.int64)
+        self.bseq = np.empty(self.buffer_size, dtype=np.int64)
+        self.nbuf = 0
+        # at most P entries, and never more than there are tuples
+        self.index = np.empty(min(self.partitions, self.capacity), dtype=kd)
+        self.nidx = 0
+        self.step = 1
+
+    # ------------------------------------------------------------------ insert
+
+    def insert(self, keys, ts, seq):
+        """Insert a sorted batch. O(K) into the buffer, else O(moved + K) per merge."""
+        keys, ts, seq = self._check_insert(keys, ts, seq)
+        k = keys.shape[0]
+        if k == 0:
+            return
+        if k > 1 and not bool(np.all(keys[1:] >= keys[:-1])):
+            raise ValueError("bisort: insert batch must be sorted by key")
+        if k > self.buffer_size:
+            self._merge(keys, ts, seq, k)
+            return
+        if self.nbuf + k > self.buffer_size:
+            self.flush()
+        self.bkeys[self.nbuf:self.nbuf + k] = keys
+        self.bts[self.nbuf:self.nbuf + k] = ts
+        self.bseq[self.nbuf:self.nbuf + k] = seq
+        self.nbuf += k
+
+    def flush(self) -> None:
+        """Sort the insertion buffer and merge it into the main array."""
+        n = self.nbuf
+        if n == 0:
+            return
+        # stable, so that a mirror replaying the inserts sorts ties the same way
+        order = np.argsort(self.bkeys[:n], kind="stable")
+        self._merge(self.bkeys[:n][order], self.bts[:n][order], self.bseq[:n][order], n)
+        self.nbuf = 0
+
+    def _merge(self, rk, rt, rs, r):
+        parts = self.threads
+        if parts > 1 and self.m + r >= self.par_merge_min:
+            self._merge_parallel(rk, rt, rs, r, parts)
+        else:
+            merge_back(self.mkeys, self.mts, self.mseq, self.m, rk, rt, rs, r)
+        self.m += r
+        self._rebuild_index()
+
+    def _merge_parallel(self, rk, rt, rs, r, parts):
+        """The merge cut into ``parts`` pieces run by threads (see ``merge_plan``)."""
+        mk, mt, ms = self.mkeys, self.mts, self.mseq
+        oi, oj, soff = merge_plan(mk, self.m, rk, r, parts)
+        # the stash is bounded by the run, or 1/16 of the capacity for big merges
+        if soff[parts] > max(r, self.capacity // 16):
+            merge_back(mk, mt, ms, self.m, rk, rt, rs, r)
+            return
+        stash = [np.empty(soff[parts], dtype=a.dtype) for a in (mk, mt, ms)]
+        jobs = []
+        for t in range(parts):
+            a, z = soff[t], soff[t + 1]
+            for col, src in zip(stash, (mk, mt, ms), strict=True):
+                col[a:z] = src[oi[t]:oi[t] + z - a]
+            jobs.append((mk, mt, ms, rk, rt, rs, oi[t], oi[t + 1], oj[t], oj[t + 1],
+                         oi[t] + z - a, stash[0][a:z], stash[1][a:z], stash[2][a:z]))
+        pool = _merge_pool(parts - 1)
+        futures = [pool.submit(merge_piece, *job) for job in jobs[1:]]
+        merge_piece(*jobs[0])
+        for f in futures:
+            f.result()
+
+    def _rebuild_index(self):
+        self.step = max(1, -(-self.m // self.partitions))  # ceil(M / P)
+        self.nidx = int(build_index(self.mkeys, self.m, self.step, self.index))
+
+    # ------------------------------------------------------------------ probe
+
+    def _probe_args(self, lo, hi, flt):
+        c0, c1, c2 = flt.arrays(lo.shape[1])
+        parts = max(1, min(self.threads, lo.shape[1] // PROBE_CHUNK_MIN))
+        return c0, c1, c2, parts
+
+    def probe(self, lo, hi, flt: WindowFilter | None = None):
+        """Matching ``(probe_idx, seq)`` pairs. O(n log(M/n) + results + n B) per batch."""
+        lo, hi, flt = self._check_probe(lo, hi, flt)
+        if lo.shape[1] == 0 or len(self) == 0:
+            z = np.zeros(0, dtype=np.int64)
+            return z, z.copy()
+        c0, c1, c2, parts = self._probe_args(lo, hi, flt)
+        p, q, _, _, _ = probe_kernel(
+            self.mkeys, self.mts, self.mseq, self.m, self.index, self.nidx, self.step,
+            self.bkeys, self.bts, self.bseq, self.nbuf, lo, hi, flt.mode, c0, c1, c2, parts,
+            False)
+        return p, q
+
+    def probe_ranges(self, lo, hi, flt: WindowFilter | None = None) -> RangeResult:
+        """The result as main-array ranges (unfiltered) plus buffer pairs (filtered)."""
+        lo, hi, flt = self._check_probe(lo, hi, flt)
+        z = np.zeros(0, dtype=np.int64)
+        if lo.shape[1] == 0 or len(self) == 0:
+            return RangeResult(z, z.copy(), z.copy(), z.copy(), z.copy())
+        c0, c1, c2, parts = self._probe_args(lo, hi, flt)
+        return RangeResult(*probe_kernel(
+            self.mkeys, self.mts, self.mseq, self.m, self.index, self.nidx, self.step,
+            self.bkeys, self.bts, self.bseq, self.nbuf, lo, hi, flt.mode, c0, c1, c2, parts,
+            True))
+
+    def main_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Views ``(key, ts, seq)`` of main rows [0, M): what ranges index into."""
+        return self.mkeys[:self.m], self.mts[:self.m], self.mseq[:self.m]
+
+    # ------------------------------------------------------------------ state
+
+    def __len__(self):
+        return self.m + self.nbuf
+
+    @property
+    def nbytes(self):
+        return sum(a.nbytes for a in (self.mkeys, self.mts, self.mseq, self.bkeys, self.bts,
+                                      self.bseq, self.index))
+
+    def memory_ratio(self) -> float:
+        """``nbytes`` over the raw key + ts + seq bytes at capacity (24 per tuple)."""
+        return self.nbytes / (24 * self.capacity)
+
+    def check(self):
+        def state():
+            return (f"bisort: M={self.m} nbuf={self.nbuf}/{self.buffer_size} "
+                    f"step={self.step} nidx={self.nidx} cap={self.capacity}\n"
+                    f"main={self.mkeys[:min(self.m, 40)]} index={self.index[:self.nidx][:20]}")
+
+        m = self.m
+        # sizes within the preallocated arrays
+        assert 0 <= m <= self.capacity, state()
+        assert 0 <= self.nbuf <= self.buffer_size, state()
+        assert m + self.nbuf == len(self) <= self.capacity, state()
+        # main array sorted
+        mk = self.mkeys[:m]
+        assert m < 2 or bool(np.all(mk[1:] >= mk[:-1])), "main array not sorted\n" + state()
+        # index array = every step-th main key, step = ceil(M / P)
+        step = max(1, -(-m // self.partitions))
+        assert self.step == step, "wrong index step\n" + state()
+        assert self.nidx == (m + step - 1) // step <= self.index.shape[0], state()
+        assert np.array_equal(self.index[:self.nidx], mk[::step]), "stale index\n" + state()
+        # every stored tuple once: seq values unique over main array and buffer
+        seqs = np.concatenate([self.mseq[:m], self.bseq[:self.nbuf]])
+        assert np.unique(seqs).shape[0] == seqs.shape[0], "duplicate seq\n" + state()
+
+
+__all__ = ["BISort", "RangeResult"]

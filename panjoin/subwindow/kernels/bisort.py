@@ -1,0 +1,444 @@
+"""BI-Sort kernels (PanJoin paper, sections III-D, III-E, III-F and III-G3).
+
+Arrays in, arrays out; the orchestration lives in :mod:`panjoin.subwindow.bi_sort`.
+
+Insertion: ``merge_back`` merges a sorted run into the sorted main array IN PLACE,
+from the back of the preallocated columns, so no second main-sized array is ever
+needed. Elements only move right (a main tuple lands at its index plus the number
+of run tuples before it), so walking from the back never overwrites a main tuple
+that is still to be read::
+
+    main [1 4 7 9 _ _]   run [5 8]           w = write slot, from the back
+          1 4 7 9 _ 9    9 > 8 -> take 9     w = 5
+          1 4 7 9 8 9    8 > 7 -> take 8     w = 4
+          1 4 7 7 8 9    7 > 5 -> take 7     w = 3
+          1 4 5 7 8 9    run exhausted, [1 4] already in place: stop
+
+On equal keys the main tuples stay left of the run (a stable merge), so the layout
+is a deterministic function of the insert sequence, whatever the thread count: a
+mirror that replays the same inserts holds the same main array.
+
+With threads (III-G3), ``merge_plan`` cuts the moving part of the output into
+pieces of equal size at merge-path co-ranks, and ``merge_piece`` runs one piece per
+thread (the kernels release the GIL). A piece's front main tuples may be
+overwritten by the pieces left of it before it reads them; those few tuples (at
+most its run share) are stashed first, everything else is read in place.
+
+Probing (III-E/F): every band of a probe tuple is a closed interval ``[lo, hi]``;
+its matches in the main array are the contiguous range ``[start, end)`` with
+``start`` = first key >= lo and ``end`` = first key > hi. Each bound is found by
+the rebounding binary search on the index array (the sampled keys, one per
+partition of ``step`` tuples) from the previous bound's partition, which names the
+one partition holding the answer; bounds are sorted, so the index cursors only
+move right (the merge-like scan), and an equal consecutive bound reuses the
+previous answer. The searches inside the partitions of a group of 32 probe tuples
+then run in lockstep, branch-free, so that their cache misses on the main array
+overlap instead of queueing one behind the other; the end of a narrow band is
+found from its start (a step or two at S ~ 1). Example, step 4, main
+``[1 3 3 5 | 8 9 9 9 | 12 14 15 20]``, index ``[1 8 12]``, probes ``[2, 4] [9, 9]``:
+``[2, 4]``: first index entry >= 2 is 8 (q = 1) -> start in rows (0, 4]: 1;
+first entry > 4 is also 8 -> end from row 1 on: 3 (keys 3 3).
+``[9, 9]``: from q = 1, first entry >= 9 is 12 (q = 2) -> start in (4, 8]: 5;
+end from row 5: 8 (keys 9 9 9). The unsorted insertion buffer is scanned linearly
+per probe tuple (the paper's nested loop over a small, cache-resident buffer).
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from panjoin.config import NJIT, NJIT_PAR
+from panjoin.subwindow.kernels.search import (
+    chunk_bounds,
+    gallop_left_range,
+    gallop_right_range,
+)
+from panjoin.subwindow.kernels.window import NONE, in_window
+
+# --------------------------------------------------------------------------- insertion
+
+
+@njit(**NJIT)
+def first_moved(mk, m, first_run_key):
+    """Main tuples that stay in place: those with key <= the run's smallest key."""
+    lo = 0
+    hi = m
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if mk[mid] <= first_run_key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(**NJIT)
+def merge_back(mk, mt, ms, m, rk, rt, rs, r):
+    """Merge run rows [0, r) into main rows [0, m) -> main rows [0, m + r), in place."""
+    i = m
+    j = r
+    w = m + r
+    # once the run is exhausted the remaining main prefix is already in place
+    while j > 0:
+        w -= 1
+        if i > 0 and mk[i - 1] > rk[j - 1]:
+            i -= 1
+            mk[w] = mk[i]
+            mt[w] = mt[i]
+            ms[w] = ms[i]
+        else:
+            j -= 1
+            mk[w] = rk[j]
+            mt[w] = rt[j]
+            ms[w] = rs[j]
+
+
+@njit(**NJIT)
+def corank(mk, m, rk, r, o):
+    """Main tuples among the first o outputs of the stable merge (main first on ties)."""
+    lo = o - r if o > r else 0
+    hi = o if o < m else m
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        # main[mid] precedes run[o - mid - 1]: it is among the first o outputs too
+        if mk[mid] <= rk[o - mid - 1]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit(**NJIT)
+def _merge_views(wk, wt, ws, ak, at, as_, rk, rt, rs, copy_rest):
+    """``merge_back`` on views: A and R into W (len A + len R) from the back. W may be
+    A's memory shifted right; ``copy_rest`` False when W's front IS A's front, so the
+    rows of A left when R runs out are already in place. Views index from 0, which
+    spares the kernel the negative-index checks that offsets would need."""
+    i = ak.shape[0]
+    j = rk.shape[0]
+    w = i + j
+    while j > 0:
+        w -= 1
+        if i > 0 and ak[i - 1] > rk[j - 1]:
+            i -= 1
+            wk[w] = ak[i]
+            wt[w] = at[i]
+            ws[w] = as_[i]
+        else:
+            j -= 1
+            wk[w] = rk[j]
+            wt[w] = rt[j]
+            ws[w] = rs[j]
+    if copy_rest:
+        for x in range(i - 1, -1, -1):  # backwards: W[x] lies at or right of A[x]
+            wk[x] = ak[x]
+            wt[x] = at[x]
+            ws[x] = as_[x]
+
+
+@njit(**NJIT)
+def merge_piece(mk, mt, ms, rk, rt, rs, i0, i1, j0, j1, s_end, sk, st, ss):
+    """Output piece [i0 + j0, i1 + j1) of the parallel merge, from main rows [i0, i1)
+    (rows below s_end in the stash ``sk, st, ss``) and run rows [j0, j1).
+
+    Split at main row s_end: run rows before it (key < its key) go with the stashed
+    rows. The upper part merges in place first, then the lower part writes below it.
+    """
+    jm = j1
+    if s_end < i1:
+        jm = j0
+        pivot = mk[s_end]
+        while jm < j1 and rk[jm] < pivot:
+            jm += 1
+    _merge_views(mk[s_end + jm:i1 + j1], mt[s_end + jm:i1 + j1], ms[s_end + jm:i1 + j1],
+                 mk[s_end:i1], mt[s_end:i1], ms[s_end:i1], rk[jm:j1], rt[jm:j1], rs[jm:j1],
+                 jm > 0)
+    _merge_views(mk[i0 + j0:s_end + jm], mt[i0 + j0:s_end + jm], ms[i0 + j0:s_end + jm],
+                 sk, st, ss, rk[j0:jm], rt[j0:jm], rs[j0:jm], True)
+
+
+@njit(**NJIT)
+def merge_plan(mk, m, rk, r, parts):
+    """Cut a merge into ``parts`` pieces of equal output size (III-G3).
+
+    Returns ``oi, oj, soff``: piece t writes outputs [o_t, o_t+1), o_t = oi[t] + oj[t],
+    from main rows [oi[t], oi[t+1]) and run rows [oj[t], oj[t+1]). Main rows below
+    ``first_moved`` stay where they are, so only the moving part is cut. Pieces left
+    of t write below o_t, which covers main rows [oi[t], min(o_t, oi[t+1])) of piece
+    t: those rows go to the stash at ``soff[t]`` before any piece starts. Pieces
+    right of t write from o_t+1 >= oi[t+1] on, past everything t reads, so once the
+    stash is taken, the pieces can run at the same time.
+    """
+    base = first_moved(mk, m, rk[0])
+    n = m + r
+    oi = np.empty(parts + 1, dtype=np.int64)
+    oj = np.empty(parts + 1, dtype=np.int64)
+    for t in range(parts + 1):
+        o = base + ((n - base) * t) // parts
+        i = corank(mk, m, rk, r, o)
+        oi[t] = i
+        oj[t] = o - i
+    soff = np.zeros(parts + 1, dtype=np.int64)
+    for t in range(parts):
+        s_end = min(oi[t] + oj[t], oi[t + 1])
+        soff[t + 1] = soff[t] + max(0, s_end - oi[t])
+    return oi, oj, soff
+
+
+@njit(**NJIT)
+def build_index(mk, m, step, idx):
+    """Index array: the key of every ``step``-th main tuple; returns the entry count."""
+    nidx = (m + step - 1) // step
+    for q in range(nidx):
+        idx[q] = mk[q * step]
+    return nidx
+
+
+# --------------------------------------------------------------------------- probing
+
+
+#: probe bounds searched in lockstep: their cache misses overlap (memory-level parallelism)
+GROUP = 32
+
+
+@njit(**NJIT)
+def _lockstep_search(mk, m, key, base, ntask, step, strict):
+    """Branch-free binary searches over ``step`` rows from each ``base[k]``, all tasks
+    one halving step per round: the group's loads are independent within a round,
+    so their cache misses overlap. Rows >= m count as past every target.
+
+    ``strict`` False: first row with key >= key[k]; True: first row with key > key[k].
+    """
+    n = step
+    while n > 1:
+        half = n >> 1
+        if strict:
+            for k in range(ntask):
+                p = base[k] + half - 1
+                v = mk[min(p, m - 1)]
+                base[k] += half * ((p < m) & (v <= key[k]))
+        else:
+            for k in range(ntask):
+                p = base[k] + half - 1
+                v = mk[min(p, m - 1)]
+                base[k] += half * ((p < m) & (v < key[k]))
+        n -= half
+
+
+@njit(**NJIT)
+def locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en):
+    """Main-array ranges ``[st[b, i], en[b, i])`` of probe tuples [i0, i1), every band.
+
+    Per band, a group of up to GROUP probe tuples at a time:
+
+    1. each bound gallops over the index array from the previous bound's
+       partition (rebounding binary search; the end bound from the start's
+       partition, as end >= start). Index entry q is the first past the bound,
+       so the answer lies in the one partition of rows ((q-1) step, q step].
+       A start equal to the previous one reuses its search task;
+    2. the start searches inside their partitions run in lockstep (branch-free,
+       so that the group's cache misses on the main array are in flight
+       together), and so do the end searches whose partition differs from the
+       start's (wide bands);
+    3. an end in the start's partition is found from the start onwards (its
+       cache line is hot; S ~ 1 means a step or two), or reused from the
+       previous tuple when its bounds are equal.
+
+    While a group is pending, ``st`` holds -(task + 1) and ``en`` either
+    -(task + 1) or the last row of the start's partition.
+    """
+    if i1 <= i0:
+        return
+    nb = lo.shape[0]
+    s_key = np.empty(GROUP, dtype=lo.dtype)
+    s_base = np.empty(GROUP, dtype=np.int64)
+    e_key = np.empty(GROUP, dtype=lo.dtype)
+    e_base = np.empty(GROUP, dtype=np.int64)
+    for b in range(nb):
+        q_s = 0  # index-array cursors: only move right over the sorted bounds
+        q_e = 0
+        i = i0
+        while i < i1:
+            g0 = i
+            ns = 0
+            ne = 0
+            prev_l = lo[b, i]  # read only once a first task exists
+            while i < i1 and ns < GROUP and ne < GROUP:
+                l = lo[b, i]
+                h = hi[b, i]
+                if l > h or m == 0:
+                    # empty band (or empty main array): no cursor moves
+                    st[b, i] = 0
+                    en[b, i] = 0
+                    i += 1
+                    continue
+                if ns == 0 or l != prev_l:
+                    q_s = gallop_left_range(idx, l, q_s, nidx)  # first entry >= l
+                    s_key[ns] = l
+                    s_base[ns] = (q_s - 1) * step + 1 if q_s > 0 else 0
+                    ns += 1
+                    prev_l = l
+                st[b, i] = -ns
+                if q_e < q_s:
+                    q_e = q_s
+                q_e = gallop_right_range(idx, h, q_e, nidx)  # first entry > h
+                if q_e == q_s:
+                    en[b, i] = min(q_s * step, m)
+                else:
+                    e_key[ne] = h
+                    e_base[ne] = (q_e - 1) * step + 1
+                    ne += 1
+                    en[b, i] = -ne
+                i += 1
+            _lockstep_search(mk, m, s_key, s_base, ns, step, False)
+            _lockstep_search(mk, m, e_key, e_base, ne, step, True)
+            have = False
+            ps = 0
+            pe = 0
+            prev_h = hi[b, g0]
+            for j in range(g0, i):
+                if st[b, j] >= 0:
+                    continue  # empty band
+                s = s_base[-st[b, j] - 1]
+                h = hi[b, j]
+                if have and s == ps and h == prev_h:
+                    e = pe  # equal bounds: the previous answer
+                elif en[b, j] < 0:
+                    e = e_base[-en[b, j] - 1]
+                else:
+                    e = gallop_right_range(mk, h, s, en[b, j])
+                st[b, j] = s
+                en[b, j] = e
+                have = True
+                ps = s
+                pe = e
+                prev_h = h
+
+
+# Per-probe-tuple helpers are inlined into the drivers: a call that passes arrays costs
+# reference-count traffic on every array, more than the helper's own work.
+
+
+@njit(inline="always", **NJIT)
+def _buffer_count(bk, bt, bs, nbuf, lo, hi, mode, c0, c1, c2, i):
+    """Buffer tuples matching probe tuple i: a linear scan (the buffer is unsorted)."""
+    c = 0
+    for b in range(lo.shape[0]):
+        l = lo[b, i]
+        h = hi[b, i]
+        if l > h:
+            continue
+        cand = 0
+        for p in range(nbuf):
+            k = bk[p]
+            cand += (k >= l) & (k <= h)  # branch-free, vectorisable
+        if cand == 0 or mode == NONE:
+            c += cand
+            continue
+        for p in range(nbuf):
+            k = bk[p]
+            if k >= l and k <= h and in_window(mode, c0[i], c1[i], c2[i], bs[p], bt[p]):
+                c += 1
+    return c
+
+
+@njit(inline="always", **NJIT)
+def _buffer_fill(bk, bt, bs, nbuf, lo, hi, mode, c0, c1, c2, i, out_seq, pos):
+    """Write the buffer matches of probe tuple i from out_seq[pos]; returns the new end."""
+    for b in range(lo.shape[0]):
+        l = lo[b, i]
+        h = hi[b, i]
+        if l > h:
+            continue
+        for p in range(nbuf):
+            k = bk[p]
+            if k >= l and k <= h and in_window(mode, c0[i], c1[i], c2[i], bs[p], bt[p]):
+                out_seq[pos] = bs[p]
+                pos += 1
+    return pos
+
+
+@njit(**NJIT_PAR)
+def probe_kernel(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi,
+                 mode, c0, c1, c2, parts, ranges):
+    """Probe a sorted batch; chunks of it in parallel, each pass split the same way.
+
+    Pass 1 locates every band's main-array range and counts per probe tuple; a prefix
+    sum gives each tuple its output slots; pass 2 fills them (no two chunks share a
+    slot). Returns five int64 arrays:
+
+    - ``ranges`` False: ``(probe_idx, seq)`` of every matching pair (window filter
+      applied), then three empty arrays;
+    - ``ranges`` True: records ``(probe_idx, start, end)`` of the non-empty main-array
+      ranges, ordered by probe tuple then band (no window filter), then the
+      buffer's matching ``(probe_idx, seq)`` pairs (filter applied).
+    """
+    nb, n = lo.shape
+    st = np.empty((nb, n), dtype=np.int64)
+    en = np.empty((nb, n), dtype=np.int64)
+    counts = np.zeros(n + 1, dtype=np.int64)  # main pairs, or main records
+    bcount = np.zeros(n + 1, dtype=np.int64)  # buffer pairs
+    cb = chunk_bounds(n, parts)
+    for t in prange(parts):
+        i0 = cb[t]
+        i1 = cb[t + 1]
+        locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
+        for i in range(i0, i1):
+            c = 0
+            for b in range(nb):
+                if lo[b, i] > hi[b, i]:
+                    continue
+                if ranges:
+                    c += en[b, i] > st[b, i]
+                elif mode == NONE:
+                    c += en[b, i] - st[b, i]
+                else:
+                    for p in range(st[b, i], en[b, i]):
+                        c += in_window(mode, c0[i], c1[i], c2[i], ms[p], mt[p])
+            counts[i + 1] = c
+        if nbuf > 0:
+            for i in range(i0, i1):
+                bcount[i + 1] = _buffer_count(bk, bt, bs, nbuf, lo, hi, mode, c0, c1, c2, i)
+    if not ranges:
+        for i in range(n):
+            counts[i + 1] += bcount[i + 1]
+    offs = np.cumsum(counts)
+    boffs = np.cumsum(bcount)
+    out_probe = np.empty(offs[n], dtype=np.int64)
+    out_a = np.empty(offs[n], dtype=np.int64)  # seq, or range start
+    out_b = np.empty(offs[n] if ranges else 0, dtype=np.int64)  # range end
+    buf_probe = np.empty(boffs[n] if ranges else 0, dtype=np.int64)
+    buf_seq = np.empty(boffs[n] if ranges else 0, dtype=np.int64)
+    for t in prange(parts):
+        for i in range(cb[t], cb[t + 1]):
+            pos = offs[i]
+            for b in range(nb):
+                if lo[b, i] > hi[b, i]:
+                    continue
+                s = st[b, i]
+                e = en[b, i]
+                if ranges:
+                    if e > s:
+                        out_a[pos] = s
+                        out_b[pos] = e
+                        pos += 1
+                elif mode == NONE:
+                    for p in range(s, e):
+                        out_a[pos] = ms[p]
+                        pos += 1
+                else:
+                    for p in range(s, e):
+                        if in_window(mode, c0[i], c1[i], c2[i], ms[p], mt[p]):
+                            out_a[pos] = ms[p]
+                            pos += 1
+            if bcount[i + 1] > 0:
+                if ranges:
+                    end = _buffer_fill(bk, bt, bs, nbuf, lo, hi, mode, c0, c1, c2, i,
+                                       buf_seq, boffs[i])
+                    for x in range(boffs[i], end):
+                        buf_probe[x] = i
+                else:
+                    pos = _buffer_fill(bk, bt, bs, nbuf, lo, hi, mode, c0, c1, c2, i,
+                                       out_a, pos)
+            for x in range(offs[i], pos):
+                out_probe[x] = i
+    return out_probe, out_a, out_b, buf_probe, buf_seq

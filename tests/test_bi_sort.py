@@ -1,0 +1,375 @@
+"""BI-Sort against the nested loop: every predicate, both probe sides, every window
+filter, many key distributions and insert patterns, ``check()`` after every step;
+the range result format expanded against ``main_columns`` equals ``probe``."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from panjoin.semantics import I64_MAX, I64_MIN, parse_predicate, probe_bounds
+from panjoin.subwindow import make_index
+from panjoin.subwindow.base import WindowFilter
+from panjoin.subwindow.bi_sort import BISort
+from panjoin.subwindow.kernels import window as W
+from panjoin.subwindow.nested_loop import NestedLoop
+
+PREDICATES = ["eq", "band:3", "bands:-5,-2;4,9", "ne"]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def draw_keys(rng, dist, n, dtype=np.int64):
+    if dist == "uniform":
+        k = rng.integers(-50, 50, n)
+    elif dist == "zipf":
+        k = np.minimum(rng.zipf(1.5, n), 40) - 5
+    elif dist == "increasing":
+        k = np.arange(n) // 2 + rng.integers(0, 3, n)
+    elif dist == "equal":
+        k = np.full(n, 7)
+    elif dist == "extreme":
+        pool = np.array([I64_MIN, I64_MIN + 1, I64_MIN + 3, -1, 0, 1,
+                         I64_MAX - 4, I64_MAX - 1, I64_MAX], dtype=np.int64)
+        k = pool[rng.integers(0, pool.shape[0], n)]
+    elif dist == "negative":
+        k = rng.integers(-(2**62), -(2**62) + 40, n)
+    elif dist == "float":
+        k = np.round(rng.normal(0.0, 6.0, n), 1)
+        k[rng.random(n) < 0.1] = 0.1 + 0.2  # a value whose band edges need exact rounding
+    else:
+        raise ValueError(dist)
+    return np.asarray(k, dtype=np.float64 if dist == "float" else dtype)
+
+
+def split_sizes(rng, n, pattern, buffer):
+    """Batch sizes summing to n: small (<= buffer), large (> buffer), mixed, one huge."""
+    if pattern == "huge":
+        return [n]
+    sizes = []
+    while sum(sizes) < n:
+        if pattern == "small":
+            s = int(rng.integers(1, buffer + 1))
+        elif pattern == "large":
+            s = int(rng.integers(buffer + 1, 3 * buffer + 2))
+        else:
+            s = int(rng.integers(1, 3 * buffer + 2))
+        sizes.append(min(s, n - sum(sizes)))
+    return sizes
+
+
+def fill(indexes, rng, keys, sizes):
+    """Insert the same sorted batches into every index; check() after each insert."""
+    n = keys.shape[0]
+    seq = rng.permutation(n).astype(np.int64) * 3 + 11  # unique, not positions
+    ts = rng.integers(0, 1000, n).astype(np.int64)
+    pos = 0
+    for s in sizes:
+        order = np.argsort(keys[pos:pos + s], kind="stable")
+        for ix in indexes:
+            ix.insert(keys[pos:pos + s][order], ts[pos:pos + s][order],
+                      seq[pos:pos + s][order])
+            ix.check()
+        pos += s
+    return ts, seq
+
+
+def random_filter(rng, mode, m):
+    if mode == W.NONE:
+        return WindowFilter.none(m)
+    if mode == W.TIME:
+        c0 = rng.integers(-10, 600, m)
+        c1 = c0 + rng.integers(0, 700, m)
+        return WindowFilter(W.TIME, c0, c1, np.zeros(m, np.int64))
+    c1 = rng.integers(0, 3 * 400, m)
+    c0 = c1 - rng.integers(0, 800, m)
+    c2 = rng.integers(0, 1000, m)
+    return WindowFilter(W.COUNT, c0, c1, c2)
+
+
+def canon(p, s):
+    """The pairs as one sorted array (probe index and seq are small and >= 0 here)."""
+    assert p.shape == s.shape and (p.size == 0 or (p.min() >= 0 and s.min() >= 0))
+    return np.sort((p.astype(np.int64) << 32) | s)
+
+
+def assert_same(bi: BISort, ref: NestedLoop, lo, hi, flt):
+    got = bi.probe(lo, hi, flt)
+    want = ref.probe(lo, hi, flt)
+    assert got[0].dtype == np.int64 and got[1].dtype == np.int64
+    np.testing.assert_array_equal(canon(*got), canon(*want))
+    # the range format, expanded against the main array and filtered, is the same
+    rr = bi.probe_ranges(lo, hi, flt)
+    assert np.all(rr.end > rr.start)
+    assert np.all(np.diff(rr.probe_idx) >= 0)
+    mk, mt, ms = bi.main_columns()
+    assert mk.shape[0] == bi.m
+    exp = rr.expand(mk, mt, ms, flt)
+    np.testing.assert_array_equal(canon(*exp), canon(*want))
+    return want[0].shape[0]
+
+
+def probe_keys(rng, keys, dist, m):
+    drawn = draw_keys(rng, dist, m, keys.dtype)
+    if keys.shape[0]:
+        hit = keys[rng.integers(0, keys.shape[0], m)]
+        drawn = np.where(rng.random(m) < 0.5, hit, drawn)
+    return np.sort(drawn, kind="stable")
+
+
+def run_case(dist, pattern, *, n=700, buffer=64, partitions=16, threads=1, seed=0,
+             capacity=None, probes=60, preds=PREDICATES, modes=(W.NONE, W.TIME, W.COUNT)):
+    rng = np.random.default_rng(seed)
+    keys = draw_keys(rng, dist, n)
+    cap = capacity or n
+    bi = BISort(cap, key_dtype=keys.dtype, partitions=partitions, threads=threads,
+                buffer=buffer, par_merge_min=1 if threads > 1 else 1 << 16)
+    ref = NestedLoop(cap, key_dtype=keys.dtype)
+    fill([bi, ref], rng, keys, split_sizes(rng, n, pattern, buffer))
+    assert len(bi) == n
+    total = 0
+    for pred in preds:
+        p = parse_predicate(pred)
+        for side in "RS":
+            pk = probe_keys(rng, keys, dist, probes)
+            lo, hi = probe_bounds(p, side, pk)
+            for mode in modes:
+                total += assert_same(bi, ref, lo, hi, random_filter(rng, mode, probes))
+                bi.check()
+    return bi, total
+
+
+# --------------------------------------------------------------------------- the grid
+
+
+@pytest.mark.parametrize("dist", ["uniform", "zipf", "increasing", "equal", "extreme",
+                                  "negative", "float"])
+@pytest.mark.parametrize("pattern", ["small", "large", "mixed", "huge"])
+def test_against_nested_loop(dist, pattern):
+    bi, total = run_case(dist, pattern, seed=zlib.crc32(f'{dist}/{pattern}'.encode()))
+    assert total > 0  # the comparison saw real matches
+    if pattern == "huge":
+        assert bi.nbuf == 0 and bi.m == 700  # one batch larger than B goes straight in
+    if pattern == "small":
+        assert bi.m > 0  # the buffer overflowed and was merged at least once
+
+
+@pytest.mark.parametrize("dist", ["uniform", "equal", "extreme", "float"])
+def test_two_threads(dist):
+    # parallel merge pieces (par_merge_min = 1) and two probe chunks
+    for pattern in ("small", "large", "mixed"):
+        run_case(dist, pattern, threads=2, seed=5, probes=300, modes=(W.NONE, W.COUNT))
+
+
+def test_duplicates_span_partitions():
+    # runs of equal keys much longer than a partition: a bound's target partition is
+    # the first of several, and the range crosses partition borders
+    rng = np.random.default_rng(1)
+    keys = np.repeat(np.array([-3, 0, 2, 9], dtype=np.int64), [90, 300, 7, 203])
+    bi = BISort(600, partitions=64, buffer=32)
+    ref = NestedLoop(600)
+    fill([bi, ref], rng, rng.permutation(keys), split_sizes(rng, 600, "mixed", 32))
+    assert bi.step < 300
+    for pred in PREDICATES:
+        pk = np.sort(rng.choice(np.array([-4, -3, -1, 0, 1, 2, 5, 9, 12]), 40))
+        lo, hi = probe_bounds(parse_predicate(pred), "R", pk)
+        assert_same(bi, ref, lo, hi, None)
+    bi.flush()
+    bi.check()
+    rr = bi.probe_ranges(*probe_bounds(parse_predicate("eq"), "S", np.array([0, 0, 9])))
+    # the whole run of 0s is one record, reused for the equal second probe key
+    np.testing.assert_array_equal(rr.end - rr.start, [300, 300, 203])
+
+
+def test_empty_main_array_buffer_only():
+    rng = np.random.default_rng(2)
+    bi = BISort(100, partitions=8, buffer=50)
+    ref = NestedLoop(100)
+    keys = np.array([5, 1, 9, 1, 3], dtype=np.int64)
+    fill([bi, ref], rng, keys, [2, 3])
+    assert bi.m == 0 and bi.nbuf == 5 and bi.nidx == 0
+    for pred in PREDICATES:
+        lo, hi = probe_bounds(parse_predicate(pred), "R", np.array([0, 1, 1, 4, 9, 20]))
+        for mode in (W.NONE, W.TIME, W.COUNT):
+            assert_same(bi, ref, lo, hi, random_filter(rng, mode, 6))
+    rr = bi.probe_ranges(lo, hi)
+    assert rr.probe_idx.shape[0] == 0 and rr.buf_seq.shape[0] > 0
+
+
+def test_empty_buffer_main_only():
+    rng = np.random.default_rng(3)
+    bi = BISort(500, partitions=32, buffer=16)
+    ref = NestedLoop(500)
+    keys = draw_keys(rng, "uniform", 500)
+    fill([bi, ref], rng, keys, [100, 200, 200])
+    assert bi.nbuf == 0 and bi.m == 500
+    for pred in PREDICATES:
+        lo, hi = probe_bounds(parse_predicate(pred), "S", probe_keys(rng, keys, "uniform", 50))
+        assert_same(bi, ref, lo, hi, None)
+        assert bi.probe_ranges(lo, hi).buf_seq.shape[0] == 0
+
+
+def test_empty_subwindow_and_empty_probe():
+    bi = BISort(10)
+    lo, hi = probe_bounds(parse_predicate("band:1"), "R", np.array([1, 2]))
+    p, s = bi.probe(lo, hi)
+    assert p.shape[0] == 0 and s.shape[0] == 0
+    bi.insert(np.array([1]), np.array([0]), np.array([0]))
+    z = np.zeros((1, 0), np.int64)
+    assert bi.probe(z, z)[0].shape[0] == 0
+    assert bi.probe_ranges(z, z).probe_idx.shape[0] == 0
+    bi.insert(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    assert len(bi) == 1
+    bi.check()
+
+
+def test_capacity_one():
+    for buffer in (1, 1024):
+        bi = BISort(1, partitions=1024, buffer=buffer)
+        assert bi.buffer_size == 1 and bi.index.shape[0] == 1
+        bi.insert(np.array([I64_MAX]), np.array([3]), np.array([42]))
+        bi.check()
+        lo, hi = probe_bounds(parse_predicate("eq"), "R", np.array([I64_MAX - 1, I64_MAX]))
+        p, s = bi.probe(lo, hi)
+        assert p.tolist() == [1] and s.tolist() == [42]
+        with pytest.raises(ValueError):
+            bi.insert(np.array([1]), np.array([0]), np.array([1]))
+        bi.flush()
+        bi.check()
+        assert bi.m == 1 and bi.probe(lo, hi)[1].tolist() == [42]
+
+
+def test_more_partitions_than_tuples():
+    for dist in ("uniform", "equal"):
+        bi, _ = run_case(dist, "mixed", n=40, partitions=1000, buffer=4, probes=20)
+        assert bi.step == 1 and bi.nidx == bi.m
+
+
+def test_merge_order_is_deterministic_and_thread_independent():
+    # the manager's mirror replays the inserts: same layout whatever the thread count
+    rng = np.random.default_rng(4)
+    keys = draw_keys(rng, "zipf", 3000)
+    a = BISort(3000, partitions=50, buffer=40)
+    b = BISort(3000, partitions=50, buffer=40, threads=2, par_merge_min=1)
+    c = BISort(3000, partitions=50, buffer=40, threads=3, par_merge_min=1)
+    fill([a, b, c], rng, keys, split_sizes(rng, 3000, "mixed", 40))
+    for x in (b, c):
+        for u, v in zip(a.main_columns(), x.main_columns(), strict=True):
+            np.testing.assert_array_equal(u, v)
+    # equal keys: a merged run goes right of the equal main tuples (a model of the
+    # buffer / direct-merge paths predicts the exact layout)
+    d = BISort(200, partitions=7, buffer=10, threads=2, par_merge_min=1)
+    main, buf, seq = [], [], 0
+    for size in (3, 9, 1, 25, 4, 40, 8, 2, 30):
+        s = list(range(seq, seq + size))
+        seq += size
+        d.insert(np.full(size, 5), np.zeros(size, np.int64), np.array(s))
+        d.check()
+        if size > 10:
+            main += s
+        else:
+            if len(buf) + size > 10:
+                main, buf = main + buf, []
+            buf += s
+    d.flush()
+    np.testing.assert_array_equal(d.main_columns()[2], main + buf)
+
+
+def test_insert_paths():
+    bi = BISort(100, partitions=4, buffer=8)
+    k = np.arange(8, dtype=np.int64)
+    bi.insert(k, k, k)  # fits exactly: buffer
+    assert (bi.m, bi.nbuf) == (0, 8)
+    bi.insert(k[:1] + 3, k[:1], k[:1] + 100)  # would overflow: flush, then buffer
+    assert (bi.m, bi.nbuf) == (8, 1)
+    big = np.arange(9, dtype=np.int64) * 2
+    bi.insert(big, big, big + 200)  # larger than B: straight in, buffer stays
+    assert (bi.m, bi.nbuf) == (17, 1)
+    bi.check()
+    np.testing.assert_array_equal(bi.index[:bi.nidx], bi.main_columns()[0][::bi.step])
+
+
+def test_bad_input_changes_nothing():
+    bi = BISort(10, buffer=2)
+    bi.insert(np.array([1, 2, 3]), np.zeros(3, np.int64), np.arange(3))
+    before = [a.copy() for a in bi.main_columns()]
+    with pytest.raises(ValueError, match="sorted"):
+        bi.insert(np.array([5, 4, 6]), np.zeros(3, np.int64), np.arange(3, 6))
+    with pytest.raises(TypeError):
+        bi.insert(np.array([1.0]), np.zeros(1, np.int64), np.array([9]))
+    with pytest.raises(ValueError):
+        BISort(10, buffer=0)
+    assert len(bi) == 3
+    for u, v in zip(before, bi.main_columns(), strict=True):
+        np.testing.assert_array_equal(u, v)
+    bi.check()
+
+
+def test_check_catches_corruption():
+    bi = BISort(50, partitions=4, buffer=4)
+    k = np.arange(20, dtype=np.int64)
+    bi.insert(k, k, k)
+    bi.check()
+    bi.mkeys[3], bi.mkeys[4] = bi.mkeys[4], bi.mkeys[3]
+    with pytest.raises(AssertionError, match="sorted"):
+        bi.check()
+    bi.mkeys[3], bi.mkeys[4] = bi.mkeys[4], bi.mkeys[3]
+    bi.index[1] += 1
+    with pytest.raises(AssertionError, match="index"):
+        bi.check()
+    bi.index[1] -= 1
+    bi.mseq[5] = bi.mseq[6]
+    with pytest.raises(AssertionError, match="seq"):
+        bi.check()
+
+
+def test_memory_within_bound():
+    bi = make_index("bisort", 1 << 20, "int64", partitions=1 << 14)
+    assert isinstance(bi, BISort) and bi.kind == "bisort"
+    assert bi.memory_ratio() < 1.2
+    assert bi.nbytes >= 24 * (1 << 20) + 24 * bi.buffer_size + 8 * (1 << 14)
+
+
+# --------------------------------------------------------------------------- property
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    batches=st.lists(st.lists(st.integers(-6, 6), min_size=0, max_size=12), max_size=10),
+    buffer=st.integers(1, 8),
+    partitions=st.integers(1, 9),
+    probe=st.lists(st.integers(-9, 9), min_size=1, max_size=12),
+    band=st.tuples(st.integers(-4, 4), st.integers(0, 5)),
+    threads=st.sampled_from([1, 2]),
+)
+def test_property_band_join(batches, buffer, partitions, probe, band, threads):
+    n = sum(len(b) for b in batches)
+    bi = BISort(max(1, n), partitions=partitions, buffer=buffer, threads=threads,
+                par_merge_min=1)
+    stored_k, stored_s = [], []
+    seq = 0
+    for b in batches:
+        k = np.sort(np.array(b, dtype=np.int64))
+        s = np.arange(seq, seq + k.shape[0], dtype=np.int64)
+        seq += k.shape[0]
+        bi.insert(k, s * 7, s)
+        bi.check()
+        stored_k += k.tolist()
+        stored_s += s.tolist()
+    a, w = band
+    pred = parse_predicate(f"bands:{a},{a + w}")
+    pk = np.sort(np.array(probe, dtype=np.int64))
+    lo, hi = probe_bounds(pred, "R", pk)
+    sk, ss = np.array(stored_k, np.int64), np.array(stored_s, np.int64)
+    # brute force: s.key - r.key in [a, a + w]
+    d = sk[None, :] - pk[:, None]
+    want_p, want_j = np.nonzero((d >= a) & (d <= a + w))
+    want = canon(want_p.astype(np.int64), ss[want_j])
+    np.testing.assert_array_equal(canon(*bi.probe(lo, hi)), want)
+    mk, mt, ms = bi.main_columns()
+    np.testing.assert_array_equal(canon(*bi.probe_ranges(lo, hi).expand(mk, mt, ms)), want)
