@@ -326,21 +326,32 @@ def probe_bounds(
     n = keys.shape[0]
     nb = pred.n_bands
     if keys.dtype == np.float64:
-        lo = np.empty((nb, n), np.float64)
-        hi = np.empty((nb, n), np.float64)
-        if pred.negated:
-            lo[0] = -np.inf
-            hi[0] = np.nextafter(keys, -np.inf)
-            lo[1] = np.nextafter(keys, np.inf)
-            hi[1] = np.inf
-        else:
-            for j, (a, b) in enumerate(stored_bands(pred, probe_stream)):
-                lo[j] = _float_lo(keys, a)
-                hi[j] = _float_hi(keys, b)
-        empty = lo > hi
-        lo[empty] = np.inf
-        hi[empty] = -np.inf
-        return lo, hi
+        with np.errstate(over="ignore", invalid="ignore"):  # steps past the largest double
+            return _float_bounds(pred, probe_stream, keys, nb, n)
+    return _int_bounds(pred, probe_stream, keys, nb, n)
+
+
+def _float_bounds(pred, probe_stream, keys, nb, n):
+    """probe_bounds for float64 keys."""
+    lo = np.empty((nb, n), np.float64)
+    hi = np.empty((nb, n), np.float64)
+    if pred.negated:
+        lo[0] = -np.inf
+        hi[0] = np.nextafter(keys, -np.inf)
+        lo[1] = np.nextafter(keys, np.inf)
+        hi[1] = np.inf
+    else:
+        for j, (a, b) in enumerate(stored_bands(pred, probe_stream)):
+            lo[j] = _float_lo(keys, a)
+            hi[j] = _float_hi(keys, b)
+    empty = lo > hi
+    lo[empty] = np.inf
+    hi[empty] = -np.inf
+    return lo, hi
+
+
+def _int_bounds(pred, probe_stream, keys, nb, n):
+    """probe_bounds for int64 keys: overflow detected, not wrapped."""
     if keys.dtype != np.int64:
         raise TypeError(f"keys must be int64 or float64, got {keys.dtype}")
     lo = np.empty((nb, n), np.int64)
