@@ -29,7 +29,7 @@ EXTREMES = np.array([I64_MIN, I64_MIN + 1, I64_MIN + 3, -2, 0, 3, I64_MAX - 3, I
                      I64_MAX], dtype=np.int64)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def stream(dist: str, n: int = N, disorder_ms: int = 0, r_fraction: float = 0.5, seed: int = 7):
     if dist == "extreme":
         t = generate(n, "uniform", key_min=0, key_max=len(EXTREMES) - 1, seed=seed,
@@ -46,7 +46,7 @@ def stream(dist: str, n: int = N, disorder_ms: int = 0, r_fraction: float = 0.5,
                     r_fraction=r_fraction, rate=RATE)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def expected(dist, window, pred, lateness=0, disorder_ms=0, r_fraction=0.5, n=N):
     t = stream(dist, n, disorder_ms, r_fraction)
     w = parse_window(window, lateness)

@@ -18,58 +18,9 @@ from panjoin.config import NJIT
 
 
 @njit(**NJIT)
-def gallop_left(arr, target, start):
-    """Smallest i >= start with arr[i] >= target (len(arr) if none); arr sorted."""
-    n = arr.shape[0]
-    if start >= n or arr[start] >= target:
-        return start
-    # forward phase: arr[lo] < target holds throughout
-    lo = start
-    step = 1
-    hi = lo + step
-    while hi < n and arr[hi] < target:
-        lo = hi
-        step <<= 1
-        hi = lo + step
-    if hi > n:
-        hi = n
-    # backward phase: answer in (lo, hi]
-    while hi - lo > 1:
-        mid = (lo + hi) >> 1
-        if arr[mid] < target:
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
-@njit(**NJIT)
-def gallop_right(arr, target, start):
-    """Smallest i >= start with arr[i] > target (len(arr) if none); arr sorted."""
-    n = arr.shape[0]
-    if start >= n or arr[start] > target:
-        return start
-    lo = start
-    step = 1
-    hi = lo + step
-    while hi < n and arr[hi] <= target:
-        lo = hi
-        step <<= 1
-        hi = lo + step
-    if hi > n:
-        hi = n
-    while hi - lo > 1:
-        mid = (lo + hi) >> 1
-        if arr[mid] <= target:
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
-@njit(**NJIT)
 def gallop_left_range(arr, target, start, end):
-    """Smallest i in [start, end] with arr[i] >= target (end if none)."""
+    """Smallest i in [start, end] with arr[i] >= target (end if none): forward phase doubling
+    the step while arr[hi] < target, backward phase halving it (binary search)."""
     if start >= end or arr[start] >= target:
         return start
     lo = start
@@ -111,6 +62,18 @@ def gallop_right_range(arr, target, start, end):
         else:
             hi = mid
     return hi
+
+
+@njit(**NJIT)
+def gallop_left(arr, target, start):
+    """Smallest i >= start with arr[i] >= target (len(arr) if none); arr sorted."""
+    return gallop_left_range(arr, target, start, arr.shape[0])
+
+
+@njit(**NJIT)
+def gallop_right(arr, target, start):
+    """Smallest i >= start with arr[i] > target (len(arr) if none); arr sorted."""
+    return gallop_right_range(arr, target, start, arr.shape[0])
 
 
 @njit(**NJIT)
