@@ -73,7 +73,10 @@ def targets(quick: bool) -> list[tuple[str, IndexPoint]]:
     nsub = 1 * M if quick else 8 * M
     p = 8 * K if quick else 64 * K
     out = [
-        ("rap-insert-one-batch", IndexPoint("rap", "insert", nsub, p, nsub, threads=1)),
+        ("rap-insert-one-batch", IndexPoint("rap", "insert", nsub, p, nsub, threads=1,
+                                            repeat=5)),
+        ("rap-insert-one-batch-cold", IndexPoint("rap", "insert", nsub, p, nsub, threads=1,
+                                                 repeat=5, warm_memory=False)),
         ("bisort-band-probe-1t", IndexPoint("bisort", "probe", nsub, p, 32 * K, 1.0, "band",
                                             threads=1)),
         ("bisort-band-probe-2t", IndexPoint("bisort", "probe", nsub, p, 32 * K, 1.0, "band",

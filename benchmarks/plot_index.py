@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = Path(__file__).parent
+COLORS = {"rap": "tab:orange", "wib": "tab:green", "bisort": "tab:blue", "nested": "tab:red"}
 X_OF = {
     "insert-vs-batch": ("batch", "batch size NBat"),
     "insert-vs-partitions": ("partitions", "partition count P"),
@@ -46,7 +47,8 @@ def main(argv=None) -> int:
             series[r["index"]].append((r[key], r["tuples_per_s"]))
         for ix, pts in sorted(series.items()):
             pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=ix)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=ix,
+                    color=COLORS.get(ix))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel(label)
