@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(BIN)/python -m panjoin.cli demo
 
 test: $(STAMP)
-	$(BIN)/ruff check panjoin tests benchmarks
+	$(BIN)/ruff check panjoin workers tests benchmarks scripts
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 bench-quick: $(STAMP)

@@ -124,6 +124,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seed", type=int, default=0)
     _add_common(b)
 
+    p = sub.add_parser("worker", help="run a worker process (gRPC server over the indexes)",
+                       description="Serve the worker contract (create/insert/probe/expire "
+                                   "subwindows) over gRPC, with health checking and "
+                                   "reflection.")
+    p.add_argument("--port", type=int, default=50051, help="port, 0 for any free one "
+                                                           "(default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=1, help="probe threads (default: %(default)s)")
+    _add_common(p)
+
     p = sub.add_parser("demo", help="the main job on the embedded default (what `make demo` runs)")
     p.add_argument("--n", type=_size, default=3 << 20, help="tuples in all (default: 3M)")
     p.add_argument("--index", default="bisort", choices=["rap", "wib", "bisort", "nested"])
@@ -275,6 +285,26 @@ def run_bench(args) -> int:
     return 0
 
 
+def run_worker(args) -> int:
+    import signal
+    import threading
+
+    from panjoin.launch import READY
+    from workers.server import serve
+
+    server, port = serve(args.port, args.threads, args.host)
+    print(f"{READY}{args.host}:{port}", flush=True)
+    log.info("worker serving on %s:%d with %d threads", args.host, port, args.threads)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    server.stop(grace=2).wait()
+    return 0
+
+
 def run_demo(args) -> int:
     """Generate a stream, band-join it with selectivity about 1, print throughput."""
     from panjoin.generate import band_for_selectivity, generate
@@ -313,7 +343,8 @@ def main(argv=None) -> int:
     args = _parse(argv)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    handlers = {"replay": run_replay, "gen": run_gen, "bench": run_bench, "demo": run_demo}
+    handlers = {"replay": run_replay, "gen": run_gen, "bench": run_bench, "demo": run_demo,
+                "worker": run_worker}
     try:
         return handlers[args.cmd](args)
     except (SpecError, ValueError, TypeError, FileNotFoundError) as e:

@@ -29,6 +29,7 @@ class CreateSpec:
     partitions: int
     predecessor: int | None = None  # sub_id of the previous subwindow of the same stream
     opts: dict = field(default_factory=dict)
+    worker: int = 0  # which worker holds it (round-robin over the ring); local: ignored
 
 
 @dataclass

@@ -393,7 +393,7 @@ class JoinEngine:
                 self._next_sub += 1
                 self.backend.create(CreateSpec(
                     sub.sub_id, x, self.index, self.nsub, str(self.key_dtype), self.partitions,
-                    predecessor=pred, opts=self.index_opts))
+                    predecessor=pred, opts=self.index_opts, worker=sub.worker))
             b = min(n, a + sub.room)
             # split by arrival, so each subwindow keeps a contiguous seq range; sort each part
             part = slice(a, b)

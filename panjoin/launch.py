@@ -1,0 +1,88 @@
+"""The one way PanJoin starts a process: worker processes on loopback, for clusters and tests.
+
+Each worker is ``python -m panjoin.cli worker --port 0``: the OS picks a free
+port, the worker prints ``panjoin worker listening on HOST:PORT`` and the
+launcher reads it (no race on "free" ports), then waits until the worker's gRPC
+health service answers SERVING.
+
+    >>> procs = start_workers(2)          # doctest: +SKIP
+    >>> [p.address for p in procs]        # doctest: +SKIP
+    ['127.0.0.1:40123', '127.0.0.1:40125']
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+READY = "panjoin worker listening on "
+
+
+@dataclass
+class WorkerProcess:
+    proc: subprocess.Popen
+    address: str
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """Kill -9, as a crash would (for fault tests)."""
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.alive():
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def wait_healthy(address: str, timeout: float = 60.0) -> None:
+    """Block until the gRPC health service at ``address`` answers SERVING."""
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while True:
+            try:
+                r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"worker at {address} did not become healthy in {timeout:.0f}s")
+            time.sleep(0.1)
+
+
+def start_workers(n: int, threads: int = 1, timeout: float = 120.0) -> list[WorkerProcess]:
+    """Start ``n`` worker processes on 127.0.0.1; stops the started ones if one fails."""
+    started: list[WorkerProcess] = []
+    try:
+        procs = [subprocess.Popen(
+            [sys.executable, "-m", "panjoin.cli", "worker", "--port", "0", "--threads",
+             str(threads)], stdout=subprocess.PIPE, text=True, env=dict(os.environ),
+        ) for _ in range(n)]
+        for p in procs:
+            line = p.stdout.readline()
+            if not line.startswith(READY):
+                p.kill()
+                raise RuntimeError(f"worker did not start (said {line!r}); run "
+                                   f"'panjoin worker --port 0' to see why")
+            started.append(WorkerProcess(p, line[len(READY):].strip()))
+        for w in started:
+            wait_healthy(w.address, timeout)
+        return started
+    except BaseException:
+        for w in started:
+            w.stop()
+        raise

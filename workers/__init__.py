@@ -1,0 +1,1 @@
+"""The PanJoin worker process: a gRPC server over :mod:`panjoin.subwindow`."""

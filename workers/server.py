@@ -1,0 +1,203 @@
+"""The worker: serves the paper's create / insert / probe / expire commands over gRPC.
+
+The servicer is a thin adapter (as in gRPC's route_guide example): it turns
+protobuf into numpy, calls a :class:`panjoin.manager.backend.LocalBackend`, and
+turns the answer back. One long-lived ``Session`` stream per manager; each
+session owns its subwindows, and closing it releases them. A bad command gets
+a Feedback with ``code = INVALID_ARGUMENT`` (or ``NOT_FOUND``) and the reason,
+and changes nothing.
+
+    panjoin worker --port 50051 --threads 2
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from panjoin.manager.backend import CreateSpec, LocalBackend
+from panjoin.proto.panjoin.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from panjoin.subwindow import INDEX_KINDS, WindowFilter
+from panjoin.wire import WireError, from_array, to_array
+
+log = logging.getLogger("panjoin.worker")
+
+STREAM_NAME = {common_pb2.STREAM_R: "R", common_pb2.STREAM_S: "S"}
+KEY_DTYPES = {"int64": "<i8", "float64": "<f8"}
+
+
+class _Bad(Exception):
+    def __init__(self, code: str, msg: str):
+        super().__init__(msg)
+        self.code = code
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, threads: int = 1):
+        self.threads = threads
+        self.lock = threading.Lock()
+        self.sessions: dict[int, LocalBackend] = {}
+        self.commands = 0
+        self._next = 0
+
+    # ------------------------------------------------------------------ rpcs
+
+    def Session(self, request_iterator, context):
+        with self.lock:
+            sid = self._next
+            self._next += 1
+            backend = LocalBackend(self.threads)
+            self.sessions[sid] = backend
+        log.info("session %d opened by %s", sid, context.peer())
+        try:
+            for cmd in request_iterator:
+                yield self.handle(backend, cmd)
+        finally:
+            with self.lock:
+                self.sessions.pop(sid, None)
+            backend.close()
+            log.info("session %d closed", sid)
+
+    def Status(self, request, context):
+        with self.lock:
+            backends = list(self.sessions.values())
+        subs = [ix for b in backends for ix in b.subs.values()]
+        return worker_pb2.WorkerStatus(subwindows=len(subs), tuples=sum(len(s) for s in subs),
+                                       nbytes=sum(s.nbytes for s in subs),
+                                       sessions=len(backends), commands=self.commands,
+                                       threads=self.threads)
+
+    # ------------------------------------------------------------------ commands
+
+    def handle(self, backend: LocalBackend, cmd: worker_pb2.Command) -> worker_pb2.Feedback:
+        t0 = time.perf_counter()
+        self.commands += 1
+        fb = worker_pb2.Feedback(command_id=cmd.command_id)
+        try:
+            kind = cmd.WhichOneof("cmd")
+            if kind == "create":
+                self._create(backend, cmd.create)
+            elif kind == "insert":
+                fb.status.CopyFrom(self._insert(backend, cmd.insert))
+            elif kind == "probe":
+                fb.results.extend(self._probe(backend, cmd.probe))
+            elif kind == "expire":
+                if cmd.expire.sub_id not in backend.subs:
+                    raise _Bad("NOT_FOUND", f"unknown subwindow {cmd.expire.sub_id}")
+                backend.expire(cmd.expire.sub_id)
+            else:
+                raise _Bad("INVALID_ARGUMENT", "empty command: set create, insert, probe or expire")
+        except _Bad as e:
+            fb.error, fb.code = str(e), e.code
+        except (WireError, ValueError, TypeError) as e:
+            fb.error, fb.code = str(e), "INVALID_ARGUMENT"
+        except Exception as e:  # a bug: report it rather than kill the session
+            log.exception("command %d failed", cmd.command_id)
+            fb.error, fb.code = f"internal error: {e}", "INTERNAL"
+        fb.seconds = time.perf_counter() - t0
+        return fb
+
+    def _create(self, backend: LocalBackend, c: worker_pb2.Create) -> None:
+        if c.sub_id < 0 or c.sub_id in backend.subs:
+            raise _Bad("INVALID_ARGUMENT", f"subwindow id {c.sub_id} is negative or exists")
+        if c.stream not in STREAM_NAME:
+            raise _Bad("INVALID_ARGUMENT", "stream must be STREAM_R or STREAM_S")
+        if c.index not in INDEX_KINDS:
+            raise _Bad("INVALID_ARGUMENT",
+                       f"unknown index {c.index!r}; choose one of {', '.join(INDEX_KINDS)}")
+        if c.key_dtype not in KEY_DTYPES:
+            raise _Bad("INVALID_ARGUMENT",
+                       f"key_dtype must be int64 or float64, not {c.key_dtype!r}")
+        if c.capacity < 1 or c.partitions < 1:
+            raise _Bad("INVALID_ARGUMENT", "capacity and partitions must be >= 1")
+        opts: dict = {}
+        for k, v in c.options.items():
+            try:
+                opts[k] = int(v)
+            except ValueError:
+                opts[k] = v
+        if c.splitters.data:
+            opts["splitters"] = from_array(c.splitters, KEY_DTYPES[c.key_dtype], "splitters")
+        backend.create(CreateSpec(c.sub_id, STREAM_NAME[c.stream], c.index, int(c.capacity),
+                                  c.key_dtype, int(c.partitions), None, opts))
+
+    def _index(self, backend: LocalBackend, sub_id: int):
+        if sub_id not in backend.subs:
+            raise _Bad("NOT_FOUND", f"unknown subwindow {sub_id}")
+        return backend.subs[sub_id]
+
+    def _insert(self, backend: LocalBackend, c: worker_pb2.Insert):
+        ix = self._index(backend, c.sub_id)
+        want = KEY_DTYPES[str(ix.key_dtype)]
+        keys = from_array(c.keys, want, "keys")
+        ts = from_array(c.ts, "<i8", "ts")
+        seq = from_array(c.seq, "<i8", "seq")
+        if not (keys.shape == ts.shape == seq.shape):
+            raise _Bad("INVALID_ARGUMENT", "keys, ts and seq differ in length")
+        if keys.size > 1 and np.any(keys[1:] < keys[:-1]):
+            raise _Bad("INVALID_ARGUMENT", "insert batch is not sorted by key")
+        backend.insert(c.sub_id, keys, ts, seq)
+        st = worker_pb2.SubwindowStatus(sub_id=c.sub_id, count=len(ix), full=ix.full,
+                                        nbytes=ix.nbytes)
+        if ix.full and hasattr(ix, "successor_splitters"):
+            spl = ix.successor_splitters()
+            if spl is not None:
+                st.successor_splitters.CopyFrom(to_array(np.asarray(spl, dtype=ix.key_dtype)))
+        return st
+
+    def _probe(self, backend: LocalBackend, c: worker_pb2.Probe):
+        if len(c.filtered) not in (0, len(c.sub_ids)):
+            raise _Bad("INVALID_ARGUMENT", "filtered must be empty or one flag per sub_id")
+        ixs = [self._index(backend, s) for s in c.sub_ids]
+        if not ixs:
+            return []
+        want = KEY_DTYPES[str(ixs[0].key_dtype)]
+        lo = from_array(c.lo, want, "lo")
+        hi = from_array(c.hi, want, "hi")
+        if lo.ndim == 1:
+            lo, hi = lo[None, :], hi[None, :]
+        if lo.shape != hi.shape:
+            raise _Bad("INVALID_ARGUMENT", "lo and hi differ in shape")
+        n = lo.shape[1]
+        full = WindowFilter.none(n)
+        if c.filter_mode:
+            cols = [from_array(a, "<i8", nm) for a, nm in ((c.c0, "c0"), (c.c1, "c1"),
+                                                           (c.c2, "c2"))]
+            if any(x.shape != (n,) for x in cols):
+                raise _Bad("INVALID_ARGUMENT", "c0, c1, c2 must have one value per probe tuple")
+            full = WindowFilter(int(c.filter_mode), *cols)
+        none = WindowFilter.none(n)
+        out = []
+        for i, sub_id in enumerate(c.sub_ids):
+            flt = full if (c.filtered[i] if c.filtered else bool(c.filter_mode)) else none
+            pidx, seq = backend.probe(sub_id, lo, hi, flt)
+            out.append(worker_pb2.ProbeResult(sub_id=sub_id, probe_idx=to_array(pidx),
+                                              seq=to_array(seq)))
+        return out
+
+
+def serve(port: int = 0, threads: int = 1, host: str = "127.0.0.1") -> tuple[grpc.Server, int]:
+    """Start a worker server; returns it and the bound port (``port=0`` picks a free one)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
+                         options=[("grpc.max_receive_message_length", 1 << 30),
+                                  ("grpc.max_send_message_length", 1 << 30)])
+    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(threads), server)
+    hs = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+    names = (worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name,
+             health.SERVICE_NAME, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind {host}:{port}; is the port in use?")
+    server.start()
+    hs.set("", health_pb2.HealthCheckResponse.SERVING)
+    hs.set(names[0], health_pb2.HealthCheckResponse.SERVING)
+    return server, bound
