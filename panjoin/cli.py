@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--late-out", metavar="LATE.parquet",
                    help="late tuples (time windows): columns stream, id")
     p.add_argument("--chunk", type=_size, default=1 << 20, help="rows pushed at a time")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, metavar="N",
+                       help="run on a local cluster of N worker processes (default: in-process)")
+    where.add_argument("--cluster", metavar="HOST:PORT",
+                       help="run on an existing manager endpoint (panjoin cluster / manager)")
     _add_common(p)
 
     p = sub.add_parser("gen", help="generate an event file",
@@ -123,6 +128,23 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=int, default=3, help="timed repetitions (median reported)")
     b.add_argument("--seed", type=int, default=0)
     _add_common(b)
+
+    p = sub.add_parser("cluster", help="start workers and a manager endpoint on loopback",
+                       description="Start N worker processes and the manager endpoint on "
+                                   "127.0.0.1; Ctrl-C or SIGTERM stops everything.")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default: 2)")
+    p.add_argument("--port", type=int, default=50050, help="manager port, 0 for any free one")
+    p.add_argument("--threads", type=int, default=1, help="probe threads per worker")
+    _add_common(p)
+
+    p = sub.add_parser("manager", help="run the manager endpoint over existing workers",
+                       description="Serve the panjoin.v1.Manager gRPC service over workers "
+                                   "started with 'panjoin worker'.")
+    p.add_argument("--workers", required=True, metavar="HOST:PORT,...",
+                   help="comma-separated worker addresses")
+    p.add_argument("--port", type=int, default=50050, help="port, 0 for any free one")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind")
+    _add_common(p)
 
     p = sub.add_parser("worker", help="run a worker process (gRPC server over the indexes)",
                        description="Serve the worker contract (create/insert/probe/expire "
@@ -203,8 +225,7 @@ def _fmt_bytes(n: float) -> str:
 
 
 def run_replay(args) -> int:
-    from panjoin.events import read_events, write_ids, write_pairs
-    from panjoin.manager.engine import JoinEngine
+    from panjoin.events import read_events
     from panjoin.semantics import parse_predicate, parse_window
 
     window = parse_window(args.window, args.allowed_lateness)
@@ -213,10 +234,55 @@ def run_replay(args) -> int:
     events = read_events(args.events)
     log.info("read %d events (%d R, %d S) from %s in %.2fs", len(events), *events.counts(),
              args.events, time.perf_counter() - t0)
+    if args.cluster:
+        return _replay_on_manager(args, events, window, pred)
+    backend, workers = None, []
+    if args.workers:
+        from panjoin.launch import start_workers
+        from panjoin.manager.grpc_backend import GrpcBackend
+
+        workers = start_workers(args.workers, args.threads or 1)
+        backend = GrpcBackend([w.address for w in workers])
+        log.info("local cluster: %s", ", ".join(w.address for w in workers))
+    try:
+        return _replay_engine(args, events, window, pred, backend, max(1, len(workers)))
+    finally:
+        if backend is not None:
+            backend.close()
+        for w in workers:
+            w.stop()
+
+
+def _replay_on_manager(args, events, window, pred) -> int:
+    from panjoin.client import Client
+    from panjoin.events import write_ids, write_pairs
+
+    t1 = time.perf_counter()
+    opts = {k: v for k, v in dict(subwindow_size=args.subwindow_size,
+                                   partitions=args.partitions, batch_size=args.batch_size,
+                                   max_lag=args.max_lag,
+                                   allowed_lateness=window.lateness).items() if v}
+    with Client(args.cluster) as c:
+        r, s, late = c.join(events, str(window), str(pred), args.index, chunk=args.chunk, **opts)
+    elapsed = time.perf_counter() - t1
+    write_pairs(args.out, r, s)
+    if args.late_out:
+        write_ids(args.late_out, late)
+    print(f"input tuples: {len(events)}  late: {sum(len(v) for v in late.values())}")
+    print(f"results: {len(r)} pairs -> {args.out}")
+    print(f"time: {elapsed:.2f} s  throughput: {len(events) / max(elapsed, 1e-9):,.0f} tuples/s"
+          f"  (manager {args.cluster})")
+    return 0
+
+
+def _replay_engine(args, events, window, pred, backend, n_workers) -> int:
+    from panjoin.events import write_ids, write_pairs
+    from panjoin.manager.engine import JoinEngine
+
     engine = JoinEngine(window, pred, index=args.index, subwindow_size=args.subwindow_size,
                         partitions=args.partitions, batch_size=args.batch_size,
                         max_lag=args.max_lag, threads=args.threads,
-                        key_dtype=str(events.key.dtype))
+                        key_dtype=str(events.key.dtype), backend=backend, n_workers=n_workers)
     log.info("join %s on %s, index %s, NSub %d, P %d, NBat %d", window, pred, args.index,
              engine.nsub, engine.partitions, engine.batch_size)
     r_parts, s_parts = [], []
@@ -285,24 +351,64 @@ def run_bench(args) -> int:
     return 0
 
 
-def run_worker(args) -> int:
+def _serve_until_stopped(stop_fn) -> int:
     import signal
     import threading
 
-    from panjoin.launch import READY
-    from workers.server import serve
-
-    server, port = serve(args.port, args.threads, args.host)
-    print(f"{READY}{args.host}:{port}", flush=True)
-    log.info("worker serving on %s:%d with %d threads", args.host, port, args.threads)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         stop.wait()
     except KeyboardInterrupt:
         pass
-    server.stop(grace=2).wait()
+    stop_fn()
     return 0
+
+
+def run_cluster(args) -> int:
+    from panjoin.launch import start_workers
+    from panjoin.manager.service import serve_manager
+
+    workers = start_workers(args.workers, args.threads)
+    addrs = [w.address for w in workers]
+    try:
+        server, port = serve_manager(addrs, args.port)
+    except BaseException:
+        for w in workers:
+            w.stop()
+        raise
+    print(f"panjoin cluster: manager on 127.0.0.1:{port}, workers {', '.join(addrs)}", flush=True)
+
+    def stop():
+        server.stop(grace=2).wait()
+        for w in workers:
+            w.stop()
+        print("panjoin cluster: stopped", flush=True)
+
+    return _serve_until_stopped(stop)
+
+
+def run_manager(args) -> int:
+    from panjoin.launch import wait_healthy
+    from panjoin.manager.service import serve_manager
+
+    addrs = [a.strip() for a in args.workers.split(",") if a.strip()]
+    for a in addrs:
+        wait_healthy(a, timeout=30)
+    server, port = serve_manager(addrs, args.port, args.host)
+    print(f"panjoin manager listening on {args.host}:{port}, workers {', '.join(addrs)}",
+          flush=True)
+    return _serve_until_stopped(lambda: server.stop(grace=2).wait())
+
+
+def run_worker(args) -> int:
+    from panjoin.launch import READY
+    from workers.server import serve
+
+    server, port = serve(args.port, args.threads, args.host)
+    print(f"{READY}{args.host}:{port}", flush=True)
+    log.info("worker serving on %s:%d with %d threads", args.host, port, args.threads)
+    return _serve_until_stopped(lambda: server.stop(grace=2).wait())
 
 
 def run_demo(args) -> int:
@@ -344,7 +450,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers = {"replay": run_replay, "gen": run_gen, "bench": run_bench, "demo": run_demo,
-                "worker": run_worker}
+                "worker": run_worker, "cluster": run_cluster, "manager": run_manager}
     try:
         return handlers[args.cmd](args)
     except (SpecError, ValueError, TypeError, FileNotFoundError) as e:

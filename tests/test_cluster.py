@@ -127,3 +127,83 @@ def test_generated_code_is_fresh():
     run = subprocess.run([sys.executable, "scripts/gen_proto.py", "--check"],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.fixture(scope="module")
+def manager(workers):
+    from panjoin.manager.service import serve_manager
+
+    server, port = serve_manager([w.address for w in workers[:2]], 0)
+    yield f"127.0.0.1:{port}"
+    server.stop(grace=1).wait()
+
+
+def test_manager_endpoint_gives_the_reference(manager, events):
+    from panjoin.client import Client
+
+    w = parse_window("time:160,120", 10)
+    with Client(manager) as c:
+        r, s, late = c.join(events, "time:160,120", "band:1", "rap", chunk=400,
+                            allowed_lateness=10, subwindow_size=50, partitions=8, batch_size=64)
+    ref = reference_join(events.stream, events.id, events.key, events.ts, w,
+                         parse_predicate("band:1"))
+    assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+    for k in "RS":
+        assert np.array_equal(np.sort(late[k]), np.sort(ref.late_ids[k]))
+
+
+def test_manager_rejects_bad_specs_and_replays_are_not_applied_twice(manager, events):
+    from panjoin.client import Client
+    from panjoin.proto.panjoin.v1 import manager_pb2
+
+    with Client(manager) as c:
+        with pytest.raises(grpc.RpcError) as err:
+            c.open("count:0,5", "eq")
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "count:0,5" in err.value.details()
+        jid = c.open("count:100,100", "eq", "bisort", batch_size=32)
+        chunk = events.slice(0, 300)
+        first = list(c.stream(jid, [chunk], first_batch_id=5))
+        again = list(c.stream(jid, [chunk], first_batch_id=5))  # a replay of batch 5
+        assert len(first[0][1]) > 0 and len(again[0][1]) == 0
+        st = c.stub.Close(manager_pb2.JoinRef(join_id=jid))
+        assert st.tuples_in == 300 and st.last_batch_id == 5
+
+
+def test_replay_cli_on_a_local_cluster(tmp_path):
+    from panjoin.cli import main
+    from panjoin.events import read_pairs, write_events
+
+    t = generate(2000, "uniform", key_min=0, key_max=50, rate=1000, seed=9)
+    ev = tmp_path / "ev.parquet"
+    write_events(t, ev)
+    out = tmp_path / "p.parquet"
+    assert main(["replay", str(ev), "--window", "count:200,200", "--predicate", "band:1",
+                 "--index", "wib", "--subwindow-size", "64", "--batch-size", "100",
+                 "--workers", "2", "--out", str(out), "--no-progress"]) == 0
+    ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:200,200"),
+                         parse_predicate("band:1"))
+    assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
+
+
+def test_cluster_command_starts_and_stops_cleanly(tmp_path):
+    import signal
+
+    from panjoin.client import Client
+
+    proc = subprocess.Popen([sys.executable, "-m", "panjoin.cli", "cluster", "--workers", "2",
+                             "--port", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("panjoin cluster: manager on 127.0.0.1:"), line
+        address = line.split("manager on ")[1].split(",")[0]
+        t = generate(500, "uniform", key_min=0, key_max=20, rate=1000, seed=2)
+        with Client(address) as c:
+            r, s, _ = c.join(t, "count:50,50", "eq", "bisort", batch_size=64)
+        ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:50,50"),
+                             parse_predicate("eq"))
+        assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "stopped" in out

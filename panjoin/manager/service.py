@@ -1,0 +1,181 @@
+"""The manager endpoint: the ``panjoin.v1.Manager`` gRPC service over :class:`JoinEngine`.
+
+A client opens a join (window, predicate, index, batch limits), streams input
+batches in arrival order and reads result batches back; each join gets its own
+worker sessions, so closing it (or disconnecting) releases its subwindows on
+every worker. Batch ids make replays idempotent: a batch id at or below the
+last applied one is acknowledged (``duplicate = true``) and not applied again.
+
+    panjoin manager --workers 127.0.0.1:50051,127.0.0.1:50052 --port 50050
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from panjoin.manager.engine import JoinEngine
+from panjoin.manager.grpc_backend import OPTIONS, GrpcBackend, WorkerError
+from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
+from panjoin.semantics import SpecError, parse_predicate, parse_window
+from panjoin.wire import WireError, from_array, to_array
+
+log = logging.getLogger("panjoin.manager")
+
+
+@dataclass
+class _Join:
+    engine: JoinEngine
+    backend: GrpcBackend
+    settings: manager_pb2.OpenRequest
+    lock: threading.Lock
+    last_batch_id: int = 0
+    applied: bool = False
+
+
+class ManagerServicer(manager_pb2_grpc.ManagerServicer):
+    def __init__(self, workers: list[str], threads: int = 1):
+        if not workers:
+            raise ValueError("the manager needs at least one worker address")
+        self.workers = workers
+        self.threads = threads
+        self.joins: dict[str, _Join] = {}
+        self.lock = threading.Lock()
+
+    def Open(self, request, context):
+        try:
+            window = parse_window(request.window, request.allowed_lateness)
+            pred = parse_predicate(request.predicate)
+            backend = GrpcBackend(self.workers)
+            engine = JoinEngine(
+                window, pred, index=request.index or "bisort",
+                key_dtype=request.key_dtype or None,
+                subwindow_size=request.subwindow_size or None,
+                partitions=request.partitions or None,
+                batch_size=request.batch_size or 32768, max_lag=request.max_lag or None,
+                max_collect_ms=request.max_collect_ms or None, threads=self.threads,
+                backend=backend, n_workers=len(self.workers))
+        except (SpecError, ValueError, TypeError) as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        settings = manager_pb2.OpenRequest()
+        settings.CopyFrom(request)
+        settings.index = engine.index
+        settings.subwindow_size = engine.nsub
+        settings.partitions = engine.partitions
+        settings.batch_size = engine.batch_size
+        settings.max_lag = engine.max_lag
+        join_id = uuid.uuid4().hex[:12]
+        with self.lock:
+            self.joins[join_id] = _Join(engine, backend, settings, threading.Lock())
+        log.info("join %s opened: %s on %s, index %s", join_id, window, pred, engine.index)
+        return manager_pb2.OpenReply(join_id=join_id, settings=settings)
+
+    def _get(self, join_id: str, context) -> _Join:
+        with self.lock:
+            j = self.joins.get(join_id)
+        if j is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown join {join_id!r}; Open one first")
+        return j
+
+    def Join(self, request_iterator, context):
+        join_id = None
+        try:
+            for msg in request_iterator:
+                if join_id is None:
+                    join_id = msg.join_id
+                j = self._get(join_id, context)
+                with j.lock:
+                    yield self._apply(j, msg, context)
+        finally:
+            if join_id is not None and not context.is_active():
+                self._close(join_id)  # the client went away: release the join
+
+    def _apply(self, j: _Join, msg, context) -> manager_pb2.JoinOutput:
+        out = manager_pb2.JoinOutput(batch_id=msg.batch_id)
+        if j.applied and msg.batch_id <= j.last_batch_id:
+            out.duplicate = True
+            return out
+        try:
+            stream = from_array(msg.stream, "|u1", "stream")
+            ids = from_array(msg.id, "<i8", "id")
+            keys = from_array(msg.key, None, "key")
+            ts = from_array(msg.ts, "<i8", "ts")
+            if not (stream.shape == ids.shape == keys.shape == ts.shape):
+                raise WireError("stream, id, key and ts must have one length")
+            if keys.dtype == np.float64 and not np.isfinite(keys).all():
+                raise WireError("keys must be finite (no NaN or inf)")
+            if stream.size and stream.max() > 1:
+                raise WireError("stream must be 0 (R) or 1 (S)")
+            j.engine.push_arrays(stream, ids, keys, ts)
+            if msg.flush:
+                j.engine.flush()
+        except (WireError, ValueError, TypeError) as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except WorkerError as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        j.applied = True
+        j.last_batch_id = msg.batch_id
+        r, s = j.engine.take_results()
+        out.r_id.CopyFrom(to_array(r))
+        out.s_id.CopyFrom(to_array(s))
+        late = j.engine.take_late()
+        ls = np.concatenate([np.zeros(len(late["R"]), np.uint8), np.ones(len(late["S"]), np.uint8)])
+        out.late_stream.CopyFrom(to_array(ls))
+        out.late_id.CopyFrom(to_array(np.concatenate([late["R"], late["S"]])))
+        return out
+
+    def _status(self, join_id: str, j: _Join) -> manager_pb2.JoinStatus:
+        e = j.engine
+        w = e.window_tuples()
+        return manager_pb2.JoinStatus(
+            join_id=join_id, tuples_in=e.stats.tuples_in, late=e.stats.late,
+            batches=e.stats.batches, results=e.stats.results, window_r=w["R"], window_s=w["S"],
+            subwindows_r=len(e.rings["R"]), subwindows_s=len(e.rings["S"]),
+            workers_alive=len(self.workers), last_batch_id=j.last_batch_id,
+            memory_bytes=e.memory_bytes())
+
+    def Status(self, request, context):
+        j = self._get(request.join_id, context)
+        with j.lock:
+            return self._status(request.join_id, j)
+
+    def Close(self, request, context):
+        j = self._get(request.join_id, context)
+        with j.lock:
+            st = self._status(request.join_id, j)
+        self._close(request.join_id)
+        return st
+
+    def _close(self, join_id: str) -> None:
+        with self.lock:
+            j = self.joins.pop(join_id, None)
+        if j is not None:
+            j.backend.close()
+            log.info("join %s closed", join_id)
+
+
+def serve_manager(workers: list[str], port: int = 0, host: str = "127.0.0.1",
+                  threads: int = 1) -> tuple[grpc.Server, int]:
+    """Start the manager endpoint; returns the server and its port."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=OPTIONS)
+    manager_pb2_grpc.add_ManagerServicer_to_server(ManagerServicer(workers, threads), server)
+    hs = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+    names = (manager_pb2.DESCRIPTOR.services_by_name["Manager"].full_name,
+             health.SERVICE_NAME, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind {host}:{port}; is the port in use?")
+    server.start()
+    hs.set("", health_pb2.HealthCheckResponse.SERVING)
+    hs.set(names[0], health_pb2.HealthCheckResponse.SERVING)
+    return server, bound
