@@ -160,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n", type=_size, default=3 << 20, help="tuples in all (default: 3M)")
     p.add_argument("--index", default="bisort", choices=["rap", "wib", "bisort", "nested"])
     p.add_argument("--window", type=_size, default=1 << 20, help="count window per stream")
+    p.add_argument("--workers", type=int, default=2,
+                   help="worker processes of the local cluster; 0 runs in-process (default: 2)")
     _add_common(p)
     return ap
 
@@ -414,7 +416,6 @@ def run_worker(args) -> int:
 def run_demo(args) -> int:
     """Generate a stream, band-join it with selectivity about 1, print throughput."""
     from panjoin.generate import band_for_selectivity, generate
-    from panjoin.manager.engine import JoinEngine
 
     key_max = 1 << 40
     print(f"PanJoin demo: {args.n:,} tuples (uniform keys, half R, half S), "
@@ -422,10 +423,31 @@ def run_demo(args) -> int:
     events = generate(args.n, "uniform", key_min=0, key_max=key_max, seed=42)
     e = band_for_selectivity(1.0, args.window, 0, key_max)
     pred = f"band:{int(e)}"
+    workers, backend = [], None
+    if args.workers > 0:
+        from panjoin.launch import start_workers
+        from panjoin.manager.grpc_backend import GrpcBackend
+
+        workers = start_workers(args.workers)
+        backend = GrpcBackend([w.address for w in workers])
+        print(f"local cluster: {len(workers)} worker processes at "
+              f"{', '.join(w.address for w in workers)}")
+    try:
+        return _demo_run(args, events, pred, backend, max(1, len(workers)))
+    finally:
+        if backend is not None:
+            backend.close()
+        for w in workers:
+            w.stop()
+
+
+def _demo_run(args, events, pred, backend, n_workers) -> int:
+    from panjoin.manager.engine import JoinEngine
+
     engine = JoinEngine(f"count:{args.window},{args.window}", pred, index=args.index,
-                        batch_size=32768)
+                        batch_size=32768, backend=backend, n_workers=n_workers)
     print(f"predicate {pred} (about 1 match per tuple), NSub {engine.nsub:,}, "
-          f"P {engine.partitions:,}, NBat {engine.batch_size:,}, threads {engine.threads}")
+          f"P {engine.partitions:,}, NBat {engine.batch_size:,}")
     n_results = 0
     step = 1 << 18
     t0 = time.perf_counter()

@@ -207,3 +207,31 @@ def test_cluster_command_starts_and_stops_cleanly(tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "stopped" in out
+
+
+@pytest.mark.parametrize("index", ["rap", "bisort"])
+def test_killing_a_worker_mid_replay_loses_and_doubles_nothing(events, index):
+    ws = start_workers(3)
+    backend = GrpcBackend([w.address for w in ws], deadline=20)
+    try:
+        eng = JoinEngine("count:150,110", "band:2", index=index, subwindow_size=30,
+                         partitions=8, batch_size=64, backend=backend, n_workers=3)
+        eng.push(events.slice(0, 800))
+        ws[1].kill()  # a crash: SIGKILL, no goodbye
+        eng.push(events.slice(800, len(events)))
+        eng.flush()
+        r, s = eng.take_results()
+        assert backend.failovers >= 1 and backend.alive_workers() == [0, 2]
+        # and once every worker is gone, the join fails with a clear error
+        ws[0].kill()
+        ws[2].kill()
+        with pytest.raises(WorkerError, match="every worker is down"):
+            eng.push(events.slice(0, 300))
+            eng.flush()
+    finally:
+        backend.close()
+        for w in ws:
+            w.stop()
+    ref = reference_join(events.stream, events.id, events.key, events.ts,
+                         parse_window("count:150,110"), parse_predicate("band:2"))
+    assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)

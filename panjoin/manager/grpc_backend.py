@@ -7,11 +7,20 @@ A RaP-Table subwindow's successor gets its partition table from the
 predecessor's histograms (Algorithm 1): the worker sends it back with the
 insert that fills the predecessor, and the manager passes it on in the next
 create, whichever worker that lands on.
+
+Faults: the manager keeps a copy of every subwindow (its create command and
+the batches inserted). A worker that breaks its stream, or does not answer a
+command within ``deadline`` seconds, is declared dead; each of its subwindows
+is created again on a surviving worker (round-robin) from the copy, and the
+command is retried there. Inserts are recorded only once acknowledged, so a
+rebuilt subwindow holds every tuple exactly once. When no worker is left, the
+join fails with a clear error.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import queue
 import threading
 
@@ -22,6 +31,8 @@ from panjoin.manager.backend import BackendStats, CreateSpec
 from panjoin.proto.panjoin.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from panjoin.subwindow import WindowFilter
 from panjoin.wire import from_array, to_array
+
+log = logging.getLogger("panjoin.manager")
 
 STREAM = {"R": common_pb2.STREAM_R, "S": common_pb2.STREAM_S}
 OPTIONS = [("grpc.max_receive_message_length", 1 << 30),
@@ -41,23 +52,43 @@ class _Session:
 
     _END = object()
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, deadline: float):
         self.address = address
+        self.deadline = deadline
+        self.alive = True
         self.channel = grpc.insecure_channel(address, options=OPTIONS)
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
         self.requests: queue.Queue = queue.Queue()
+        self.answers: queue.Queue = queue.Queue()
         self.responses = self.stub.Session(iter(self.requests.get, self._END))
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
         self.ids = itertools.count()
         self.lock = threading.Lock()
 
+    def _read(self) -> None:
+        """Move feedback to a queue, so a caller can wait on it with a deadline."""
+        try:
+            for fb in self.responses:
+                self.answers.put(fb)
+        except grpc.RpcError as e:
+            self.answers.put(e)
+        self.answers.put(None)
+
     def call(self, **cmd) -> worker_pb2.Feedback:
+        if not self.alive:
+            raise WorkerError(f"worker {self.address} is down")
         with self.lock:
             cid = next(self.ids)
             self.requests.put(worker_pb2.Command(command_id=cid, **cmd))
             try:
-                fb = next(self.responses)
-            except (grpc.RpcError, StopIteration) as e:
-                raise WorkerError(f"worker {self.address} is unreachable: {e}") from None
+                fb = self.answers.get(timeout=self.deadline)
+            except queue.Empty:
+                fb = f"no answer within {self.deadline:g} s"
+            if not isinstance(fb, worker_pb2.Feedback):
+                self.alive = False
+                self.channel.close()
+                raise WorkerError(f"worker {self.address} is unreachable: {fb}")
         if fb.command_id != cid:
             raise WorkerError(f"worker {self.address} answered command {fb.command_id}, "
                               f"expected {cid}")
@@ -73,14 +104,53 @@ class _Session:
 class GrpcBackend:
     """Subwindows on worker processes, addressed ``host:port``."""
 
-    def __init__(self, addresses: list[str]):
+    def __init__(self, addresses: list[str], deadline: float = 60.0):
         if not addresses:
             raise ValueError("a cluster needs at least one worker address")
-        self.sessions = [_Session(a) for a in addresses]
+        self.sessions = [_Session(a, deadline) for a in addresses]
         self.where: dict[int, int] = {}  # sub_id -> worker index
         self.splitters: dict[int, np.ndarray] = {}  # sub_id -> successor's partition table
         self.sizes: dict[int, int] = {}
+        # the manager's copy of each subwindow: its create message and acknowledged inserts
+        self.copies: dict[int, tuple[worker_pb2.Create, list]] = {}
+        self.failovers = 0
         self.stats = BackendStats()
+
+    def alive_workers(self) -> list[int]:
+        return [i for i, s in enumerate(self.sessions) if s.alive]
+
+    def _call(self, sub_id: int, **cmd) -> worker_pb2.Feedback:
+        """Send a command to the worker holding ``sub_id``; on a dead worker, rebuild its
+        subwindows elsewhere and retry."""
+        while True:
+            w = self.where[sub_id]
+            try:
+                return self.sessions[w].call(**cmd)
+            except WorkerError as e:
+                if self.sessions[w].alive:
+                    raise  # the worker answered with an error: bad input, not a fault
+                log.warning("%s; rebuilding its subwindows on the others", e)
+                self._rebuild(w)
+
+    def _rebuild(self, dead: int) -> None:
+        alive = self.alive_workers()
+        if not alive:
+            raise WorkerError("every worker is down; the join cannot go on "
+                              "(restart workers and the join)", "UNAVAILABLE")
+        lost = sorted(s for s, w in self.where.items() if w == dead)
+        for k, sub_id in enumerate(lost):
+            target = alive[k % len(alive)]
+            self.where[sub_id] = target
+            create, inserts = self.copies[sub_id]
+            try:
+                self.sessions[target].call(create=create)
+                for ins in inserts:
+                    self.sessions[target].call(insert=ins)
+            except WorkerError:
+                if self.sessions[target].alive:
+                    raise
+                return self._rebuild(target) if self.alive_workers() else self._rebuild(dead)
+        self.failovers += 1
 
     @property
     def n_workers(self) -> int:
@@ -95,13 +165,27 @@ class GrpcBackend:
         spl = self.splitters.pop(spec.predecessor, None) if spec.predecessor is not None else None
         if spl is not None:
             msg.splitters.CopyFrom(to_array(spl))
-        self.sessions[w].call(create=msg)
+        alive = self.alive_workers()
+        if not alive:
+            raise WorkerError("every worker is down; the join cannot go on", "UNAVAILABLE")
+        if w not in alive:
+            w = alive[spec.sub_id % len(alive)]
         self.where[spec.sub_id] = w
+        self.copies[spec.sub_id] = (msg, [])
+        try:
+            self._call(spec.sub_id, create=msg)
+        except WorkerError:
+            if self.sessions[self.where[spec.sub_id]].alive:
+                self.where.pop(spec.sub_id, None)
+                self.copies.pop(spec.sub_id, None)
+            raise
         self.stats.creates += 1
 
     def insert(self, sub_id: int, keys, ts, seq) -> None:
-        fb = self.sessions[self.where[sub_id]].call(insert=worker_pb2.Insert(
-            sub_id=sub_id, keys=to_array(keys), ts=to_array(ts), seq=to_array(seq)))
+        ins = worker_pb2.Insert(sub_id=sub_id, keys=to_array(keys), ts=to_array(ts),
+                                seq=to_array(seq))
+        fb = self._call(sub_id, insert=ins)
+        self.copies[sub_id][1].append(ins)
         self.sizes[sub_id] = fb.status.nbytes
         if fb.status.successor_splitters.data:
             self.splitters[sub_id] = from_array(fb.status.successor_splitters)
@@ -115,17 +199,18 @@ class GrpcBackend:
             msg.c0.CopyFrom(to_array(c0))
             msg.c1.CopyFrom(to_array(c1))
             msg.c2.CopyFrom(to_array(c2))
-        fb = self.sessions[self.where[sub_id]].call(probe=msg)
+        fb = self._call(sub_id, probe=msg)
         r = fb.results[0]
         self.stats.probes += 1
         return from_array(r.probe_idx, "<i8").copy(), from_array(r.seq, "<i8").copy()
 
     def expire(self, sub_id: int) -> None:
-        w = self.where.pop(sub_id, None)
+        if sub_id in self.where:
+            self._call(sub_id, expire=worker_pb2.Expire(sub_id=sub_id))
+        self.where.pop(sub_id, None)
+        self.copies.pop(sub_id, None)
         self.splitters.pop(sub_id, None)
         self.sizes.pop(sub_id, None)
-        if w is not None:
-            self.sessions[w].call(expire=worker_pb2.Expire(sub_id=sub_id))
         self.stats.expires += 1
 
     def nbytes(self) -> int:
