@@ -80,6 +80,10 @@ class LocalBackend:
         self.stats.probes += 1
         return out
 
+    def probe_many(self, targets, lo, hi) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Probe several subwindows with one batch: ``targets`` = [(sub_id, filter), ...]."""
+        return [self.probe(sub_id, lo, hi, flt) for sub_id, flt in targets]
+
     def expire(self, sub_id: int) -> None:
         self.subs.pop(sub_id, None)
         self.stats.expires += 1

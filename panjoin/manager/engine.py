@@ -353,6 +353,7 @@ class JoinEngine:
         none = WindowFilter.none(len(key))
         sid = ids[order]
         self.stats.preprocess_s += time.perf_counter() - t0
+        targets = []
         for sub in list(ring):
             if sub.count == 0:
                 continue
@@ -371,7 +372,10 @@ class JoinEngine:
                 self.stats.probes_unfiltered += 1
             else:
                 self.stats.probes_filtered += 1
-            pidx, sseq = self.backend.probe(sub.sub_id, lo, hi, flt)
+            targets.append((sub, flt))
+        # one round of probes over every worker at once (step 3 and 4 of the paper)
+        answers = self.backend.probe_many([(sub.sub_id, flt) for sub, flt in targets], lo, hi)
+        for (sub, _), (pidx, sseq) in zip(targets, answers, strict=True):
             if pidx.size == 0:
                 continue
             t1 = time.perf_counter()

@@ -23,6 +23,7 @@ import itertools
 import logging
 import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -114,6 +115,7 @@ class GrpcBackend:
         # the manager's copy of each subwindow: its create message and acknowledged inserts
         self.copies: dict[int, tuple[worker_pb2.Create, list]] = {}
         self.failovers = 0
+        self.pool = ThreadPoolExecutor(max_workers=len(addresses), thread_name_prefix="probe")
         self.stats = BackendStats()
 
     def alive_workers(self) -> list[int]:
@@ -204,6 +206,46 @@ class GrpcBackend:
         self.stats.probes += 1
         return from_array(r.probe_idx, "<i8").copy(), from_array(r.seq, "<i8").copy()
 
+    def probe_many(self, targets, lo, hi) -> list[tuple[np.ndarray, np.ndarray]]:
+        """One Probe command per worker, all workers at once; per-subwindow retry on a fault."""
+        if not targets:
+            return []
+        full = next((f for _, f in targets if f.mode), None)
+        base = worker_pb2.Probe(lo=to_array(lo), hi=to_array(hi),
+                                filter_mode=full.mode if full else 0)
+        if full is not None:
+            c0, c1, c2 = full.arrays(lo.shape[-1])
+            base.c0.CopyFrom(to_array(c0))
+            base.c1.CopyFrom(to_array(c1))
+            base.c2.CopyFrom(to_array(c2))
+        by_worker: dict[int, list[int]] = {}
+        for i, (sub_id, _) in enumerate(targets):
+            by_worker.setdefault(self.where[sub_id], []).append(i)
+
+        def send(w, idxs):
+            msg = worker_pb2.Probe()
+            msg.CopyFrom(base)
+            msg.sub_ids.extend(targets[i][0] for i in idxs)
+            msg.filtered.extend(bool(targets[i][1].mode) for i in idxs)
+            return self.sessions[w].call(probe=msg)
+
+        out: list = [None] * len(targets)
+        futs = {w: self.pool.submit(send, w, idxs) for w, idxs in by_worker.items()}
+        for w, fut in futs.items():
+            try:
+                fb = fut.result()
+            except WorkerError:
+                if self.sessions[w].alive:
+                    raise
+                continue  # answered below, one by one, after the rebuild
+            for i, r in zip(by_worker[w], fb.results, strict=True):
+                out[i] = (from_array(r.probe_idx, "<i8"), from_array(r.seq, "<i8"))
+        for i, (sub_id, flt) in enumerate(targets):
+            if out[i] is None:
+                out[i] = self.probe(sub_id, lo, hi, flt)
+        self.stats.probes += len(targets)
+        return out
+
     def expire(self, sub_id: int) -> None:
         if sub_id in self.where:
             self._call(sub_id, expire=worker_pb2.Expire(sub_id=sub_id))
@@ -217,5 +259,6 @@ class GrpcBackend:
         return sum(self.sizes.values())
 
     def close(self) -> None:
+        self.pool.shutdown(wait=False)
         for s in self.sessions:
             s.close()
