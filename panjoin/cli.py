@@ -156,6 +156,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="probe threads (default: %(default)s)")
     _add_common(p)
 
+    b = bsub.add_parser("system", help="end-to-end rate of a local cluster vs in-process",
+                        description="Fill count windows of W tuples per stream, then time the "
+                                    "next tuples through a local cluster and through the "
+                                    "in-process engine; prints 'tuples/s: X  "
+                                    "overhead-vs-in-process: Y' last.")
+    b.add_argument("--workers", type=int, default=2, help="worker processes")
+    b.add_argument("--window", type=_size, default=1 << 20, help="count window W per stream")
+    b.add_argument("--batch", type=_size, default=32768, help="batch size NBat")
+    b.add_argument("--index", default="bisort", choices=["rap", "wib", "bisort", "nested"])
+    b.add_argument("--selectivity", type=float, default=1.0, help="matches per tuple S")
+    b.add_argument("--measure", type=_size, default=1 << 21, help="timed tuples after the fill")
+    b.add_argument("--threads", type=int, default=1, help="probe threads per worker")
+    _add_common(b)
+
     p = sub.add_parser("demo", help="the main job on the embedded default (what `make demo` runs)")
     p.add_argument("--n", type=_size, default=3 << 20, help="tuples in all (default: 3M)")
     p.add_argument("--index", default="bisort", choices=["rap", "wib", "bisort", "nested"])
@@ -339,6 +353,8 @@ def run_gen(args) -> int:
 
 
 def run_bench(args) -> int:
+    if args.bench == "system":
+        return run_bench_system(args)
     from panjoin.bench.index import IndexPoint, run_point
 
     point = IndexPoint(index=args.index, op=args.op, nsub=args.nsub, partitions=args.partitions,
@@ -411,6 +427,19 @@ def run_worker(args) -> int:
     print(f"{READY}{args.host}:{port}", flush=True)
     log.info("worker serving on %s:%d with %d threads", args.host, port, args.threads)
     return _serve_until_stopped(lambda: server.stop(grace=2).wait())
+
+
+def run_bench_system(args) -> int:
+    from panjoin.bench.system import SystemPoint, run_system
+
+    pt = SystemPoint(workers=args.workers, window=args.window, batch=args.batch,
+                     index=args.index, selectivity=args.selectivity, measure=args.measure,
+                     threads=args.threads)
+    cluster, local = run_system(pt, progress=not args.no_progress)
+    print(f"workers: {pt.workers}  window: {pt.window}  batch: {pt.batch}  index: {pt.index}  "
+          f"selectivity: {pt.selectivity:g}  in-process: {local:,.0f} tuples/s")
+    print(f"tuples/s: {cluster:.6g}  overhead-vs-in-process: {local / cluster:.3f}")
+    return 0
 
 
 def run_demo(args) -> int:

@@ -235,3 +235,13 @@ def test_killing_a_worker_mid_replay_loses_and_doubles_nothing(events, index):
     ref = reference_join(events.stream, events.id, events.key, events.ts,
                          parse_window("count:150,110"), parse_predicate("band:2"))
     assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+
+
+def test_system_benchmark_command_prints_the_rate():
+    run = subprocess.run([sys.executable, "-m", "panjoin.cli", "bench", "system", "--workers",
+                          "2", "--window", "8K", "--measure", "16K", "--batch", "1K",
+                          "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    last = run.stdout.strip().splitlines()[-1].split()
+    assert last[0] == "tuples/s:" and float(last[1]) > 0
+    assert last[2] == "overhead-vs-in-process:" and float(last[3]) > 0
