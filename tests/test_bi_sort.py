@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from index_helpers import fill, random_filter
 
 from panjoin.semantics import I64_MAX, I64_MIN, parse_predicate, probe_bounds
 from panjoin.subwindow import make_index
-from panjoin.subwindow.base import WindowFilter
 from panjoin.subwindow.bi_sort import BISort
 from panjoin.subwindow.kernels import window as W
 from panjoin.subwindow.nested_loop import NestedLoop
@@ -61,35 +61,6 @@ def split_sizes(rng, n, pattern, buffer):
             s = int(rng.integers(1, 3 * buffer + 2))
         sizes.append(min(s, n - sum(sizes)))
     return sizes
-
-
-def fill(indexes, rng, keys, sizes):
-    """Insert the same sorted batches into every index; check() after each insert."""
-    n = keys.shape[0]
-    seq = rng.permutation(n).astype(np.int64) * 3 + 11  # unique, not positions
-    ts = rng.integers(0, 1000, n).astype(np.int64)
-    pos = 0
-    for s in sizes:
-        order = np.argsort(keys[pos:pos + s], kind="stable")
-        for ix in indexes:
-            ix.insert(keys[pos:pos + s][order], ts[pos:pos + s][order],
-                      seq[pos:pos + s][order])
-            ix.check()
-        pos += s
-    return ts, seq
-
-
-def random_filter(rng, mode, m):
-    if mode == W.NONE:
-        return WindowFilter.none(m)
-    if mode == W.TIME:
-        c0 = rng.integers(-10, 600, m)
-        c1 = c0 + rng.integers(0, 700, m)
-        return WindowFilter(W.TIME, c0, c1, np.zeros(m, np.int64))
-    c1 = rng.integers(0, 3 * 400, m)
-    c0 = c1 - rng.integers(0, 800, m)
-    c2 = rng.integers(0, 1000, m)
-    return WindowFilter(W.COUNT, c0, c1, c2)
 
 
 def canon(p, s):
