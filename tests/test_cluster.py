@@ -245,3 +245,28 @@ def test_system_benchmark_command_prints_the_rate():
     last = run.stdout.strip().splitlines()[-1].split()
     assert last[0] == "tuples/s:" and float(last[1]) > 0
     assert last[2] == "overhead-vs-in-process:" and float(last[3]) > 0
+
+
+def test_a_client_that_disconnects_releases_its_join(manager, events):
+    import time
+
+    from panjoin.client import Client
+    from panjoin.proto.panjoin.v1 import manager_pb2
+
+    with Client(manager) as c:
+        jid = c.open("count:100,100", "eq", "bisort", batch_size=32)
+        gen = c.stream(jid, [events.slice(0, 200), events.slice(200, 400)])
+        next(gen)  # one answer, then the client goes away mid-stream
+        gen.close()
+    with Client(manager) as c:
+        for _ in range(50):
+            try:
+                c.status(jid)
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.NOT_FOUND
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the join outlived its client")
+        with pytest.raises(grpc.RpcError):
+            c.stub.Close(manager_pb2.JoinRef(join_id=jid))
