@@ -270,3 +270,28 @@ def test_a_client_that_disconnects_releases_its_join(manager, events):
             raise AssertionError("the join outlived its client")
         with pytest.raises(grpc.RpcError):
             c.stub.Close(manager_pb2.JoinRef(join_id=jid))
+
+
+def test_a_hung_worker_is_detected_by_its_deadline(events):
+    import os
+    import signal
+
+    ws = start_workers(2)
+    backend = GrpcBackend([w.address for w in ws], deadline=3)
+    try:
+        eng = JoinEngine("time:160,120", "eq", index="wib", subwindow_size=40, partitions=4,
+                         batch_size=64, backend=backend, n_workers=2)
+        eng.push(events.slice(0, 600))
+        os.kill(ws[0].proc.pid, signal.SIGSTOP)  # alive but silent
+        eng.push(events.slice(600, len(events)))
+        eng.flush()
+        r, s = eng.take_results()
+        assert backend.failovers >= 1 and backend.alive_workers() == [1]
+    finally:
+        os.kill(ws[0].proc.pid, signal.SIGCONT)
+        backend.close()
+        for w in ws:
+            w.stop()
+    ref = reference_join(events.stream, events.id, events.key, events.ts,
+                         parse_window("time:160,120"), parse_predicate("eq"))
+    assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
