@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run on a local cluster of N worker processes (default: in-process)")
     where.add_argument("--cluster", metavar="HOST:PORT",
                        help="run on an existing manager endpoint (panjoin cluster / manager)")
+    p.add_argument("--result-format", choices=["pairs", "ranges"], default="pairs",
+                   help="on a cluster with BI-Sort: workers answer with (start, end) ranges "
+                        "expanded on the manager's mirror (default: %(default)s)")
     _add_common(p)
 
     p = sub.add_parser("gen", help="generate an event file",
@@ -168,6 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--selectivity", type=float, default=1.0, help="matches per tuple S")
     b.add_argument("--measure", type=_size, default=1 << 21, help="timed tuples after the fill")
     b.add_argument("--threads", type=int, default=1, help="probe threads per worker")
+    b.add_argument("--result-format", choices=["pairs", "ranges"], default="pairs",
+                   help="BI-Sort: workers answer with (start, end) ranges that the manager "
+                        "expands on its mirror of each main array (default: %(default)s)")
     _add_common(b)
 
     p = sub.add_parser("demo", help="the main job on the embedded default (what `make demo` runs)")
@@ -258,7 +264,7 @@ def run_replay(args) -> int:
         from panjoin.manager.grpc_backend import GrpcBackend
 
         workers = start_workers(args.workers, args.threads or 1)
-        backend = GrpcBackend([w.address for w in workers])
+        backend = GrpcBackend([w.address for w in workers], result_format=args.result_format)
         log.info("local cluster: %s", ", ".join(w.address for w in workers))
     try:
         return _replay_engine(args, events, window, pred, backend, max(1, len(workers)))
@@ -277,7 +283,9 @@ def _replay_on_manager(args, events, window, pred) -> int:
     opts = {k: v for k, v in dict(subwindow_size=args.subwindow_size,
                                    partitions=args.partitions, batch_size=args.batch_size,
                                    max_lag=args.max_lag,
-                                   allowed_lateness=window.lateness).items() if v}
+                                   allowed_lateness=window.lateness,
+                                   result_format=int(args.result_format == "ranges")).items()
+            if v}
     with Client(args.cluster) as c:
         r, s, late = c.join(events, str(window), str(pred), args.index, chunk=args.chunk, **opts)
     elapsed = time.perf_counter() - t1
@@ -434,10 +442,11 @@ def run_bench_system(args) -> int:
 
     pt = SystemPoint(workers=args.workers, window=args.window, batch=args.batch,
                      index=args.index, selectivity=args.selectivity, measure=args.measure,
-                     threads=args.threads)
+                     threads=args.threads, result_format=args.result_format)
     cluster, local = run_system(pt, progress=not args.no_progress)
     print(f"workers: {pt.workers}  window: {pt.window}  batch: {pt.batch}  index: {pt.index}  "
-          f"selectivity: {pt.selectivity:g}  in-process: {local:,.0f} tuples/s")
+          f"selectivity: {pt.selectivity:g}  results as: {pt.result_format}  "
+          f"in-process: {local:,.0f} tuples/s")
     print(f"tuples/s: {cluster:.6g}  overhead-vs-in-process: {local / cluster:.3f}")
     return 0
 

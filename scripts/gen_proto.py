@@ -26,7 +26,7 @@ def generate(out: Path) -> list[Path]:
             f"--grpc_python_out={out}", *files]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
-    made = sorted(p for p in out.rglob("*") if p.is_file())
+    made = sorted(p for p in out.rglob("*_pb2*") if p.is_file())  # protoc's output only
     for p in made:
         if p.suffix in (".py", ".pyi"):
             text = p.read_text()

@@ -145,6 +145,11 @@ def test_manager_endpoint_gives_the_reference(manager, events):
     with Client(manager) as c:
         r, s, late = c.join(events, "time:160,120", "band:1", "rap", chunk=400,
                             allowed_lateness=10, subwindow_size=50, partitions=8, batch_size=64)
+        r2, s2, _ = c.join(events, "time:160,120", "band:1", "bisort", chunk=400,
+                           allowed_lateness=10, subwindow_size=50, partitions=8, batch_size=64,
+                           result_format=1)  # BI-Sort ranges through the manager's mirror
+    assert np.array_equal(sort_pairs(np.stack([r2, s2], axis=1)),
+                          sort_pairs(np.stack([r, s], axis=1)))
     ref = reference_join(events.stream, events.id, events.key, events.ts, w,
                          parse_predicate("band:1"))
     assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
@@ -294,4 +299,22 @@ def test_a_hung_worker_is_detected_by_its_deadline(events):
             w.stop()
     ref = reference_join(events.stream, events.id, events.key, events.ts,
                          parse_window("time:160,120"), parse_predicate("eq"))
+    assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+
+
+@pytest.mark.parametrize("window", ["count:150,110", "time:160,120"])
+def test_bisort_range_results_through_the_managers_mirror(workers, events, window):
+    backend = GrpcBackend([w.address for w in workers[:2]], result_format="ranges")
+    try:
+        eng = JoinEngine(window, "band:3", index="bisort", subwindow_size=40, partitions=4,
+                         batch_size=64, backend=backend, n_workers=2,
+                         index_opts={"buffer": 16})
+        eng.push(events)
+        eng.flush()
+        r, s = eng.take_results()
+        assert backend.ranges_expanded > 0, "the ranges path did not run"
+    finally:
+        backend.close()
+    ref = reference_join(events.stream, events.id, events.key, events.ts,
+                         parse_window(window), parse_predicate("band:3"))
     assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)

@@ -175,8 +175,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             full = WindowFilter(int(c.filter_mode), *cols)
         none = WindowFilter.none(n)
         out = []
+        ranges = c.format == worker_pb2.RESULT_FORMAT_RANGES
+        if ranges and any(not hasattr(ix, "probe_ranges") for ix in ixs):
+            raise _Bad("INVALID_ARGUMENT", "RESULT_FORMAT_RANGES needs BI-Sort subwindows")
         for i, sub_id in enumerate(c.sub_ids):
             flt = full if (c.filtered[i] if c.filtered else bool(c.filter_mode)) else none
+            if ranges:
+                rr = ixs[i].probe_ranges(lo, hi, flt)
+                out.append(worker_pb2.ProbeResult(
+                    sub_id=sub_id, probe_idx=to_array(rr.buf_probe_idx),
+                    seq=to_array(rr.buf_seq), start=to_array(rr.start), end=to_array(rr.end),
+                    range_probe_idx=to_array(rr.probe_idx)))
+                continue
             pidx, seq = backend.probe(sub_id, lo, hi, flt)
             out.append(worker_pb2.ProbeResult(sub_id=sub_id, probe_idx=to_array(pidx),
                                               seq=to_array(seq)))

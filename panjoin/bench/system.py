@@ -29,6 +29,7 @@ class SystemPoint:
     measure: int = 1 << 21
     threads: int = 1
     seed: int = 0
+    result_format: str = "pairs"  # BI-Sort on the cluster: "ranges" uses the manager's mirror
 
 
 def _run(point: SystemPoint, events, backend, n_workers: int, progress=None) -> float:
@@ -65,7 +66,7 @@ def run_system(point: SystemPoint, progress: bool = False) -> tuple[float, float
               unit_scale=True, desc="system") as bar:
         local = _run(point, events, None, 1, bar)
         workers = start_workers(point.workers, point.threads)
-        backend = GrpcBackend([w.address for w in workers])
+        backend = GrpcBackend([w.address for w in workers], result_format=point.result_format)
         try:
             cluster = _run(point, events, backend, point.workers, bar)
         finally:

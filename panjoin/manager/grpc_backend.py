@@ -30,7 +30,8 @@ import numpy as np
 
 from panjoin.manager.backend import BackendStats, CreateSpec
 from panjoin.proto.panjoin.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-from panjoin.subwindow import WindowFilter
+from panjoin.subwindow import WindowFilter, make_index
+from panjoin.subwindow.bi_sort import RangeResult
 from panjoin.wire import from_array, to_array
 
 log = logging.getLogger("panjoin.manager")
@@ -105,9 +106,17 @@ class _Session:
 class GrpcBackend:
     """Subwindows on worker processes, addressed ``host:port``."""
 
-    def __init__(self, addresses: list[str], deadline: float = 60.0):
+    def __init__(self, addresses: list[str], deadline: float = 60.0,
+                 result_format: str = "pairs"):
         if not addresses:
             raise ValueError("a cluster needs at least one worker address")
+        if result_format not in ("pairs", "ranges"):
+            raise ValueError(f"result format must be pairs or ranges, not {result_format!r}")
+        # ranges: BI-Sort workers answer with main-array ranges; the manager keeps a mirror
+        # of each BI-Sort subwindow (the same inserts) to expand and filter them
+        self.result_format = result_format
+        self.mirrors: dict[int, object] = {}
+        self.ranges_expanded = 0
         self.sessions = [_Session(a, deadline) for a in addresses]
         self.where: dict[int, int] = {}  # sub_id -> worker index
         self.splitters: dict[int, np.ndarray] = {}  # sub_id -> successor's partition table
@@ -174,6 +183,9 @@ class GrpcBackend:
             w = alive[spec.sub_id % len(alive)]
         self.where[spec.sub_id] = w
         self.copies[spec.sub_id] = (msg, [])
+        if self.result_format == "ranges" and spec.kind == "bisort":
+            self.mirrors[spec.sub_id] = make_index("bisort", spec.capacity, spec.key_dtype,
+                                                   spec.partitions, 1, **spec.opts)
         try:
             self._call(spec.sub_id, create=msg)
         except WorkerError:
@@ -186,7 +198,13 @@ class GrpcBackend:
     def insert(self, sub_id: int, keys, ts, seq) -> None:
         ins = worker_pb2.Insert(sub_id=sub_id, keys=to_array(keys), ts=to_array(ts),
                                 seq=to_array(seq))
-        fb = self._call(sub_id, insert=ins)
+        mirror = self.mirrors.get(sub_id)
+        if mirror is None:
+            fb = self._call(sub_id, insert=ins)
+        else:  # the mirror's insert runs while the worker does the same one
+            fut = self.pool.submit(self._call, sub_id, insert=ins)
+            mirror.insert(keys, ts, seq)
+            fb = fut.result()
         self.copies[sub_id][1].append(ins)
         self.sizes[sub_id] = fb.status.nbytes
         if fb.status.successor_splitters.data:
@@ -225,6 +243,8 @@ class GrpcBackend:
         def send(w, idxs):
             msg = worker_pb2.Probe()
             msg.CopyFrom(base)
+            if all(targets[i][0] in self.mirrors for i in idxs):
+                msg.format = worker_pb2.RESULT_FORMAT_RANGES
             msg.sub_ids.extend(targets[i][0] for i in idxs)
             msg.filtered.extend(bool(targets[i][1].mode) for i in idxs)
             return self.sessions[w].call(probe=msg)
@@ -239,14 +259,26 @@ class GrpcBackend:
                     raise
                 continue  # answered below, one by one, after the rebuild
             for i, r in zip(by_worker[w], fb.results, strict=True):
-                out[i] = (from_array(r.probe_idx, "<i8"), from_array(r.seq, "<i8"))
+                pidx, seq = from_array(r.probe_idx, "<i8"), from_array(r.seq, "<i8")
+                if r.range_probe_idx.data or r.start.data:
+                    pidx, seq = self._expand(r, targets[i][1], pidx, seq)
+                out[i] = (pidx, seq)
         for i, (sub_id, flt) in enumerate(targets):
             if out[i] is None:
                 out[i] = self.probe(sub_id, lo, hi, flt)
         self.stats.probes += len(targets)
         return out
 
+    def _expand(self, r, flt: WindowFilter, buf_pidx, buf_seq):
+        """Main-array ranges -> (probe_idx, seq) on the mirror, filtered, plus buffer pairs."""
+        rr = RangeResult(from_array(r.range_probe_idx, "<i8"), from_array(r.start, "<i8"),
+                         from_array(r.end, "<i8"), buf_pidx, buf_seq)
+        _, ts, seq = self.mirrors[r.sub_id].main_columns()
+        self.ranges_expanded += int(rr.start.size)
+        return rr.expand(None, ts, seq, flt if flt.mode else None)
+
     def expire(self, sub_id: int) -> None:
+        self.mirrors.pop(sub_id, None)
         if sub_id in self.where:
             self._call(sub_id, expire=worker_pb2.Expire(sub_id=sub_id))
         self.where.pop(sub_id, None)

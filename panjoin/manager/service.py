@@ -54,7 +54,8 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         try:
             window = parse_window(request.window, request.allowed_lateness)
             pred = parse_predicate(request.predicate)
-            backend = GrpcBackend(self.workers)
+            fmt = "ranges" if request.result_format == 1 else "pairs"
+            backend = GrpcBackend(self.workers, result_format=fmt)
             engine = JoinEngine(
                 window, pred, index=request.index or "bisort",
                 key_dtype=request.key_dtype or None,

@@ -98,18 +98,20 @@ class Expire(_message.Message):
     def __init__(self, sub_id: _Optional[int] = ...) -> None: ...
 
 class ProbeResult(_message.Message):
-    __slots__ = ("sub_id", "probe_idx", "seq", "start", "end")
+    __slots__ = ("sub_id", "probe_idx", "seq", "start", "end", "range_probe_idx")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     PROBE_IDX_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    RANGE_PROBE_IDX_FIELD_NUMBER: _ClassVar[int]
     sub_id: int
     probe_idx: _common_pb2.Array
     seq: _common_pb2.Array
     start: _common_pb2.Array
     end: _common_pb2.Array
-    def __init__(self, sub_id: _Optional[int] = ..., probe_idx: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., start: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., end: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
+    range_probe_idx: _common_pb2.Array
+    def __init__(self, sub_id: _Optional[int] = ..., probe_idx: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., start: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., end: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., range_probe_idx: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
 
 class SubwindowStatus(_message.Message):
     __slots__ = ("sub_id", "count", "full", "nbytes", "successor_splitters")
