@@ -10,8 +10,8 @@ from __future__ import annotations
 import grpc
 import numpy as np
 
-from panjoin.manager.grpc_backend import OPTIONS
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
+from panjoin.serving import OPTIONS
 from panjoin.wire import from_array, to_array
 
 

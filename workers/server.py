@@ -15,15 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent import futures
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from panjoin.manager.backend import CreateSpec, LocalBackend
 from panjoin.proto.panjoin.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from panjoin.serving import start_server
 from panjoin.subwindow import INDEX_KINDS, WindowFilter
 from panjoin.wire import WireError, from_array, to_array
 
@@ -195,19 +193,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
 def serve(port: int = 0, threads: int = 1, host: str = "127.0.0.1") -> tuple[grpc.Server, int]:
     """Start a worker server; returns it and the bound port (``port=0`` picks a free one)."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
-                         options=[("grpc.max_receive_message_length", 1 << 30),
-                                  ("grpc.max_send_message_length", 1 << 30)])
-    worker_pb2_grpc.add_WorkerServicer_to_server(WorkerServicer(threads), server)
-    hs = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-    names = (worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name,
-             health.SERVICE_NAME, reflection.SERVICE_NAME)
-    reflection.enable_server_reflection(names, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"cannot bind {host}:{port}; is the port in use?")
-    server.start()
-    hs.set("", health_pb2.HealthCheckResponse.SERVING)
-    hs.set(names[0], health_pb2.HealthCheckResponse.SERVING)
-    return server, bound
+    servicer = WorkerServicer(threads)
+    return start_server(lambda srv: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, srv),
+                        worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name, port, host,
+                        max_workers=8)

@@ -30,6 +30,7 @@ import numpy as np
 
 from panjoin.manager.backend import BackendStats, CreateSpec
 from panjoin.proto.panjoin.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from panjoin.serving import OPTIONS
 from panjoin.subwindow import WindowFilter, make_index
 from panjoin.subwindow.bi_sort import RangeResult
 from panjoin.wire import from_array, to_array
@@ -37,8 +38,6 @@ from panjoin.wire import from_array, to_array
 log = logging.getLogger("panjoin.manager")
 
 STREAM = {"R": common_pb2.STREAM_R, "S": common_pb2.STREAM_S}
-OPTIONS = [("grpc.max_receive_message_length", 1 << 30),
-           ("grpc.max_send_message_length", 1 << 30)]
 
 
 class WorkerError(RuntimeError):

@@ -14,18 +14,16 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from concurrent import futures
 from dataclasses import dataclass
 
 import grpc
 import numpy as np
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from panjoin.manager.engine import JoinEngine
-from panjoin.manager.grpc_backend import OPTIONS, GrpcBackend, WorkerError
+from panjoin.manager.grpc_backend import GrpcBackend, WorkerError
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
 from panjoin.semantics import SpecError, parse_predicate, parse_window
+from panjoin.serving import start_server
 from panjoin.wire import WireError, from_array, to_array
 
 log = logging.getLogger("panjoin.manager")
@@ -166,17 +164,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
 def serve_manager(workers: list[str], port: int = 0, host: str = "127.0.0.1",
                   threads: int = 1) -> tuple[grpc.Server, int]:
     """Start the manager endpoint; returns the server and its port."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16), options=OPTIONS)
-    manager_pb2_grpc.add_ManagerServicer_to_server(ManagerServicer(workers, threads), server)
-    hs = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
-    names = (manager_pb2.DESCRIPTOR.services_by_name["Manager"].full_name,
-             health.SERVICE_NAME, reflection.SERVICE_NAME)
-    reflection.enable_server_reflection(names, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"cannot bind {host}:{port}; is the port in use?")
-    server.start()
-    hs.set("", health_pb2.HealthCheckResponse.SERVING)
-    hs.set(names[0], health_pb2.HealthCheckResponse.SERVING)
-    return server, bound
+    servicer = ManagerServicer(workers, threads)
+    return start_server(
+        lambda srv: manager_pb2_grpc.add_ManagerServicer_to_server(servicer, srv),
+        manager_pb2.DESCRIPTOR.services_by_name["Manager"].full_name, port, host)

@@ -1,0 +1,35 @@
+"""The one way PanJoin serves gRPC: a server with health checking and server reflection.
+
+Used by the worker (``panjoin.v1.Worker``) and the manager endpoint
+(``panjoin.v1.Manager``), so that any gRPC tool can list and call both.
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+#: arrays travel packed; a batch of a few million tuples must fit in one message
+OPTIONS = [("grpc.max_receive_message_length", 1 << 30),
+           ("grpc.max_send_message_length", 1 << 30)]
+
+
+def start_server(add_servicer, service_name: str, port: int = 0, host: str = "127.0.0.1",
+                 max_workers: int = 16) -> tuple[grpc.Server, int]:
+    """Start a server for one servicer; returns it and its port (``port=0``: any free one)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=OPTIONS)
+    add_servicer(server)
+    hs = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+    reflection.enable_server_reflection(
+        (service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind {host}:{port}; is the port in use?")
+    server.start()
+    hs.set("", health_pb2.HealthCheckResponse.SERVING)
+    hs.set(service_name, health_pb2.HealthCheckResponse.SERVING)
+    return server, bound
