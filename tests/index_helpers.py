@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from panjoin.semantics import parse_predicate, probe_bounds
 from panjoin.subwindow import WindowFilter
 from panjoin.subwindow.kernels import window as W
 
@@ -34,3 +35,27 @@ def random_filter(rng, mode, m):
     c0 = c1 - rng.integers(0, 800, m)
     c2 = rng.integers(0, 1000, m)
     return WindowFilter(W.COUNT, c0, c1, c2)
+
+
+def band_property_case(ix, batches, probe, band):
+    """Insert ``batches`` (lists of int keys) into ``ix``, check() after each, and return the
+    probe bounds of ``probe`` for bands:a,a+w plus the brute-force expected (probe, seq)."""
+    stored_k, stored_s = [], []
+    seq = 0
+    for b in batches:
+        k = np.sort(np.array(b, dtype=np.int64))
+        s = np.arange(seq, seq + k.shape[0], dtype=np.int64)
+        seq += k.shape[0]
+        ix.insert(k, s * 7, s)
+        ix.check()
+        stored_k += k.tolist()
+        stored_s += s.tolist()
+    a, w = band
+    pred = parse_predicate(f"bands:{a},{a + w}")
+    pk = np.sort(np.array(probe, dtype=np.int64))
+    lo, hi = probe_bounds(pred, "R", pk)
+    sk, ss = np.array(stored_k, np.int64), np.array(stored_s, np.int64)
+    # brute force: s.key - r.key in [a, a + w]
+    d = sk[None, :] - pk[:, None]
+    want_p, want_j = np.nonzero((d >= a) & (d <= a + w))
+    return lo, hi, want_p.astype(np.int64), ss[want_j]

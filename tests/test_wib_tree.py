@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from index_helpers import fill, random_filter
+from index_helpers import band_property_case, fill, random_filter
 
 from panjoin.semantics import I64_MAX, I64_MIN, parse_predicate, probe_bounds
 from panjoin.subwindow import make_index
@@ -332,23 +332,6 @@ def test_registry_and_memory():
 def test_property_band_join(batches, partitions, fanout, probe, band, threads):
     n = sum(len(b) for b in batches)
     ix = WiBTree(max(1, n), partitions=partitions, fanout=fanout, threads=threads)
-    stored_k, stored_s = [], []
-    seq = 0
-    for b in batches:
-        k = np.sort(np.array(b, dtype=np.int64))
-        s = np.arange(seq, seq + k.shape[0], dtype=np.int64)
-        seq += k.shape[0]
-        ix.insert(k, s * 7, s)
-        ix.check()
-        stored_k += k.tolist()
-        stored_s += s.tolist()
-    a, w = band
-    pred = parse_predicate(f"bands:{a},{a + w}")
-    pk = np.sort(np.array(probe, dtype=np.int64))
-    lo, hi = probe_bounds(pred, "R", pk)
-    sk, ss = np.array(stored_k, np.int64), np.array(stored_s, np.int64)
-    # brute force: s.key - r.key in [a, a + w]
-    d = sk[None, :] - pk[:, None]
-    want_p, want_j = np.nonzero((d >= a) & (d <= a + w))
-    want = canon(want_p.astype(np.int64), ss[want_j])
+    lo, hi, want_p, want_s = band_property_case(ix, batches, probe, band)
+    want = canon(want_p, want_s)
     np.testing.assert_array_equal(canon(*ix.probe(lo, hi)), want)
