@@ -183,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2,
                    help="worker processes of the local cluster; 0 runs in-process (default: 2)")
     _add_common(p)
+
+    from panjoin.kafka.cli import add_parsers as add_kafka_parsers
+
+    add_kafka_parsers(sub, _add_common, _add_join_opts)
     return ap
 
 
@@ -515,12 +519,25 @@ def _demo_run(args, events, pred, backend, n_workers) -> int:
     return 0
 
 
+def _run_kafka(args) -> int:
+    from panjoin.kafka.cli import run_kafka
+
+    return run_kafka(args)
+
+
+def _run_pipeline(args) -> int:
+    from panjoin.kafka.cli import run_pipeline
+
+    return run_pipeline(args)
+
+
 def main(argv=None) -> int:
     args = _parse(argv)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers = {"replay": run_replay, "gen": run_gen, "bench": run_bench, "demo": run_demo,
-                "worker": run_worker, "cluster": run_cluster, "manager": run_manager}
+                "worker": run_worker, "cluster": run_cluster, "manager": run_manager,
+                "kafka": _run_kafka, "pipeline": _run_pipeline}
     try:
         return handlers[args.cmd](args)
     except (SpecError, ValueError, TypeError, FileNotFoundError) as e:

@@ -1,0 +1,288 @@
+"""Kafka topics in and out, on confluent-kafka: event files to topics, topics to Parquet.
+
+An input record is one tuple as a JSON object, in the record's value::
+
+    {"id": 7, "key": 1234, "ts": 1700000000123, "payload": "anything"}
+
+with the Kafka record timestamp set to ``ts`` and the record key to the id (so a
+multi-partition topic spreads tuples by id). :func:`produce_events` writes an
+:class:`~panjoin.events.EventTable`'s R rows to one topic and S rows to another,
+in arrival order per stream.
+
+Offsets are read the way both brokers agree on (see :mod:`panjoin.kafka.broker`):
+:func:`end_offsets` takes the ListOffsets high watermark and then lets a fetch
+say where the partition really ends (``enable.partition.eof``), because Tansu's
+ListOffsets is one produce batch short. :func:`read_range` reads ``[start, end)``
+of one partition and stops on the offset, never on "no message for a while".
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import numpy as np
+import pyarrow as pa
+
+from panjoin.events import EventTable
+
+#: Headers on every record the pipeline writes: which micro-batch, which position.
+BATCH_HEADER = "panjoin.batch"
+SEQ_HEADER = "panjoin.seq"
+
+
+class KafkaIOError(RuntimeError):
+    pass
+
+
+def _ck():
+    try:
+        import confluent_kafka
+    except ModuleNotFoundError:
+        raise KafkaIOError("confluent-kafka is not installed; run `make .venv/.installed` "
+                           "(or pip install confluent-kafka)") from None
+    return confluent_kafka
+
+
+def admin(bootstrap: str):
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+
+
+def create_topics(bootstrap: str, topics, partitions: int = 1, timeout: float = 30.0) -> None:
+    """Create topics (``retention.ms=-1``: records carry old event time as timestamps,
+    which a time-based retention would delete at once). Existing topics are kept."""
+    from confluent_kafka.admin import NewTopic
+
+    a = admin(bootstrap)
+    new = [NewTopic(t, num_partitions=partitions, replication_factor=1,
+                    config={"retention.ms": "-1"}) for t in topics]
+    for name, fut in a.create_topics(new, operation_timeout=timeout).items():
+        try:
+            fut.result(timeout)
+        except Exception as e:  # KafkaException
+            err = e.args[0] if e.args else None
+            if getattr(err, "name", lambda: "")() != "TOPIC_ALREADY_EXISTS":
+                raise KafkaIOError(f"cannot create topic {name!r} on {bootstrap}: {e}") from e
+    # metadata may lag the creation on some brokers: wait until every topic shows up
+    deadline = time.monotonic() + timeout
+    while True:
+        md = a.list_topics(timeout=timeout)
+        if all(t in md.topics and md.topics[t].partitions for t in topics):
+            return
+        if time.monotonic() > deadline:
+            raise KafkaIOError(f"topics {list(topics)} did not appear on {bootstrap}")
+        time.sleep(0.1)
+
+
+def partitions_of(bootstrap: str, topic: str, timeout: float = 30.0) -> list[int]:
+    md = admin(bootstrap).list_topics(timeout=timeout)  # naming the topic may auto-create it
+    t = md.topics.get(topic)
+    if t is None or t.error is not None or not t.partitions:
+        raise KafkaIOError(f"topic {topic!r} does not exist on {bootstrap}; create it first "
+                           f"(panjoin kafka produce creates its topics)")
+    return sorted(t.partitions)
+
+
+def consumer(bootstrap: str, **extra):
+    ck = _ck()
+    conf = {"bootstrap.servers": bootstrap, "group.id": f"panjoin-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False, "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest", "log_level": 0}
+    conf.update(extra)
+    return ck.Consumer(conf)
+
+
+def producer(bootstrap: str, **extra):
+    """An idempotent producer: a retried send is never written twice, and records of
+    one partition land in the order they were produced."""
+    ck = _ck()
+    conf = {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+            "linger.ms": 5, "batch.num.messages": 10000, "log_level": 0}
+    conf.update(extra)
+    return ck.Producer(conf)
+
+
+def end_offsets(bootstrap: str, topic: str, partitions=None, timeout: float = 10.0,
+                probe=None) -> dict[int, tuple[int, int]]:
+    """``{partition: (low, end)}``: the first offset and one past the last record.
+
+    ``end`` comes from a fetch's end-of-partition event, started one record before
+    the ListOffsets high watermark: exact on brokers whose ListOffsets is short.
+    """
+    ck = _ck()
+    parts = partitions if partitions is not None else partitions_of(bootstrap, topic)
+    c = probe or consumer(bootstrap, **{"enable.partition.eof": True})
+    try:
+        wm = {}
+        for p in parts:
+            lo, hi = c.get_watermark_offsets(ck.TopicPartition(topic, p), timeout=timeout,
+                                             cached=False)
+            wm[p] = (max(lo, 0), max(hi, 0))
+        c.assign([ck.TopicPartition(topic, p, max(wm[p][0], wm[p][1] - 1)) for p in parts])
+        end = {p: wm[p][1] for p in parts}
+        pending = set(parts)
+        deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < deadline:
+            for m in c.consume(num_messages=1000, timeout=0.2):
+                p = m.partition()
+                err = m.error()
+                if err is None:
+                    end[p] = max(end[p], m.offset() + 1)
+                elif err.code() == ck.KafkaError._PARTITION_EOF:
+                    end[p] = max(end[p], m.offset())
+                    pending.discard(p)
+        if pending:
+            raise KafkaIOError(f"topic {topic!r} partitions {sorted(pending)}: no fetch "
+                               f"answered in {timeout:.0f}s; is the broker up?")
+        c.unassign()
+        return {p: (wm[p][0], end[p]) for p in parts}
+    finally:
+        if probe is None:
+            c.close()
+
+
+def read_range(c, topic: str, partition: int, start: int, end: int, timeout: float = 60.0):
+    """Records of ``[start, end)`` of one partition, in offset order, read with the
+    given consumer (configured with ``enable.partition.eof``). Offsets that hold no
+    record (transaction markers) are skipped; the read ends on the offset."""
+    ck = _ck()
+    if end <= start:
+        return []
+    c.assign([ck.TopicPartition(topic, partition, start)])
+    out = []
+    deadline = time.monotonic() + timeout
+    done = False
+    while not done:
+        msgs = c.consume(num_messages=min(100_000, max(1, end - start)), timeout=0.5)
+        for m in msgs:
+            err = m.error()
+            if err is None:
+                if m.offset() >= end:
+                    done = True
+                    break
+                out.append(m)
+                if m.offset() >= end - 1:
+                    done = True
+                    break
+            elif err.code() == ck.KafkaError._PARTITION_EOF:
+                if m.offset() >= end:
+                    done = True
+                    break
+            else:
+                raise KafkaIOError(f"reading {topic}[{partition}]: {err}")
+        if not done and time.monotonic() > deadline:
+            raise KafkaIOError(f"reading {topic}[{partition}] offsets {start}..{end}: only "
+                               f"{len(out)} records in {timeout:.0f}s")
+    c.unassign()
+    return out
+
+
+# --------------------------------------------------------------------------- events
+
+
+def event_records(events: EventTable, rows: np.ndarray) -> list[bytes]:
+    """JSON values of the given rows: id, key, ts, payload (null when absent)."""
+    ids = events.id[rows].tolist()
+    ts = events.ts[rows].tolist()
+    keys = events.key[rows].tolist()  # python int/float; float repr round-trips exactly
+    if events.payload is not None:
+        pay = events.payload.take(pa.array(rows)).to_pylist()
+        pay = [p.decode() if isinstance(p, bytes) else p for p in pay]
+    else:
+        pay = [None] * len(ids)
+    return [json.dumps({"id": i, "key": k, "ts": t, "payload": p}).encode()
+            for i, k, t, p in zip(ids, keys, ts, pay, strict=True)]
+
+
+def produce_events(bootstrap: str, events: EventTable, r_topic: str, s_topic: str,
+                   partitions: int = 1, create: bool = True, timeout: float = 120.0) -> dict:
+    """Write R rows to ``r_topic`` and S rows to ``s_topic`` (each in arrival order;
+    Kafka timestamp = ts, Kafka key = id). Returns counts per topic."""
+    if create:
+        create_topics(bootstrap, [r_topic, s_topic], partitions)
+    p = producer(bootstrap)
+    failed = []
+
+    def on_delivery(err, _msg):
+        if err is not None:
+            failed.append(err)
+
+    counts = {}
+    for code, topic in ((0, r_topic), (1, s_topic)):
+        rows = np.flatnonzero(events.stream == code)
+        values = event_records(events, rows)
+        ids = events.id[rows].tolist()
+        ts = events.ts[rows].tolist()
+        for v, i, t in zip(values, ids, ts, strict=True):
+            while True:
+                try:
+                    p.produce(topic, v, key=str(i).encode(), timestamp=max(int(t), 0),
+                              on_delivery=on_delivery)
+                    break
+                except BufferError:  # local queue full: let deliveries drain
+                    p.poll(0.1)
+            p.poll(0)
+        counts[topic] = len(values)
+    left = p.flush(timeout)
+    if left or failed:
+        raise KafkaIOError(f"{left} records not delivered, {len(failed)} failed "
+                           f"({failed[:1]}) to {bootstrap}")
+    return counts
+
+
+def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> list:
+    """Every record of a topic now, partition by partition in offset order."""
+    c = consumer(bootstrap, **{"enable.partition.eof": True})
+    try:
+        out = []
+        for p, (lo, end) in sorted(end_offsets(bootstrap, topic, probe=c).items()):
+            out.extend(read_range(c, topic, p, lo, end, timeout))
+        return out
+    finally:
+        c.close()
+
+
+def records_table(msgs) -> pa.Table:
+    """Records as an Arrow table: kafka_partition, kafka_offset, kafka_timestamp,
+    kafka_key, kafka_value (text), kafka_batch and kafka_seq (the pipeline's
+    headers; null elsewhere)."""
+    batch, seq = [], []
+    for m in msgs:
+        h = dict(m.headers() or ())
+        batch.append(int(h[BATCH_HEADER]) if BATCH_HEADER in h else None)
+        seq.append(int(h[SEQ_HEADER]) if SEQ_HEADER in h else None)
+    return pa.table({
+        "kafka_partition": pa.array([m.partition() for m in msgs], pa.int32()),
+        "kafka_offset": pa.array([m.offset() for m in msgs], pa.int64()),
+        "kafka_timestamp": pa.array([m.timestamp()[1] for m in msgs], pa.int64()),
+        "kafka_key": pa.array([m.key() for m in msgs], pa.binary()),
+        "kafka_value": pa.array([(m.value() or b"").decode("utf-8", "replace") for m in msgs],
+                          pa.string()),
+        "kafka_batch": pa.array(batch, pa.int64()),
+        "kafka_seq": pa.array(seq, pa.int64()),
+    })
+
+
+def consume_to_parquet(bootstrap: str, topic: str, out: str) -> int:
+    """Dump a topic into Parquet (see :func:`records_table`); JSON-object values
+    also get their fields as columns (r_id, s_id, r, s for the join output)."""
+    import pyarrow.parquet as pq
+
+    from panjoin.events import _atomic_write
+
+    table = records_table(read_topic(bootstrap, topic))
+    values = table.column("kafka_value").to_pylist()
+    try:
+        objs = [json.loads(v) for v in values]
+        if objs and all(isinstance(o, dict) for o in objs):
+            fields = pa.Table.from_pylist(objs)
+            for name in fields.column_names:
+                if name not in table.column_names:
+                    table = table.append_column(name, fields.column(name))
+    except (ValueError, pa.ArrowException):
+        pass  # not all JSON objects (e.g. a dead-letter topic): raw values only
+    _atomic_write(out, lambda tmp: pq.write_table(table, tmp))
+    return table.num_rows
