@@ -1,0 +1,327 @@
+"""Kafka source and sink for PySpark 4.x on the Python Data Source API and confluent-kafka.
+
+Spark's JVM Kafka connector cannot be installed from the registries here, so this is
+``format("panjoin_kafka")`` with the options and row schema of the native
+``format("kafka")`` (a subset)::
+
+    spark.readStream.format("panjoin_kafka")
+        .option("kafka.bootstrap.servers", "127.0.0.1:9092")
+        .option("subscribe", "R,S")
+        .option("startingOffsets", "earliest")      # or latest, or {"R": {"0": 42}}
+        .option("maxOffsetsPerTrigger", 10000)      # admission control
+        .load()
+    -> topic string, partition int, offset long, timestamp long, key binary, value binary
+
+Offsets are ``{topic: {partition: next offset}}`` (partition as a string: the dict
+travels as JSON). A micro-batch reads ``[start, end)`` of every partition, one
+Spark task per partition (split every ``splitSize`` records). With
+``maxOffsetsPerTrigger`` N, :meth:`latestOffset` admits at most N records over
+all partitions, shared out in proportion to what each has waiting (at least one
+record to a partition that has any, so every partition progresses). Worked
+example, N = 10, partitions waiting 30, 10, 0 -> 7, 3, 0 (floor of 10 * 30/40 = 7,
+10 * 10/40 = 2.5 -> 2, then the one left over goes to the largest remainder).
+Spark 4.3 runs ``Trigger.AvailableNow`` on a Python source as ONE batch (it asks
+:meth:`latestOffset` with ReadAllAvailable), so "available now" under a limit is
+done by the pipeline: it snapshots the end offsets, passes them as
+``endingOffsets`` (a cap on every partition) and stops the query once Spark's
+progress reports that end.
+
+Where each partition ends is asked of a fetch (see :func:`panjoin.kafka.io.end_offsets`):
+Tansu's ListOffsets is one produce batch short.
+
+The sink (``df.write.format("panjoin_kafka")`` or ``writeStream``) produces column
+``value`` (string or binary; optional ``key``, and ``topic`` to override the
+``topic`` option) with an idempotent producer, flushed before the task commits:
+at least once across task retries, like the native sink. The pipeline gets its
+exactly-once output from its own batch ids (see :mod:`spark_conn.pipeline`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+SCHEMA = "topic string, partition int, offset long, timestamp long, key binary, value binary"
+ARROW_SCHEMA = pa.schema([("topic", pa.string()), ("partition", pa.int32()),
+                          ("offset", pa.int64()), ("timestamp", pa.int64()),
+                          ("key", pa.binary()), ("value", pa.binary())])
+
+
+class KafkaOptionError(ValueError):
+    pass
+
+
+def _opt(options, name: str, default=None):
+    for k, v in options.items():
+        if k.lower() == name.lower():
+            return v
+    return default
+
+
+def _bootstrap(options) -> str:
+    b = _opt(options, "kafka.bootstrap.servers")
+    if not b:
+        raise KafkaOptionError("option kafka.bootstrap.servers is required "
+                               "(e.g. .option('kafka.bootstrap.servers', '127.0.0.1:9092'))")
+    return b
+
+
+def _topics(options) -> list[str]:
+    t = _opt(options, "subscribe")
+    if not t:
+        raise KafkaOptionError("option subscribe is required: comma-separated topic names")
+    return [x.strip() for x in t.split(",") if x.strip()]
+
+
+def share_limit(waiting: dict, limit: int) -> dict:
+    """Split ``limit`` records over partitions in proportion to ``waiting`` (see the
+    module docstring); never more than a partition has, at least 1 where any waits."""
+    total = sum(waiting.values())
+    if total <= limit:
+        return dict(waiting)
+    take = {p: min(w, max(1 if w else 0, limit * w // total)) for p, w in waiting.items()}
+    left = limit - sum(take.values())
+    by_rem = sorted(waiting, key=lambda p: -((limit * waiting[p]) % total))
+    for p in by_rem:
+        if left <= 0:
+            break
+        extra = min(left, waiting[p] - take[p])
+        take[p] += extra
+        left -= extra
+    return take
+
+
+class KafkaPartition(InputPartition):
+    def __init__(self, topic: str, partition: int, start: int, end: int):
+        super().__init__((topic, partition, start, end))
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+
+def read_partition(bootstrap: str, part: KafkaPartition) -> Iterator[pa.RecordBatch]:
+    """Records of one partition range as Arrow batches (the source's row schema)."""
+    from panjoin.kafka import io
+
+    c = io.consumer(bootstrap, **{"enable.partition.eof": True})
+    try:
+        msgs = io.read_range(c, part.topic, part.partition, part.start, part.end)
+    finally:
+        c.close()
+    step = 65536
+    for a in range(0, len(msgs), step):
+        chunk = msgs[a:a + step]
+        yield pa.RecordBatch.from_arrays([
+            pa.array([part.topic] * len(chunk), pa.string()),
+            pa.array([part.partition] * len(chunk), pa.int32()),
+            pa.array([m.offset() for m in chunk], pa.int64()),
+            pa.array([m.timestamp()[1] for m in chunk], pa.int64()),
+            pa.array([m.key() for m in chunk], pa.binary()),
+            pa.array([m.value() for m in chunk], pa.binary()),
+        ], schema=ARROW_SCHEMA)
+
+
+class KafkaStreamReader(DataSourceStreamReader):
+    def __init__(self, options):
+        self.bootstrap = _bootstrap(options)
+        self.topics = _topics(options)
+        self.starting = _opt(options, "startingOffsets", "earliest")
+        mo = _opt(options, "maxOffsetsPerTrigger")
+        try:
+            self.max_offsets = int(mo) if mo is not None else None
+        except ValueError:
+            raise KafkaOptionError(f"maxOffsetsPerTrigger={mo!r}: give a whole number") from None
+        if self.max_offsets is not None and self.max_offsets < 1:
+            raise KafkaOptionError(f"maxOffsetsPerTrigger={mo!r}: must be >= 1")
+        self.split = int(_opt(options, "splitSize", 1 << 20))
+        ending = _opt(options, "endingOffsets")
+        try:  # a cap on every partition's end: how the pipeline runs "available now"
+            self.ending = json.loads(ending) if ending else None
+        except ValueError:
+            raise KafkaOptionError(f"endingOffsets={ending!r}: give JSON like "
+                                   f"{{\"R\": {{\"0\": 42}}}}") from None
+        self._probe = None
+
+    def _ends(self) -> dict:
+        from panjoin.kafka import io
+
+        if self._probe is None:
+            self._probe = io.consumer(self.bootstrap, **{"enable.partition.eof": True})
+        return {t: {str(p): v for p, v in io.end_offsets(self.bootstrap, t,
+                                                         probe=self._probe).items()}
+                for t in self.topics}
+
+    def initialOffset(self) -> dict:
+        ends = self._ends()
+        if self.starting in ("earliest", "latest"):
+            i = 0 if self.starting == "earliest" else 1
+            return {t: {p: v[i] for p, v in ps.items()} for t, ps in ends.items()}
+        try:
+            given = json.loads(self.starting)
+        except ValueError:
+            raise KafkaOptionError(f"startingOffsets={self.starting!r}: use earliest, latest "
+                                   f"or JSON like {{\"R\": {{\"0\": 42}}}}") from None
+        out = {}
+        for t, ps in ends.items():  # partitions not named start at their earliest offset
+            out[t] = {p: int(given.get(t, {}).get(p, v[0])) for p, v in ps.items()}
+        return out
+
+    def latestOffset(self, start: dict, limit) -> dict:
+        ends = self._ends()
+        end = {t: {p: max(v[1], start.get(t, {}).get(p, v[0])) for p, v in ps.items()}
+               for t, ps in ends.items()}
+        if self.ending is not None:
+            end = {t: {p: min(e, int(self.ending.get(t, {}).get(p, e))) for p, e in ps.items()}
+                   for t, ps in end.items()}
+            end = {t: {p: max(e, start.get(t, {}).get(p, e)) for p, e in ps.items()}
+                   for t, ps in end.items()}
+        n = None
+        if isinstance(limit, ReadMaxRows):
+            n = limit.max_rows if hasattr(limit, "max_rows") else limit.maxRows
+        elif not isinstance(limit, ReadAllAvailable) and self.max_offsets is not None:
+            n = self.max_offsets
+        if n is None:
+            return end
+        begin = {t: {p: start.get(t, {}).get(p, ends[t][p][0]) for p in ps}
+                 for t, ps in end.items()}
+        waiting = {(t, p): end[t][p] - begin[t][p] for t in end for p in end[t]}
+        take = share_limit(waiting, int(n))
+        return {t: {p: begin[t][p] + take[(t, p)] for p in end[t]} for t in end}
+
+    def getDefaultReadLimit(self):
+        if self.max_offsets is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.max_offsets)
+
+    def partitions(self, start: dict, end: dict):
+        parts = []
+        for t, ps in end.items():
+            for p, e in ps.items():
+                s = start.get(t, {}).get(p, 0)
+                for a in range(s, e, self.split):
+                    parts.append(KafkaPartition(t, int(p), a, min(e, a + self.split)))
+        return parts
+
+    def read(self, partition):
+        return read_partition(self.bootstrap, partition)
+
+    def commit(self, end: dict) -> None:
+        pass  # progress lives in Spark's checkpoint, not in a consumer group
+
+    def stop(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None
+
+
+class KafkaBatchReader(DataSourceReader):
+    """``spark.read.format("panjoin_kafka")``: everything between startingOffsets
+    (default earliest) and what the topics hold now."""
+
+    def __init__(self, options):
+        self.stream = KafkaStreamReader(options)
+
+    def partitions(self):
+        start = self.stream.initialOffset()
+        end = self.stream.latestOffset(start, ReadAllAvailable())
+        self.stream.stop()
+        return self.stream.partitions(start, end)
+
+    def read(self, partition):
+        return read_partition(self.stream.bootstrap, partition)
+
+
+class _Sent(WriterCommitMessage):
+    def __init__(self, count: int):
+        self.count = count
+
+
+def write_rows(options, rows) -> _Sent:
+    """Produce rows (value, optional key and topic) and flush; raise if any failed."""
+    from panjoin.kafka import io
+
+    bootstrap = _bootstrap(options)
+    default_topic = _opt(options, "topic")
+    p = io.producer(bootstrap)
+    failed = []
+    n = 0
+
+    def on_delivery(err, _m):
+        if err is not None:
+            failed.append(err)
+
+    for row in rows:
+        d = row.asDict()
+        topic = d.get("topic") or default_topic
+        if not topic:
+            raise KafkaOptionError("no topic: set option topic or give a topic column")
+        v = d.get("value")
+        k = d.get("key")
+        while True:
+            try:
+                p.produce(topic, v.encode() if isinstance(v, str) else v,
+                          key=k.encode() if isinstance(k, str) else k, on_delivery=on_delivery)
+                break
+            except BufferError:
+                p.poll(0.1)
+        n += 1
+    left = p.flush(120)
+    if left or failed:
+        raise RuntimeError(f"Kafka sink: {left} records undelivered, {len(failed)} failed: "
+                           f"{failed[:1]}")
+    return _Sent(n)
+
+
+class KafkaBatchWriter(DataSourceWriter):
+    def __init__(self, options):
+        self.options = dict(options)
+        _bootstrap(self.options)
+
+    def write(self, iterator):
+        return write_rows(self.options, iterator)
+
+
+class KafkaStreamWriter(DataSourceStreamWriter):
+    def __init__(self, options):
+        self.options = dict(options)
+        _bootstrap(self.options)
+
+    def write(self, iterator):
+        return write_rows(self.options, iterator)
+
+    def commit(self, messages, batchId) -> None:
+        pass  # records were flushed by each task before it reported
+
+    def abort(self, messages, batchId) -> None:
+        pass  # what was flushed stays: at least once, like the native sink
+
+
+class KafkaDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "panjoin_kafka"
+
+    def schema(self):
+        return SCHEMA
+
+    def reader(self, schema):
+        return KafkaBatchReader(self.options)
+
+    def streamReader(self, schema):
+        return KafkaStreamReader(self.options)
+
+    def writer(self, schema, overwrite: bool):
+        return KafkaBatchWriter(self.options)
+
+    def streamWriter(self, schema, overwrite: bool):
+        return KafkaStreamWriter(self.options)

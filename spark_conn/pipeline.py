@@ -1,0 +1,645 @@
+"""The Spark job: Kafka R and S -> the PanJoin manager -> Kafka, exactly once.
+
+    python -m spark_conn.pipeline --bootstrap-servers 127.0.0.1:9092 \\
+        --manager 127.0.0.1:50050 --window time:1000,1000 --predicate band:10 \\
+        --checkpoint /tmp/ckpt            (same flags as `panjoin pipeline`)
+
+Per micro-batch ``b`` (Spark's batch id), on the driver (``foreachBatch``)::
+
+    rows of R and S ──► parse by schema ──► bad: dead-letter topic (reason, record)
+       (topic, partition,     (id, key, ts      │
+        offset, value)         fields)          ▼ good ones, sorted by event time
+                                          manager Join(batch_id = b + 1, flush)
+                                                │
+                      pairs ──► output topic: {"r_id", "s_id", "r": {R record}, "s": {S record}}
+                      late tuples ──► late topic: {"stream", "id", "ts", "record"}
+
+Every record written carries headers ``panjoin.batch = b`` and ``panjoin.seq = i``
+(its position in that batch's output to that topic, in a deterministic order).
+
+Exactly once. Spark's checkpoint fixes each batch's offsets before the batch runs
+and replays the last batch after a crash with the same offsets. The manager
+applies a batch id at most once, but its window lives in memory and goes away
+with the connection, so the job keeps a *join log* (``<checkpoint>/panjoin/join.log``,
+one fsynced JSON line per batch, written BEFORE the batch is sent) naming each
+batch's offset ranges and where the output topics ended before the batch wrote.
+A restarted job opens a new join and replays the logged batches before the first
+one Spark hands it (re-read from Kafka, same order, same batch ids, output
+discarded): the window, the watermark and the late/duplicate decisions come back
+exactly. The batch Spark replays is then recomputed (identical output, since the
+state is identical) and only the records whose ``(batch, seq)`` are not already
+in the output topics (read from the logged ends) are written, by an idempotent
+producer. So a kill at any point gives the same output topics, no loss, no
+duplicate. Example: killed while writing batch 7's output after seq 0..41 reached
+the broker: on restart batches 0..6 are replayed into a new join (nothing
+written), batch 7 yields the same 100 records, and seq 42..99 are written.
+
+Payloads: the manager sees only stream, id, key and ts; the job keeps each
+window tuple's record (the raw JSON) by id and drops it once no future tuple can
+pair with it (time windows: ``ts + T <= max ts - L``; count windows: beyond the
+last W + one batch), so the output carries both sides' fields.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from panjoin.kafka import io
+from panjoin.kafka.io import BATCH_HEADER, SEQ_HEADER
+from panjoin.semantics import Window, parse_predicate, parse_window
+from panjoin.wire import from_array, to_array
+
+log = logging.getLogger("panjoin.pipeline")
+
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+@dataclass
+class PipelineConfig:
+    bootstrap: str
+    manager: str
+    checkpoint: str
+    window: str
+    predicate: str
+    r_topic: str = "R"
+    s_topic: str = "S"
+    out_topic: str = "joined"
+    late_topic: str = "late"
+    dead_letter_topic: str = "dead-letter"
+    key_field: str = "key"
+    ts_field: str = "ts"
+    id_field: str = "id"
+    key_type: str = "int64"
+    index: str = "bisort"
+    allowed_lateness: int = 0
+    subwindow_size: int | None = None
+    partitions: int | None = None
+    batch_size: int = 32768
+    max_offsets_per_trigger: int | None = None
+    starting_offsets: str = "earliest"
+    trigger: str = "available-now"
+    source: str = "python"
+    extra_open: dict = field(default_factory=dict)
+
+    def open_settings(self) -> dict:
+        s = {"allowed_lateness": self.allowed_lateness, "batch_size": self.batch_size,
+             "key_dtype": self.key_type}
+        if self.subwindow_size:
+            s["subwindow_size"] = self.subwindow_size
+        if self.partitions:
+            s["partitions"] = self.partitions
+        s.update(self.extra_open)
+        return s
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+@dataclass
+class Parsed:
+    """A micro-batch's good tuples in the order they go to the manager, and its rejects."""
+
+    stream: np.ndarray  # uint8
+    id: np.ndarray
+    key: np.ndarray
+    ts: np.ndarray
+    record: list  # raw JSON bytes per tuple
+    bad: list  # (topic, partition, offset, reason, raw value) in offset order
+    ranges: dict  # {topic: {partition: [first offset, last offset + 1]}}
+
+
+def _int_field(obj, name):
+    v = obj.get(name)
+    if isinstance(v, bool) or v is None:
+        return None, f"field {name!r} is {'missing' if v is None else 'a boolean'}"
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if not isinstance(v, int):
+        return None, f"field {name!r} is {v!r}, not an integer"
+    if not _I64_MIN <= v <= _I64_MAX:
+        return None, f"field {name!r} = {v} is outside int64"
+    return v, None
+
+
+def parse_batch(table: pa.Table, cfg: PipelineConfig) -> Parsed:
+    """Records (the source's rows) to tuples by the configured fields; anything that
+    is not a JSON object with an integer id and ts and a finite key of the configured
+    type is a reject with the reason. Good tuples are sorted by event time."""
+    topics = table.column("topic").to_pylist()
+    parts = table.column("partition").to_pylist()
+    offs = table.column("offset").to_pylist()
+    vals = table.column("value").to_pylist()
+    ranges: dict = {}
+    for t, p, o in zip(topics, parts, offs, strict=True):
+        r = ranges.setdefault(t, {}).setdefault(str(p), [o, o + 1])
+        r[0] = min(r[0], o)
+        r[1] = max(r[1], o + 1)
+    code = {cfg.r_topic: 0, cfg.s_topic: 1}
+    float_keys = cfg.key_type == "float64"
+    st, ids, keys, tss, recs, order, bad = [], [], [], [], [], [], []
+    for i, (t, v) in enumerate(zip(topics, vals, strict=True)):
+        reason = None
+        try:
+            obj = json.loads(v) if v is not None else None
+        except (ValueError, UnicodeDecodeError) as e:
+            obj, reason = None, f"not JSON ({e})"
+        if reason is None and not isinstance(obj, dict):
+            reason = "not a JSON object" if v is not None else "empty record (null value)"
+        if reason is None:
+            rid, reason = _int_field(obj, cfg.id_field)
+        if reason is None:
+            ts, reason = _int_field(obj, cfg.ts_field)
+        if reason is None:
+            k = obj.get(cfg.key_field)
+            if isinstance(k, bool) or not isinstance(k, (int, float)):
+                reason = f"field {cfg.key_field!r} is {k!r}, not a number"
+            elif float_keys:
+                k = float(k)
+                if not np.isfinite(k):
+                    reason = f"field {cfg.key_field!r} = {k} is not finite"
+            else:
+                if isinstance(k, float):
+                    if not k.is_integer():
+                        reason = (f"field {cfg.key_field!r} = {k} is not an integer "
+                                  f"(run with --key-type float64 for float keys)")
+                    else:
+                        k = int(k)
+                if reason is None and not _I64_MIN <= k <= _I64_MAX:
+                    reason = f"field {cfg.key_field!r} = {k} is outside int64"
+        if reason is not None:
+            bad.append((t, parts[i], offs[i], reason, v))
+            continue
+        st.append(code[t])
+        ids.append(rid)
+        keys.append(k)
+        tss.append(ts)
+        recs.append(v)
+        order.append(i)
+    stream = np.array(st, np.uint8)
+    ts_a = np.array(tss, np.int64)
+    pos = np.array(order, np.int64)
+    # event-time order; ties by stream, then the records' own (topic, partition, offset)
+    part_a = np.array([parts[i] for i in order], np.int64)
+    off_a = np.array([offs[i] for i in order], np.int64)
+    perm = np.lexsort((off_a, part_a, stream, ts_a)) if len(order) else pos
+    bad.sort(key=lambda b: (b[0], b[1], b[2]))
+    return Parsed(stream[perm], np.array(ids, np.int64)[perm],
+                  np.array(keys, np.float64 if float_keys else np.int64)[perm], ts_a[perm],
+                  [recs[i] for i in perm], bad, ranges)
+
+
+# --------------------------------------------------------------------------- payloads
+
+
+class RecordStore:
+    """The window tuples' records by id, per stream, dropped once no future tuple can
+    pair with them (see the module docstring)."""
+
+    def __init__(self, window: Window, batch: int):
+        self.window = window
+        self.batch = batch
+        self.rec = ({}, {})  # id -> (ts, raw)
+        self.max_ts = None
+        self._pruned_at = [0, 0]
+
+    def add(self, p: Parsed) -> list[int]:
+        """Store a batch's tuples; returns positions whose id repeats a stored one."""
+        dup = []
+        for i, (s, rid, t, raw) in enumerate(zip(p.stream.tolist(), p.id.tolist(),
+                                                  p.ts.tolist(), p.record, strict=True)):
+            d = self.rec[s]
+            if rid in d:
+                dup.append(i)
+                continue
+            d[rid] = (t, raw)
+        return dup
+
+    def get(self, s: int, rid: int) -> bytes:
+        return self.rec[s][rid][1]
+
+    def drop(self, s: int, ids) -> None:
+        for rid in ids:
+            self.rec[s].pop(rid, None)
+
+    def prune(self, batch_max_ts: int | None) -> None:
+        w = self.window
+        if batch_max_ts is not None:
+            self.max_ts = batch_max_ts if self.max_ts is None else max(self.max_ts, batch_max_ts)
+        for s in (0, 1):
+            d = self.rec[s]
+            if w.kind == "count":
+                keep = w.size("RS"[s]) + self.batch
+                while len(d) > keep:
+                    d.pop(next(iter(d)))
+            elif self.max_ts is not None and len(d) > max(1024, 2 * self._pruned_at[s]):
+                horizon = self.max_ts - w.lateness - w.size("RS"[s])
+                for rid in [k for k, (t, _) in d.items() if t <= horizon]:
+                    del d[rid]
+                self._pruned_at[s] = len(d)
+
+
+# --------------------------------------------------------------------------- the manager
+
+
+class JoinSession:
+    """One open join on the manager and one long-lived Join stream: each micro-batch
+    goes out as one JoinInput and comes back as one JoinOutput."""
+
+    def __init__(self, cfg: PipelineConfig):
+        from panjoin.client import Client
+
+        self.client = Client(cfg.manager)
+        self.join_id = self.client.open(cfg.window, cfg.predicate, cfg.index,
+                                        **cfg.open_settings())
+        self._q: queue.Queue = queue.Queue()
+        self._out = self.client.stub.Join(iter(self._q.get, None))
+
+    def send(self, batch_id: int, p: Parsed):
+        from panjoin.proto.panjoin.v1 import manager_pb2
+
+        self._q.put(manager_pb2.JoinInput(
+            join_id=self.join_id, batch_id=batch_id, stream=to_array(p.stream),
+            id=to_array(p.id), key=to_array(p.key), ts=to_array(p.ts), flush=True))
+        out = next(self._out)
+        if out.batch_id != batch_id:
+            raise RuntimeError(f"manager answered batch {out.batch_id} to batch {batch_id}")
+        if out.duplicate:
+            raise RuntimeError(f"manager took batch {batch_id} as a replay on a fresh join")
+        return (from_array(out.r_id, "<i8"), from_array(out.s_id, "<i8"),
+                from_array(out.late_stream, "|u1"), from_array(out.late_id, "<i8"))
+
+    def close(self) -> None:
+        from panjoin.proto.panjoin.v1 import manager_pb2
+
+        self._q.put(None)
+        try:
+            self.client.stub.Close(manager_pb2.JoinRef(join_id=self.join_id), timeout=30)
+        except Exception:  # the stream's end may have closed it already
+            pass
+        self.client.close()
+
+
+# --------------------------------------------------------------------------- the job
+
+
+@dataclass
+class BatchOutput:
+    joined: list  # bytes per record, deterministic order
+    late: list
+    dead: list
+    n_in: int = 0
+
+
+class Pipeline:
+    """The per-micro-batch logic and the join log; ``process`` is the foreachBatch."""
+
+    def __init__(self, cfg: PipelineConfig):
+        self.cfg = cfg
+        self.window = parse_window(cfg.window, cfg.allowed_lateness)
+        parse_predicate(cfg.predicate)  # fail before Spark starts
+        self.dir = os.path.join(cfg.checkpoint, "panjoin")
+        os.makedirs(self.dir, exist_ok=True)
+        self.log_path = os.path.join(self.dir, "join.log")
+        self.session: JoinSession | None = None
+        self.store = RecordStore(self.window, cfg.batch_size)
+        self.producer = None
+        self.entries: dict | None = None
+        self.stats = {"batches": 0, "tuples": 0, "joined": 0, "late": 0, "dead": 0,
+                      "replayed_batches": 0, "skipped_records": 0}
+
+    # -- join log
+
+    def read_log(self) -> dict[int, dict]:
+        entries = {}
+        if os.path.exists(self.log_path):
+            with open(self.log_path) as f:
+                for line in f:
+                    line = line.strip()
+                    if not line:
+                        continue
+                    try:
+                        e = json.loads(line)
+                    except ValueError:
+                        break  # a torn last line: the batch was never sent
+                    entries[e["batch"]] = e
+        return entries
+
+    def append_log(self, entry: dict) -> None:
+        with open(self.log_path, "a") as f:
+            f.write(json.dumps(entry) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    # -- one batch through the manager
+
+    def apply(self, batch: int, p: Parsed) -> BatchOutput:
+        dup = self.store.add(p)
+        dead = [{"topic": t, "partition": q, "offset": o, "reason": r,
+                 "record": v.decode("utf-8", "replace") if v is not None else None}
+                for t, q, o, r, v in p.bad]
+        if dup:  # an id seen before in its stream: the join names tuples by id
+            keep = np.ones(len(p.id), bool)
+            keep[dup] = False
+            for i in dup:
+                dead.append({"topic": self.cfg.r_topic if p.stream[i] == 0 else self.cfg.s_topic,
+                             "reason": f"id {int(p.id[i])} repeats an id of its stream that "
+                                       f"is still in the window; ids must be unique",
+                             "record": p.record[i].decode("utf-8", "replace")})
+            p = Parsed(p.stream[keep], p.id[keep], p.key[keep], p.ts[keep],
+                       [r for r, k in zip(p.record, keep, strict=True) if k], p.bad, p.ranges)
+        out = BatchOutput([], [], [json.dumps(d).encode() for d in dead], len(p.id))
+        if len(p.id) == 0:
+            return out
+        if self.session is None:
+            self.session = JoinSession(self.cfg)
+        r, s, ls, li = self.session.send(batch + 1, p)
+        order = np.lexsort((s, r))
+        get = self.store.get
+        out.joined = [b'{"r_id":%d,"s_id":%d,"r":%s,"s":%s}' % (a, b, get(0, a), get(1, b))
+                      for a, b in zip(r[order].tolist(), s[order].tolist(), strict=True)]
+        lorder = np.lexsort((li, ls))
+        tags = ("R", "S")
+        for st, rid in zip(ls[lorder].tolist(), li[lorder].tolist(), strict=True):
+            t, raw = self.store.rec[st][rid]
+            out.late.append(b'{"stream":"%s","id":%d,"ts":%d,"record":%s}'
+                            % (tags[st].encode(), rid, t, raw))
+        for st in (0, 1):
+            self.store.drop(st, li[ls == st].tolist())
+        self.store.prune(int(p.ts.max()))
+        return out
+
+    # -- Kafka
+
+    def _producer(self):
+        if self.producer is None:
+            self.producer = io.producer(self.cfg.bootstrap)
+        return self.producer
+
+    def out_topics(self):
+        c = self.cfg
+        return [c.out_topic, c.late_topic, c.dead_letter_topic]
+
+    def out_ends(self) -> dict:
+        return {t: {str(p): v[1] for p, v in io.end_offsets(self.cfg.bootstrap, t).items()}
+                for t in self.out_topics()}
+
+    def written(self, batch: int, since: dict) -> dict[str, set]:
+        """The seqs of ``batch`` already in each output topic (read from ``since``)."""
+        c = io.consumer(self.cfg.bootstrap, **{"enable.partition.eof": True})
+        try:
+            seen = {}
+            for t in self.out_topics():
+                seen[t] = set()
+                for p, (_, end) in io.end_offsets(self.cfg.bootstrap, t, probe=c).items():
+                    for m in io.read_range(c, t, p, since[t].get(str(p), 0), end):
+                        h = dict(m.headers() or ())
+                        if int(h.get(BATCH_HEADER, b"-1")) == batch:
+                            seen[t].add(int(h[SEQ_HEADER]))
+            return seen
+        finally:
+            c.close()
+
+    def write(self, batch: int, out: BatchOutput, skip: dict | None) -> None:
+        prod = self._producer()
+        failed = []
+
+        def on_delivery(err, _m):
+            if err is not None:
+                failed.append(err)
+
+        b = str(batch).encode()
+        for topic, recs in zip(self.out_topics(), (out.joined, out.late, out.dead),
+                               strict=True):
+            done = skip.get(topic, ()) if skip else ()
+            for i, v in enumerate(recs):
+                if i in done:
+                    self.stats["skipped_records"] += 1
+                    continue
+                while True:
+                    try:
+                        prod.produce(topic, v, headers=[(BATCH_HEADER, b),
+                                                        (SEQ_HEADER, str(i).encode())],
+                                     on_delivery=on_delivery)
+                        break
+                    except BufferError:
+                        prod.poll(0.05)
+                prod.poll(0)
+        left = prod.flush(120)
+        if left or failed:
+            raise RuntimeError(f"batch {batch}: {left} output records undelivered, "
+                               f"{len(failed)} failed ({failed[:1]}); the restart will "
+                               f"write them")
+
+    # -- replay after a restart
+
+    def rebuild(self, upto: int, entries: dict) -> None:
+        """Replay logged batches ``< upto`` into a fresh join, writing nothing."""
+        missing = [b for b in range(upto) if b not in entries]
+        if missing:
+            raise RuntimeError(f"join log {self.log_path} lacks batches {missing[:5]}: the "
+                               f"window cannot be rebuilt; start over with a new --checkpoint")
+        c = io.consumer(self.cfg.bootstrap, **{"enable.partition.eof": True})
+        try:
+            for b in sorted(x for x in entries if x < upto):
+                rows = []
+                for t, ps in entries[b]["ranges"].items():
+                    for p, (lo, hi) in ps.items():
+                        rows.extend(io.read_range(c, t, int(p), lo, hi))
+                table = pa.table({
+                    "topic": pa.array([m.topic() for m in rows], pa.string()),
+                    "partition": pa.array([m.partition() for m in rows], pa.int32()),
+                    "offset": pa.array([m.offset() for m in rows], pa.int64()),
+                    "value": pa.array([m.value() for m in rows], pa.binary())})
+                self.apply(b, parse_batch(table, self.cfg))
+                self.stats["replayed_batches"] += 1
+        finally:
+            c.close()
+        log.info("rebuilt the join from %d logged batches", self.stats["replayed_batches"])
+
+    # -- foreachBatch
+
+    def process(self, df, batch_id: int) -> None:
+        table = df.select("topic", "partition", "offset", "value").toArrow()
+        self.process_table(table, batch_id)
+
+    def process_table(self, table: pa.Table, batch: int) -> None:
+        if self.entries is None:  # the first batch of this run: rebuild what came before
+            self.entries = self.read_log()
+            self.rebuild(batch, self.entries)
+        p = parse_batch(table, self.cfg)
+        skip = None
+        logged = self.entries.get(batch)
+        if logged is not None:  # Spark replays a batch this job began before it stopped
+            if logged["ranges"] != p.ranges:
+                raise RuntimeError(f"batch {batch}: Spark replays offsets {p.ranges} but the "
+                                   f"join log has {logged['ranges']}; checkpoint and join "
+                                   f"log disagree (were they mixed up?)")
+            skip = self.written(batch, logged["out_start"])
+        else:
+            self.append_log({"batch": batch, "ranges": p.ranges, "out_start": self.out_ends()})
+        out = self.apply(batch, p)
+        self.write(batch, out, skip)
+        st = self.stats
+        st["batches"] += 1
+        st["tuples"] += table.num_rows
+        st["joined"] += len(out.joined)
+        st["late"] += len(out.late)
+        st["dead"] += len(out.dead)
+        log.info("batch %d: %d records, %d joined, %d late, %d dead-letter", batch,
+                 table.num_rows, len(out.joined), len(out.late), len(out.dead))
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+        if self.producer is not None:
+            self.producer.flush(60)
+
+
+# --------------------------------------------------------------------------- Spark
+
+
+def _source(spark, cfg: PipelineConfig, ending: dict | None):
+    topics = f"{cfg.r_topic},{cfg.s_topic}"
+    if cfg.source == "native":
+        r = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", cfg.bootstrap)
+             .option("subscribe", topics).option("startingOffsets", cfg.starting_offsets))
+        if cfg.max_offsets_per_trigger:
+            r = r.option("maxOffsetsPerTrigger", cfg.max_offsets_per_trigger)
+        df = r.load()
+        return df.selectExpr("topic", "partition", "offset",
+                             "CAST(unix_millis(timestamp) AS LONG) AS timestamp", "key",
+                             "value")
+    r = (spark.readStream.format("panjoin_kafka").option("kafka.bootstrap.servers", cfg.bootstrap)
+         .option("subscribe", topics).option("startingOffsets", cfg.starting_offsets))
+    if cfg.max_offsets_per_trigger:
+        r = r.option("maxOffsetsPerTrigger", cfg.max_offsets_per_trigger)
+    if ending is not None:
+        r = r.option("endingOffsets", json.dumps(ending))
+    return r.load()
+
+
+def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
+    """Run the job until the input available at start is processed (``available-now``)
+    or until interrupted (a processing-time trigger). Returns counters."""
+    from spark_conn.session import spark_session
+
+    io.create_topics(cfg.bootstrap, [cfg.r_topic, cfg.s_topic] + [
+        cfg.out_topic, cfg.late_topic, cfg.dead_letter_topic])
+    spark = spark or spark_session("panjoin-pipeline")
+    pipe = Pipeline(cfg)
+    available_now = cfg.trigger in ("available-now", "availableNow", "once")
+    ending = None
+    if available_now:
+        ending = {t: {str(p): v[1] for p, v in io.end_offsets(cfg.bootstrap, t).items()}
+                  for t in (cfg.r_topic, cfg.s_topic)}
+
+    def each(df, batch_id):
+        pipe.process(df, batch_id)
+        if on_batch is not None:
+            on_batch(batch_id, pipe)
+
+    t0 = time.perf_counter()
+    w = (_source(spark, cfg, ending).writeStream.foreachBatch(each)
+         .option("checkpointLocation", os.path.join(cfg.checkpoint, "spark")))
+    if available_now and cfg.source == "native":
+        w = w.trigger(availableNow=True)
+    elif available_now:
+        w = w.trigger(processingTime="0 seconds")
+    else:
+        w = w.trigger(processingTime=cfg.trigger)
+    q = w.start()
+    try:
+        if available_now and cfg.source != "native":
+            _await_end(q, ending)
+        else:
+            q.awaitTermination()
+    finally:
+        if q.isActive:
+            q.stop()
+        pipe.close()
+    if q.exception() is not None:
+        raise RuntimeError(f"the streaming query failed: {q.exception()}")
+    pipe.stats["seconds"] = time.perf_counter() - t0
+    return pipe.stats
+
+
+def _await_end(q, ending: dict, poll: float = 0.2) -> None:
+    """Until Spark's progress says the source reached ``ending`` (nothing in flight)."""
+    want = {t: {p: int(o) for p, o in ps.items()} for t, ps in ending.items()}
+    while q.isActive:
+        if q.exception() is not None:
+            return
+        prog = q.lastProgress
+        if prog and prog.get("sources"):
+            end = prog["sources"][0].get("endOffset")
+            if isinstance(end, str):
+                end = json.loads(end)
+            if end is not None and _covers(end, want) and not q.status["isTriggerActive"]:
+                return
+        st = q.status
+        if (st["message"] == "Waiting for data to arrive" and not st["isDataAvailable"]
+                and not st["isTriggerActive"]):
+            return  # e.g. a restart whose checkpoint already covers everything
+        time.sleep(poll)
+
+
+def _covers(end: dict, want: dict) -> bool:
+    return all(int(end.get(t, {}).get(p, -1)) >= o for t, ps in want.items()
+               for p, o in ps.items())
+
+
+def config_from_args(args) -> PipelineConfig:
+    return PipelineConfig(
+        bootstrap=args.bootstrap_servers, manager=args.manager, checkpoint=args.checkpoint,
+        window=args.window, predicate=args.predicate, r_topic=args.r_topic,
+        s_topic=args.s_topic, out_topic=args.out_topic, late_topic=args.late_topic,
+        dead_letter_topic=args.dead_letter_topic, key_field=args.key_field,
+        ts_field=args.ts_field, id_field=args.id_field, key_type=args.key_type,
+        index=args.index, allowed_lateness=args.allowed_lateness,
+        subwindow_size=args.subwindow_size, partitions=args.partitions,
+        batch_size=args.batch_size, max_offsets_per_trigger=args.max_offsets_per_trigger,
+        starting_offsets=args.starting_offsets, trigger=args.trigger, source=args.source)
+
+
+def run_from_args(args) -> int:
+    cfg = config_from_args(args)
+    st = run(cfg)
+    print(f"pipeline: {st['batches']} micro-batches, {st['tuples']:,} records in "
+          f"{st['seconds']:.1f} s ({st['tuples'] / max(st['seconds'], 1e-9):,.0f} records/s); "
+          f"{st['joined']:,} joined -> {cfg.out_topic}, {st['late']:,} late -> "
+          f"{cfg.late_topic}, {st['dead']:,} malformed -> {cfg.dead_letter_topic}"
+          + (f"; {st['replayed_batches']} batches replayed into the join, "
+             f"{st['skipped_records']} records already written" if st["replayed_batches"]
+             else ""), flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    from panjoin.cli import _add_common, _add_join_opts
+    from panjoin.kafka.cli import add_pipeline_opts
+
+    ap = argparse.ArgumentParser(prog="python -m spark_conn.pipeline",
+                                 description="Kafka R,S -> PanJoin manager -> Kafka output")
+    add_pipeline_opts(ap)
+    _add_join_opts(ap)
+    _add_common(ap)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run_from_args(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
