@@ -90,7 +90,9 @@ def consumer(bootstrap: str, **extra):
     ck = _ck()
     conf = {"bootstrap.servers": bootstrap, "group.id": f"panjoin-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False, "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest", "log_level": 0}
+            "auto.offset.reset": "earliest", "log_level": 0,
+            # we read ranges that exist: a fetch at the end should answer at once
+            "fetch.wait.max.ms": 10}
     conf.update(extra)
     return ck.Consumer(conf)
 
@@ -126,7 +128,7 @@ def end_offsets(bootstrap: str, topic: str, partitions=None, timeout: float = 10
         pending = set(parts)
         deadline = time.monotonic() + timeout
         while pending and time.monotonic() < deadline:
-            for m in c.consume(num_messages=1000, timeout=0.2):
+            for m in c.consume(num_messages=len(pending), timeout=0.05):
                 p = m.partition()
                 err = m.error()
                 if err is None:
@@ -156,7 +158,8 @@ def read_range(c, topic: str, partition: int, start: int, end: int, timeout: flo
     deadline = time.monotonic() + timeout
     done = False
     while not done:
-        msgs = c.consume(num_messages=min(100_000, max(1, end - start)), timeout=0.5)
+        nxt = out[-1].offset() + 1 if out else start
+        msgs = c.consume(num_messages=min(100_000, max(1, end - nxt)), timeout=0.05)
         for m in msgs:
             err = m.error()
             if err is None:

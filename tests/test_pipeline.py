@@ -1,0 +1,263 @@
+"""The Spark pipeline end to end on real brokers (noida-db and Tansu), a real local
+cluster and local Spark: the output topic equals the brute-force reference;
+malformed and late records land in their topics; a killed job, restarted, leaves
+the output topics exactly as an uninterrupted run would (no loss, no duplicate).
+
+Spark is slow to start on a small machine: one SparkSession for the module, small
+streams, and the restart logic is also tested without Spark (same code path)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from kafka_fixtures import broker, brokers, topic  # noqa: F401
+
+from panjoin.events import EventTable
+from panjoin.generate import generate
+from panjoin.kafka import io
+from panjoin.launch import start_workers
+from panjoin.manager.service import serve_manager
+from panjoin.reference import reference_join, sort_pairs
+from panjoin.semantics import parse_predicate, parse_window
+from spark_conn.pipeline import BatchOutput, Pipeline, PipelineConfig, parse_batch, run
+
+LATENESS = 2000  # ms: covers the event-time skew between partitions in one micro-batch
+MALFORMED = [
+    (b"not json at all", "not JSON"),
+    (b"[1, 2, 3]", "not a JSON object"),
+    (b'{"id": 900001, "ts": 1700000000500}', "field 'key' is None, not a number"),
+    (b'{"id": 900002, "key": "abc", "ts": 1700000000500}', "not a number"),
+    (b'{"id": 900003, "key": 1.5, "ts": 1700000000500}', "not an integer"),
+    (b'{"key": 4, "ts": 1700000000500}', "field 'id' is missing"),
+    (b'{"id": 900004, "key": 4, "ts": "yesterday"}', "field 'ts' is 'yesterday'"),
+]
+
+
+@pytest.fixture(scope="module")
+def manager():
+    ws = start_workers(2)
+    srv, port = serve_manager([w.address for w in ws], 0)
+    yield f"127.0.0.1:{port}"
+    srv.stop(0)
+    for w in ws:
+        w.stop()
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from spark_conn.session import spark_session
+
+    s = spark_session("panjoin-tests")
+    yield s
+    s.stop()
+
+
+def _events(n: int, seed: int, key_max: int, late: int = 3) -> EventTable:
+    """``n`` tuples 1 ms apart in event time, then ``late`` R tuples far behind."""
+    ev = generate(n, "uniform", key_max=key_max, seed=seed, rate=1000, payload=True)
+    if not late:
+        return ev
+    ids = np.arange(late, dtype=np.int64) + ev.id.max() + 1000
+    tail = EventTable(np.zeros(late, np.uint8), ids, np.arange(late, dtype=np.int64) * 7,
+                      np.full(late, ev.ts.min() - 100_000, np.int64),
+                      pa.array([f"late{i}" for i in range(late)]))
+    return EventTable.concat([ev, tail])
+
+
+def _produce(bootstrap: str, ev: EventTable, r: str, s: str, malformed=True, late=3) -> None:
+    """Good records, then the malformed ones (into R), then the ``late`` last rows of
+    ``ev``: they arrive after everything else, so both the pipeline and the
+    reference see them behind the watermark."""
+    n = len(ev) - late
+    io.produce_events(bootstrap, ev.slice(0, n), r, s, partitions=2)
+    if malformed:
+        p = io.producer(bootstrap)
+        for v, _ in MALFORMED:
+            p.produce(r, v)
+        assert p.flush(30) == 0
+    if late:
+        io.produce_events(bootstrap, ev.slice(n, len(ev)), r, s, create=False)
+
+
+def _config(bootstrap, manager, tmp_path, window="time:400,400", predicate="band:3",
+            **kw) -> PipelineConfig:
+    return PipelineConfig(
+        bootstrap=bootstrap, manager=manager, checkpoint=str(tmp_path / "ckpt"),
+        window=window, predicate=predicate, r_topic=kw.pop("r"), s_topic=kw.pop("s"),
+        out_topic=topic("joined"), late_topic=topic("late"),
+        dead_letter_topic=topic("dead"), allowed_lateness=LATENESS, **kw)
+
+
+def _joined(bootstrap, t) -> np.ndarray:
+    recs = [json.loads(m.value()) for m in io.read_topic(bootstrap, t)]
+    return np.array([[x["r_id"], x["s_id"]] for x in recs], np.int64).reshape(-1, 2)
+
+
+def _reference(ev: EventTable, cfg: PipelineConfig):
+    return reference_join(ev.stream, ev.id, ev.key, ev.ts,
+                          parse_window(cfg.window, cfg.allowed_lateness),
+                          parse_predicate(cfg.predicate))
+
+
+def _check_outputs(bootstrap, cfg, ev, malformed=True) -> None:
+    ref = _reference(ev, cfg)
+    got = _joined(bootstrap, cfg.out_topic)
+    assert len(np.unique(got, axis=0)) == len(got), "duplicate output records"
+    assert np.array_equal(sort_pairs(got), sort_pairs(ref.pairs))
+    late = [json.loads(m.value()) for m in io.read_topic(bootstrap, cfg.late_topic)]
+    assert sorted(x["id"] for x in late) == sorted(ref.late_ids["R"].tolist())
+    assert not len(ref.late_ids["S"])
+    assert all(x["stream"] == "R" and x["record"]["payload"].startswith("late") for x in late)
+    dead = [json.loads(m.value()) for m in io.read_topic(bootstrap, cfg.dead_letter_topic)]
+    if malformed:
+        dead.sort(key=lambda d: [v for v, _ in MALFORMED].index(d["record"].encode()))
+        assert [d["record"] for d in dead] == [v.decode() for v, _ in MALFORMED]
+        for d, (_, why) in zip(dead, MALFORMED, strict=True):
+            assert why in d["reason"] and d["topic"] == cfg.r_topic
+    else:
+        assert dead == []
+
+
+def test_band_join_equals_reference_with_late_and_malformed(broker, manager, spark,  # noqa: F811
+                                                            tmp_path):
+    ev = _events(1200, seed=1, key_max=3000)
+    r, s = topic("R"), topic("S")
+    _produce(broker.bootstrap, ev, r, s)
+    cfg = _config(broker.bootstrap, manager, tmp_path, r=r, s=s, max_offsets_per_trigger=500)
+    stats = run(cfg, spark)
+    assert stats["batches"] == 3  # 1210 records, at most 500 per micro-batch
+    _check_outputs(broker.bootstrap, cfg, ev)
+    # both sides' fields travel with each pair
+    m = io.read_topic(broker.bootstrap, cfg.out_topic)[0]
+    rec = json.loads(m.value())
+    assert rec["r"]["id"] == rec["r_id"] and rec["s"]["id"] == rec["s_id"]
+    assert rec["r"]["payload"] == f"R{rec['r_id']}" and rec["s"]["payload"] == f"S{rec['s_id']}"
+    assert abs(rec["r"]["key"] - rec["s"]["key"]) <= 3
+    # a second run on the same checkpoint finds nothing new and writes nothing
+    again = run(cfg, spark)
+    assert again["batches"] == 0
+    _check_outputs(broker.bootstrap, cfg, ev)
+
+
+def test_equi_join_equals_reference(manager, spark, brokers, tmp_path):  # noqa: F811
+    from panjoin.kafka.broker import start_broker
+
+    b = brokers.get("noida") or brokers.setdefault("noida", start_broker("noida"))
+    ev = _events(1000, seed=2, key_max=150, late=0)
+    r, s = topic("R"), topic("S")
+    _produce(b.bootstrap, ev, r, s, malformed=False, late=0)
+    cfg = _config(b.bootstrap, manager, tmp_path, predicate="eq", r=r, s=s)
+    run(cfg, spark)  # no admission limit: one micro-batch
+    ref = _reference(ev, cfg)
+    assert len(ref.pairs) > 100
+    assert np.array_equal(sort_pairs(_joined(b.bootstrap, cfg.out_topic)), ref.pairs)
+
+
+def _micro_batches(bootstrap, topics, per_partition: int) -> list[pa.Table]:
+    """The topics cut into micro-batches the way Spark would hand them over."""
+    ends = {t: io.end_offsets(bootstrap, t) for t in topics}
+    c = io.consumer(bootstrap, **{"enable.partition.eof": True})
+    out = []
+    try:
+        pos = {(t, p): lo for t in topics for p, (lo, _) in ends[t].items()}
+        while any(pos[(t, p)] < ends[t][p][1] for t, p in pos):
+            msgs = []
+            for (t, p), a in pos.items():
+                e = min(ends[t][p][1], a + per_partition)
+                msgs += io.read_range(c, t, p, a, e)
+                pos[(t, p)] = e
+            out.append(pa.table({
+                "topic": [m.topic() for m in msgs], "partition": [m.partition() for m in msgs],
+                "offset": [m.offset() for m in msgs],
+                "value": pa.array([m.value() for m in msgs], pa.binary())}))
+    finally:
+        c.close()
+    return out
+
+
+def test_restart_mid_batch_writes_the_rest_exactly_once(broker, manager, tmp_path):  # noqa: F811
+    """Without Spark: a job dies after writing part of batch 2's output; a new job on
+    the same checkpoint rebuilds the window from the join log, is handed batch 2
+    again (as Spark would), writes only the missing records and goes on."""
+    ev = _events(900, seed=3, key_max=2000)
+    r, s = topic("R"), topic("S")
+    _produce(broker.bootstrap, ev, r, s)
+    cfg = _config(broker.bootstrap, manager, tmp_path, r=r, s=s)
+    io.create_topics(broker.bootstrap, [cfg.out_topic, cfg.late_topic, cfg.dead_letter_topic])
+    batches = _micro_batches(broker.bootstrap, [r, s], 50)
+    assert len(batches) >= 4
+
+    first = Pipeline(cfg)
+    for b in range(2):
+        first.process_table(batches[b], b)
+    # batch 2 dies after 10 of its joined records reached the broker
+    p2 = parse_batch(batches[2], cfg)  # what process_table does, up to the crash
+    first.append_log({"batch": 2, "ranges": p2.ranges, "out_start": first.out_ends()})
+    out = first.apply(2, p2)
+    assert len(out.joined) > 20
+    first.write(2, BatchOutput(out.joined[:10], [], []), None)
+    first.session.close()  # the connection drops: the manager forgets this join
+
+    second = Pipeline(cfg)
+    for b in range(2, len(batches)):
+        second.process_table(batches[b], b)
+    second.close()
+    assert second.stats["replayed_batches"] == 2
+    assert second.stats["skipped_records"] == 10
+    _check_outputs(broker.bootstrap, cfg, ev)
+    # a replay of the last batch after it was fully written writes nothing more
+    last = len(batches) - 1
+    n_last = sum(dict(m.headers())[io.BATCH_HEADER] == str(last).encode()
+                 for t in (cfg.out_topic, cfg.late_topic, cfg.dead_letter_topic)
+                 for m in io.read_topic(broker.bootstrap, t))
+    third = Pipeline(cfg)
+    third.process_table(batches[last], last)
+    third.close()
+    assert third.stats["skipped_records"] == n_last > 0
+    _check_outputs(broker.bootstrap, cfg, ev)
+
+
+def _pipeline_cmd(cfg: PipelineConfig) -> list[str]:
+    return [sys.executable, "-m", "spark_conn.pipeline", "--bootstrap-servers", cfg.bootstrap,
+            "--manager", cfg.manager, "--checkpoint", cfg.checkpoint, "--window", cfg.window,
+            "--predicate", cfg.predicate, "--allowed-lateness", str(cfg.allowed_lateness),
+            "--r-topic", cfg.r_topic, "--s-topic", cfg.s_topic, "--out-topic", cfg.out_topic,
+            "--late-topic", cfg.late_topic, "--dead-letter-topic", cfg.dead_letter_topic,
+            "--max-offsets-per-trigger", str(cfg.max_offsets_per_trigger), "-v"]
+
+
+def test_kill_and_restart_gives_the_same_output(broker, manager, tmp_path):  # noqa: F811
+    """The job as its own process, killed (SIGKILL) mid-stream and started again."""
+    ev = _events(1500, seed=4, key_max=3000)
+    r, s = topic("R"), topic("S")
+    _produce(broker.bootstrap, ev, r, s)
+    cfg = _config(broker.bootstrap, manager, tmp_path, r=r, s=s, max_offsets_per_trigger=150)
+    log_path = os.path.join(cfg.checkpoint, "panjoin", "join.log")
+    env = dict(os.environ)
+    proc = subprocess.Popen(_pipeline_cmd(cfg), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if os.path.exists(log_path) and len(open(log_path).readlines()) >= 4:
+                break
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its JVM, mid-stream
+        proc.wait(30)
+    n_before = len(_joined(broker.bootstrap, cfg.out_topic))
+    assert len(open(log_path).readlines()) >= 4, proc.stdout.read().decode()[-3000:]
+    done = subprocess.run(_pipeline_cmd(cfg), capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "batches replayed into the join" in done.stdout
+    assert 0 < n_before
+    _check_outputs(broker.bootstrap, cfg, ev)
