@@ -22,6 +22,7 @@ def spark_session(app: str = "panjoin", master: str = "local[2]", conf: dict | N
          .config("spark.driver.host", "127.0.0.1")
          .config("spark.driver.bindAddress", "127.0.0.1")
          .config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false")
          .config("spark.sql.shuffle.partitions", "2")
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
          .config("spark.python.worker.reuse", "true")
