@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench-quick clean
+.PHONY: demo demo-kafka test lint bench-quick clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,6 +15,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/python -m panjoin.cli demo
+
+# the Kafka path: embedded broker, local cluster, the Spark job (spark_conn/)
+demo-kafka: $(STAMP)
+	$(BIN)/python -m spark_conn.demo
 
 test: $(STAMP)
 	$(BIN)/ruff check panjoin workers tests benchmarks scripts spark_conn
