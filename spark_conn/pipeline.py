@@ -468,14 +468,24 @@ class Pipeline:
     # -- foreachBatch
 
     def process(self, df, batch_id: int) -> None:
+        t0 = time.perf_counter()
         table = df.select("topic", "partition", "offset", "value").toArrow()
+        self._time("read", t0)
         self.process_table(table, batch_id)
+
+    def _time(self, what: str, t0: float) -> float:
+        now = time.perf_counter()
+        key = f"s_{what}"
+        self.stats[key] = self.stats.get(key, 0.0) + now - t0
+        return now
 
     def process_table(self, table: pa.Table, batch: int) -> None:
         if self.entries is None:  # the first batch of this run: rebuild what came before
             self.entries = self.read_log()
             self.rebuild(batch, self.entries)
+        t0 = time.perf_counter()
         p = parse_batch(table, self.cfg)
+        t0 = self._time("parse", t0)
         skip = None
         logged = self.entries.get(batch)
         if logged is not None:  # Spark replays a batch this job began before it stopped
@@ -486,8 +496,11 @@ class Pipeline:
             skip = self.written(batch, logged["out_start"])
         else:
             self.append_log({"batch": batch, "ranges": p.ranges, "out_start": self.out_ends()})
+        t0 = self._time("log", t0)
         out = self.apply(batch, p)
+        t0 = self._time("join", t0)
         self.write(batch, out, skip)
+        self._time("write", t0)
         st = self.stats
         st["batches"] += 1
         st["tuples"] += table.num_rows
