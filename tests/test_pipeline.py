@@ -161,6 +161,14 @@ def test_equi_join_equals_reference(manager, spark, brokers, tmp_path):  # noqa:
     assert np.array_equal(sort_pairs(_joined(b.bootstrap, cfg.out_topic)), ref.pairs)
 
 
+def test_native_source_without_the_connector_is_a_clear_error(manager, spark, tmp_path):
+    from spark_conn.pipeline import source_frame
+
+    cfg = _config("127.0.0.1:9", manager, tmp_path, r="R", s="S", source="native")
+    with pytest.raises(RuntimeError, match="--source native needs Spark's Kafka connector"):
+        source_frame(spark, cfg, None)
+
+
 def _micro_batches(bootstrap, topics, per_partition: int) -> list[pa.Table]:
     """The topics cut into micro-batches the way Spark would hand them over."""
     ends = {t: io.end_offsets(bootstrap, t) for t in topics}
