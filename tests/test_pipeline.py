@@ -269,3 +269,27 @@ def test_kill_and_restart_gives_the_same_output(broker, manager, tmp_path):  # n
     assert "batches replayed into the join" in done.stdout
     assert 0 < n_before
     _check_outputs(broker.bootstrap, cfg, ev)
+
+
+@pytest.mark.parametrize("key_type", ["int64", "float64"])
+def test_parse_fast_path_equals_record_by_record(key_type, monkeypatch):
+    import spark_conn.pipeline as pl
+    from panjoin.kafka.io import event_records
+
+    ev = generate(3000, "zipf", float_keys=key_type == "float64", seed=9, payload=True,
+                  disorder_ms=20)
+    vals = event_records(ev, np.arange(len(ev)))
+    table = pa.table({"topic": ["R" if x == 0 else "S" for x in ev.stream],
+                      "partition": pa.array(np.arange(len(ev)) % 2, pa.int32()),
+                      "offset": np.arange(len(ev)) // 2, "value": pa.array(vals, pa.binary())})
+    cfg = PipelineConfig("", "", "", "time:1,1", "eq", key_type=key_type)
+    assert pl._parse_all_good(vals, cfg) is not None  # the fast path is taken
+    fast = parse_batch(table, cfg)
+    monkeypatch.setattr(pl, "_parse_all_good", lambda *_: None)
+    slow = parse_batch(table, cfg)
+    for f in ("stream", "id", "ts"):
+        assert np.array_equal(getattr(fast, f), getattr(slow, f))
+    assert fast.key.dtype == slow.key.dtype == np.dtype(key_type)
+    assert np.array_equal(fast.key.view(np.int64), slow.key.view(np.int64))
+    assert fast.record == slow.record and fast.ranges == slow.ranges
+    assert np.all(np.diff(fast.ts) >= 0)  # event-time order
