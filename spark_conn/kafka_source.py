@@ -16,10 +16,11 @@ Offsets are ``{topic: {partition: next offset}}`` (partition as a string: the di
 travels as JSON). A micro-batch reads ``[start, end)`` of every partition, one
 Spark task per partition (split every ``splitSize`` records). With
 ``maxOffsetsPerTrigger`` N, :meth:`latestOffset` admits at most N records over
-all partitions, shared out in proportion to what each has waiting (at least one
-record to a partition that has any, so every partition progresses). Worked
-example, N = 10, partitions waiting 30, 10, 0 -> 7, 3, 0 (floor of 10 * 30/40 = 7,
-10 * 10/40 = 2.5 -> 2, then the one left over goes to the largest remainder).
+all partitions, shared out in proportion to what each has waiting (floors, then
+the records left over by largest remainder; a partition left out now gets a
+larger share later, as the others drain). Worked
+example, N = 10, partitions waiting 25, 10, 5, 0 -> 6, 3, 1, 0 (floors of 6.25, 2.5,
+1.25 and 0 make 9; the one left over goes to the largest remainder, 2.5).
 Spark 4.3 runs ``Trigger.AvailableNow`` on a Python source as ONE batch (it asks
 :meth:`latestOffset` with ReadAllAvailable), so "available now" under a limit is
 done by the pipeline: it snapshots the end offsets, passes them as
@@ -87,11 +88,11 @@ def _topics(options) -> list[str]:
 
 def share_limit(waiting: dict, limit: int) -> dict:
     """Split ``limit`` records over partitions in proportion to ``waiting`` (see the
-    module docstring); never more than a partition has, at least 1 where any waits."""
+    module docstring): exactly ``min(limit, total)``, never more than a partition has."""
     total = sum(waiting.values())
     if total <= limit:
         return dict(waiting)
-    take = {p: min(w, max(1 if w else 0, limit * w // total)) for p, w in waiting.items()}
+    take = {p: limit * w // total for p, w in waiting.items()}
     left = limit - sum(take.values())
     by_rem = sorted(waiting, key=lambda p: -((limit * waiting[p]) % total))
     for p in by_rem:

@@ -293,3 +293,52 @@ def test_parse_fast_path_equals_record_by_record(key_type, monkeypatch):
     assert np.array_equal(fast.key.view(np.int64), slow.key.view(np.int64))
     assert fast.record == slow.record and fast.ranges == slow.ranges
     assert np.all(np.diff(fast.ts) >= 0)  # event-time order
+
+
+def test_share_limit_is_proportional_and_exact():
+    from spark_conn.kafka_source import share_limit
+
+    assert share_limit({"a": 25, "b": 10, "c": 5, "d": 0}, 10) == {"a": 6, "b": 3, "c": 1, "d": 0}
+    assert share_limit({"a": 3, "b": 4}, 100) == {"a": 3, "b": 4}
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        waiting = {i: int(w) for i, w in enumerate(rng.integers(0, 50, rng.integers(1, 6)))}
+        limit = int(rng.integers(1, 120))
+        take = share_limit(waiting, limit)
+        assert sum(take.values()) == min(limit, sum(waiting.values()))
+        assert all(0 <= take[p] <= waiting[p] for p in waiting)
+
+
+def test_source_and_sink_round_trip(broker, spark):  # noqa: F811
+    """Batch and streaming reads (startingOffsets, maxOffsetsPerTrigger) and the sink."""
+    t, out = topic("src"), topic("sink")
+    io.create_topics(broker.bootstrap, [t, out], partitions=2)
+    p = io.producer(broker.bootstrap)
+    for i in range(40):
+        p.produce(t, b"v%d" % i, partition=i % 2, timestamp=1000 + i)
+    assert p.flush(30) == 0
+    opts = {"kafka.bootstrap.servers": broker.bootstrap, "subscribe": t}
+    rows = spark.read.format("panjoin_kafka").options(**opts).load().collect()
+    assert sorted(r.value for r in rows) == sorted(b"v%d" % i for i in range(40))
+    assert all(r.timestamp == 1000 + int(r.value[1:]) and r.offset == int(r.value[1:]) // 2
+               for r in rows)
+    # from offset 15 of partition 1 on (its values v31, v33, ..., v39), at most 4 a batch
+    seen = []
+    q = (spark.readStream.format("panjoin_kafka").options(**opts)
+         .option("startingOffsets", json.dumps({t: {"0": 20, "1": 15}}))
+         .option("maxOffsetsPerTrigger", 4).load()
+         .writeStream.foreachBatch(lambda df, b: seen.append(sorted(
+             r.value for r in df.collect())))
+         .option("checkpointLocation", f"/tmp/{t}-ckpt").trigger(processingTime="0 seconds")
+         .start())
+    deadline = time.monotonic() + 180
+    while sum(map(len, seen)) < 5 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    q.stop()
+    assert sorted(v for b in seen for v in b) == [b"v%d" % i for i in (31, 33, 35, 37, 39)]
+    assert max(map(len, seen)) <= 4
+    # the sink
+    df = spark.createDataFrame([(f"w{i}",) for i in range(25)], "value string")
+    df.write.format("panjoin_kafka").options(**opts).option("topic", out).mode("append").save()
+    got = sorted(m.value() for m in io.read_topic(broker.bootstrap, out))
+    assert got == sorted(f"w{i}".encode() for i in range(25))
