@@ -236,6 +236,18 @@ def parse_batch(table: pa.Table, cfg: PipelineConfig) -> Parsed:
                   [recs[i] for i in perm], bad, ranges)
 
 
+def _raw(v: bytes | None) -> dict:
+    """A rejected record as it came: text, or base64 when it is not UTF-8."""
+    if v is None:
+        return {"record": None}
+    try:
+        return {"record": v.decode("utf-8")}
+    except UnicodeDecodeError:
+        import base64
+
+        return {"record_base64": base64.b64encode(v).decode()}
+
+
 # --------------------------------------------------------------------------- payloads
 
 
@@ -382,8 +394,7 @@ class Pipeline:
 
     def apply(self, batch: int, p: Parsed) -> BatchOutput:
         dup = self.store.add(p)
-        dead = [{"topic": t, "partition": q, "offset": o, "reason": r,
-                 "record": v.decode("utf-8", "replace") if v is not None else None}
+        dead = [{"topic": t, "partition": q, "offset": o, "reason": r, **_raw(v)}
                 for t, q, o, r, v in p.bad]
         if dup:  # an id seen before in its stream: the join names tuples by id
             keep = np.ones(len(p.id), bool)
