@@ -9,6 +9,7 @@ Spark's JVM Kafka connector cannot be installed from the registries here, so thi
         .option("subscribe", "R,S")
         .option("startingOffsets", "earliest")      # or latest, or {"R": {"0": 42}}
         .option("maxOffsetsPerTrigger", 10000)      # admission control
+        .option("endingOffsets", '{"R": {"0": 900}}')  # optional cap (see below)
         .load()
     -> topic string, partition int, offset long, timestamp long, key binary, value binary
 
