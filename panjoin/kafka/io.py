@@ -92,7 +92,10 @@ def consumer(bootstrap: str, **extra):
             "enable.auto.commit": False, "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest", "log_level": 0,
             # we read ranges that exist: a fetch at the end should answer at once
-            "fetch.wait.max.ms": 10}
+            "fetch.wait.max.ms": 10,
+            # noida-db answers a fetch with everything from the offset on, whatever
+            # fetch.max.bytes says: past 100 MB librdkafka would drop the answer
+            "receive.message.max.bytes": 2_000_000_000}
     conf.update(extra)
     return ck.Consumer(conf)
 
