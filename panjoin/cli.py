@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--result-format", choices=["pairs", "ranges"], default="pairs",
                    help="on a cluster with BI-Sort: workers answer with (start, end) ranges "
                         "expanded on the manager's mirror (default: %(default)s)")
+    p.add_argument("--with-payload", action="store_true",
+                   help="join the events' payloads back onto the pairs: columns r_payload, "
+                        "s_payload (the manager keeps them; workers never see them)")
     _add_common(p)
 
     p = sub.add_parser("gen", help="generate an event file",
@@ -256,6 +259,11 @@ def run_replay(args) -> int:
     events = read_events(args.events)
     log.info("read %d events (%d R, %d S) from %s in %.2fs", len(events), *events.counts(),
              args.events, time.perf_counter() - t0)
+    if args.with_payload and events.payload is None:
+        raise SystemExit(f"panjoin replay: error: {args.events} has no payload column; "
+                         "drop --with-payload, or add one (panjoin gen --payload)")
+    if not args.with_payload:
+        events.payload = None  # not asked for: the manager need not keep them
     if args.cluster:
         return _replay_on_manager(args, events, window, pred)
     backend, workers = None, []
@@ -287,9 +295,10 @@ def _replay_on_manager(args, events, window, pred) -> int:
                                    result_format=int(args.result_format == "ranges")).items()
             if v}
     with Client(args.cluster) as c:
-        r, s, late = c.join(events, str(window), str(pred), args.index, chunk=args.chunk, **opts)
+        res = c.join(events, str(window), str(pred), args.index, chunk=args.chunk, **opts)
+    r, s, late = res
     elapsed = time.perf_counter() - t1
-    write_pairs(args.out, r, s)
+    write_pairs(args.out, r, s, res.r_payload, res.s_payload)
     if args.late_out:
         write_ids(args.late_out, late)
     print(f"input tuples: {len(events)}  late: {sum(len(v) for v in late.values())}")
@@ -309,26 +318,27 @@ def _replay_engine(args, events, window, pred, backend, n_workers) -> int:
                         key_dtype=str(events.key.dtype), backend=backend, n_workers=n_workers)
     log.info("join %s on %s, index %s, NSub %d, P %d, NBat %d", window, pred, args.index,
              engine.nsub, engine.partitions, engine.batch_size)
-    r_parts, s_parts = [], []
+    parts = []
     peak = 0
     t1 = time.perf_counter()
     with _progress(len(events), "replay", args.no_progress) as bar:
         for start in range(0, len(events), args.chunk):
             chunk = events.slice(start, min(len(events), start + args.chunk))
             engine.push(chunk)
-            r, s = engine.take_results()
-            r_parts.append(r)
-            s_parts.append(s)
+            parts.append(engine.take_results(payloads=True))
             peak = max(peak, engine.memory_bytes())
             bar.update(len(chunk))
         engine.flush()
-        r, s = engine.take_results()
-        r_parts.append(r)
-        s_parts.append(s)
+        parts.append(engine.take_results(payloads=True))
     elapsed = time.perf_counter() - t1
-    r_all = np.concatenate(r_parts)
-    s_all = np.concatenate(s_parts)
-    write_pairs(args.out, r_all, s_all)
+    r_all = np.concatenate([p[0] for p in parts])
+    s_all = np.concatenate([p[1] for p in parts])
+    pays = [None, None]
+    if engine.with_payload:
+        import pyarrow as pa
+
+        pays = [pa.concat_arrays([p[k] for p in parts]) for k in (2, 3)]
+    write_pairs(args.out, r_all, s_all, *pays)
     late = engine.take_late()
     if args.late_out:
         write_ids(args.late_out, late)

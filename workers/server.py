@@ -75,13 +75,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     # ------------------------------------------------------------------ commands
 
     def handle(self, backend: LocalBackend, cmd: worker_pb2.Command) -> worker_pb2.Feedback:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         self.commands += 1
         fb = worker_pb2.Feedback(command_id=cmd.command_id)
         try:
             kind = cmd.WhichOneof("cmd")
             if kind == "create":
                 self._create(backend, cmd.create)
+                fb.status.CopyFrom(worker_pb2.SubwindowStatus(sub_id=cmd.create.sub_id,
+                                                              empty=True))
             elif kind == "insert":
                 fb.status.CopyFrom(self._insert(backend, cmd.insert))
             elif kind == "probe":
@@ -90,6 +92,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 if cmd.expire.sub_id not in backend.subs:
                     raise _Bad("NOT_FOUND", f"unknown subwindow {cmd.expire.sub_id}")
                 backend.expire(cmd.expire.sub_id)
+                fb.status.CopyFrom(worker_pb2.SubwindowStatus(sub_id=cmd.expire.sub_id,
+                                                              empty=True))
             else:
                 raise _Bad("INVALID_ARGUMENT", "empty command: set create, insert, probe or expire")
         except _Bad as e:
@@ -99,8 +103,30 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except Exception as e:  # a bug: report it rather than kill the session
             log.exception("command %d failed", cmd.command_id)
             fb.error, fb.code = f"internal error: {e}", "INTERNAL"
-        fb.seconds = time.perf_counter() - t0
+        fb.load.CopyFrom(self._load(backend))
+        fb.seconds = time.thread_time() - t0
         return fb
+
+    @staticmethod
+    def _load(backend: LocalBackend) -> worker_pb2.WorkerLoad:
+        """The session's status bits: what it holds, and the oldest/newest subwindow per stream."""
+        load = worker_pb2.WorkerLoad(subwindows=len(backend.subs), oldest_r_empty=True,
+                                     oldest_s_empty=True, newest_r_full=True,
+                                     newest_s_full=True)
+        first: dict[str, int] = {}
+        for sub_id in sorted(backend.subs):
+            ix = backend.subs[sub_id]
+            n = len(ix)
+            load.tuples += n
+            load.nbytes += ix.nbytes
+            name = backend.streams.get(sub_id)
+            if name is None:
+                continue
+            if name not in first:
+                first[name] = sub_id
+                setattr(load, f"oldest_{name.lower()}_empty", n == 0)
+            setattr(load, f"newest_{name.lower()}_full", bool(ix.full))
+        return load
 
     def _create(self, backend: LocalBackend, c: worker_pb2.Create) -> None:
         if c.sub_id < 0 or c.sub_id in backend.subs:

@@ -24,7 +24,7 @@ from panjoin.manager.grpc_backend import GrpcBackend, WorkerError
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
 from panjoin.semantics import SpecError, parse_predicate, parse_window
 from panjoin.serving import start_server
-from panjoin.wire import WireError, from_array, to_array
+from panjoin.wire import WireError, from_array, from_payloads, to_array, to_payloads
 
 log = logging.getLogger("panjoin.manager")
 
@@ -113,7 +113,8 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                 raise WireError("keys must be finite (no NaN or inf)")
             if stream.size and stream.max() > 1:
                 raise WireError("stream must be 0 (R) or 1 (S)")
-            j.engine.push_arrays(stream, ids, keys, ts)
+            payload = from_payloads(msg.payload, ids.size)
+            j.engine.push_arrays(stream, ids, keys, ts, payload)
             if msg.flush:
                 j.engine.flush()
         except (WireError, ValueError, TypeError) as e:
@@ -122,9 +123,11 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         j.applied = True
         j.last_batch_id = msg.batch_id
-        r, s = j.engine.take_results()
+        r, s, rp, sp = j.engine.take_results(payloads=True)
         out.r_id.CopyFrom(to_array(r))
         out.s_id.CopyFrom(to_array(s))
+        to_payloads(rp, out.r_payload)
+        to_payloads(sp, out.s_payload)
         late = j.engine.take_late()
         ls = np.concatenate([np.zeros(len(late["R"]), np.uint8), np.ones(len(late["S"]), np.uint8)])
         out.late_stream.CopyFrom(to_array(ls))
@@ -133,13 +136,15 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
 
     def _status(self, join_id: str, j: _Join) -> manager_pb2.JoinStatus:
         e = j.engine
+        j.backend.sync()  # every command answered: the workers' status bits are current
         w = e.window_tuples()
         return manager_pb2.JoinStatus(
             join_id=join_id, tuples_in=e.stats.tuples_in, late=e.stats.late,
             batches=e.stats.batches, results=e.stats.results, window_r=w["R"], window_s=w["S"],
             subwindows_r=len(e.rings["R"]), subwindows_s=len(e.rings["S"]),
-            workers_alive=len(self.workers), last_batch_id=j.last_batch_id,
-            memory_bytes=e.memory_bytes())
+            workers_alive=len(j.backend.alive_workers()), last_batch_id=j.last_batch_id,
+            memory_bytes=e.memory_bytes(), workers=j.backend.loads(),
+            probes_in_flight=len(e._inflight), failovers=j.backend.failovers)
 
     def Status(self, request, context):
         j = self._get(request.join_id, context)
