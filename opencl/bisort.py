@@ -109,6 +109,8 @@ class OpenCLBISort(SubwindowIndex):
         self.d_bs = self._buf(self.buffer_size * 8)
         self.d_idx = self._buf(nidx_cap * 8)
         self._nidx_cap = nidx_cap
+        #: merges, merges cut over several mergers, rows stashed by those
+        self.merge_stats = {"merges": 0, "split": 0, "stashed": 0}
         # the host's copy of the buffer (sorted here before a merge)
         self.bkeys = np.empty(self.buffer_size, dtype=kd)
         self.bts = np.empty(self.buffer_size, dtype=i64)
@@ -180,13 +182,13 @@ class OpenCLBISort(SubwindowIndex):
         """Merge the sorted run into the main array on the device, then re-index."""
         d_rk, d_rt, d_rs = self._up(rk), self._up(rt), self._up(rs)
         parts = self.mergers if self.m + r >= self.par_merge_min else 1
+        # piece t stashes at most oj[t] <= r rows: a temporary of at most mergers x run rows
         oi, oj, soff = self._merge_plan(d_rk, r, parts)
-        # the stash is bounded by the run, or 1/16 of the capacity for big merges
-        if parts > 1 and soff[parts] > max(r, self.capacity // 16):
-            parts = 1
-            oi, oj, soff = self._merge_plan(d_rk, r, 1)
         d_oi, d_oj, d_soff = self._up(oi), self._up(oj), self._up(soff)
         ns = int(soff[parts])
+        self.merge_stats["merges"] += 1
+        self.merge_stats["split"] += parts > 1
+        self.merge_stats["stashed"] += ns
         d_sk, d_st, d_ss = (self._buf(ns * 8) for _ in range(3))
         if ns:
             self._run("stash", (parts,), self.d_mk, self.d_mt, self.d_ms, d_oi, d_soff,

@@ -7,8 +7,8 @@ The device is named by a spec (``--device`` / ``--opencl-device``, or the
   it runs on any machine), else the first GPU or accelerator, else the first device;
 - ``cpu``, ``gpu``, ``accelerator``: the first device of that type;
 - ``P:D`` (two integers): device D of platform P, as ``panjoin opencl-devices`` lists;
-- any other text: the first device whose "platform / device" name contains it
-  (case-insensitive), e.g. ``pocl``, ``nvidia``, ``intel(r) fpga``.
+- any other text: the first device whose platform vendor, platform name or device
+  name contains it (case-insensitive), e.g. ``pocl``, ``nvidia``, ``intel(r) fpga``.
 
 Programs are built once per (device, key type) and kept for the process; pyopencl's
 on-disk binary cache and pocl's kernel cache spare later processes the compile.
@@ -66,15 +66,18 @@ def list_devices() -> list[tuple[int, int, object]]:
             continue  # a platform with no device of its own
         out += [(p, d, dev) for d, dev in enumerate(devs)]
     if not out:
-        raise OpenCLError("OpenCL platforms found, but none has a device; install "
+        names = ", ".join(p.name.strip() for p in platforms)
+        raise OpenCLError(f"OpenCL platform(s) {names} found, but no device (is POCL_DEVICES "
+                          "set to a driver that is not there?); install "
                           "pocl-binary-distribution==3.0 for a CPU device")
     return out
 
 
 def describe(dev) -> str:
     cl = _cl()
-    return (f"{dev.platform.name.strip()} / {dev.name.strip()} "
-            f"({cl.device_type.to_string(dev.type)})")
+    kinds = [name for name, t in (("cpu", cl.device_type.CPU), ("gpu", cl.device_type.GPU),
+                                  ("accelerator", cl.device_type.ACCELERATOR)) if dev.type & t]
+    return f"{dev.platform.name.strip()} / {dev.name.strip()} ({', '.join(kinds) or 'other'})"
 
 
 def device_table() -> str:
@@ -108,7 +111,8 @@ def choose_device(spec: str | None = None):
         p, d = (int(x) for x in low.split(":", 1))
         found = next((dev for pp, dd, dev in devs if (pp, dd) == (p, d)), None)
     else:
-        found = next((d for _, _, d in devs if low in describe(d).lower()), None)
+        found = next((d for _, _, d in devs
+                      if low in f"{d.platform.vendor} {describe(d)}".lower()), None)
     if found is None:
         raise OpenCLError(
             f"no OpenCL device matches {spec!r} (from --device or ${ENV_DEVICE}); "
