@@ -11,9 +11,10 @@ kernels (``opencl/kernels/bisort.cl``)::
       | K <= B: append to buffer        mergers x N (in place, disjoint pieces),
       | (host copy + device copy)       indexer
       | buffer full: stable sort ---> (the sorted buffer is the merged run)
-    probe lo/hi ------------------->  probing engine: partitioners, probers x N
-      (boundary generator on the        (count, host prefix sum, emit)
-       host: probe_bounds)       <---  pairs, or (start, end) ranges + buffer pairs
+    probe lo/hi, or keys ---------->  probing engine: boundary generator (keys),
+                                        partitioners, probers x N (count, host
+                                        prefix sum, emit)
+                                 <---  pairs, or (start, end) ranges + buffer pairs
 
 - **insert**: as the Numba BI-Sort: a batch larger than the buffer B is merged
   straight into the main array; otherwise it is appended to the buffer, which is
@@ -24,9 +25,11 @@ kernels (``opencl/kernels/bisort.cl``)::
   indexer rebuilds the index array (every ``step``-th key, step = ceil(M / P)).
   Main tuples stay left of equal run tuples, so the layout is the Numba one,
   row for row, whatever the number of mergers.
-- **probe**: the bounds (the boundary generator's output) come from the host, where
-  :func:`panjoin.semantics.probe_bounds` computes them exactly (int64 overflow,
-  float64 rounding to the ulp). The batch is cut into ``probers`` chunks; per
+- **probe**: :meth:`probe` takes the bounds from the manager, as every index does
+  (:func:`panjoin.semantics.probe_bounds`); :meth:`probe_keys` takes the probe keys
+  and makes the bounds on the device (the boundary generator: int64 keys, overflow
+  detected as probe_bounds does; float64 keys, whose band edges are rounded to the
+  ulp, get probe_bounds' bounds uploaded). The batch is cut into ``probers`` chunks; per
   chunk and band a partitioner finds each bound's target partition through the
   index array with a cursor that only moves right; per chunk a prober finds the
   exact rows inside those partitions, counts the results (window filter
@@ -44,8 +47,10 @@ import numpy as np
 
 from opencl.device import runtime
 from panjoin.config import BISORT_BUFFER
+from panjoin.semantics import I64_MAX, I64_MIN, _int_band, probe_bounds, stored_bands
 from panjoin.subwindow.base import SubwindowIndex, WindowFilter
 from panjoin.subwindow.bi_sort import RangeResult
+from panjoin.subwindow.kernels import window as W
 
 #: the paper's FPGA design: 8 mergers and 8 probers
 MERGERS = 8
@@ -92,7 +97,8 @@ class OpenCLBISort(SubwindowIndex):
         self._cl = cl
         prg = self.rt.program(self.key_dtype)
         # kernel objects of our own: argument setting is not shared between subwindows
-        self.k = {name: cl.Kernel(prg, name) for name in _KERNELS}
+        names = _KERNELS + (("boundary_generator",) if self.key_dtype == i64 else ())
+        self.k = {name: cl.Kernel(prg, name) for name in names}
         kd = self.key_dtype
         self._ksize = kd.itemsize
         self.m = 0
@@ -215,12 +221,71 @@ class OpenCLBISort(SubwindowIndex):
 
     # ------------------------------------------------------------------ probing engine
 
+    def _band_edges(self, pred, probe_stream):
+        """Integer edges and flags per band for the boundary generator, or None when an
+        edge lies beyond int64 (then the host's probe_bounds is exact and used)."""
+        if pred.negated:
+            bands = [(None, -1), (1, None)]  # s.key != r.key: below k, or above k
+        else:
+            bands = [_int_band(a, b) for a, b in stored_bands(pred, probe_stream)]
+        ea, eb, fl = [], [], []
+        for a, b in bands:
+            if any(x is not None and not I64_MIN <= x <= I64_MAX for x in (a, b)):
+                return None
+            fl.append((a is None) * 1 + (b is None) * 2
+                      + (a is not None and b is not None and a > b) * 4)
+            ea.append(0 if a is None else a)
+            eb.append(0 if b is None else b)
+        return np.array(ea, i64), np.array(eb, i64), np.array(fl, np.int32)
+
+    def _device_bounds(self, pred, probe_stream, keys):
+        """Device buffers lo, hi of shape (bands, n): the boundary generator for int64
+        keys, the host's probe_bounds (uploaded) for float64 keys or huge band edges."""
+        keys = np.ascontiguousarray(keys)
+        if keys.dtype != self.key_dtype or keys.ndim != 1:
+            raise TypeError(f"{self.kind}: probe keys must be a 1-d {self.key_dtype} array")
+        edges = self._band_edges(pred, probe_stream) if self.key_dtype == i64 else None
+        if edges is None or keys.shape[0] == 0:
+            lo, hi = probe_bounds(pred, probe_stream, keys)
+            return self._up(lo), self._up(hi), lo.shape[0]
+        nb, n = edges[0].shape[0], keys.shape[0]
+        d_lo, d_hi = self._buf(nb * n * 8), self._buf(nb * n * 8)
+        self.k["boundary_generator"](self.queue, (n, nb), None, self._up(keys), i64(n),
+                                     *(self._up(e) for e in edges), d_lo, d_hi)
+        return d_lo, d_hi, nb
+
+    def bounds(self, pred, probe_stream: str, keys) -> tuple[np.ndarray, np.ndarray]:
+        """``probe_bounds(pred, probe_stream, keys)`` made by the boundary generator."""
+        d_lo, d_hi, nb = self._device_bounds(pred, probe_stream, keys)
+        n = np.asarray(keys).shape[0]
+        lo, hi = (self._down(d, nb * n, self.key_dtype).reshape(nb, n) for d in (d_lo, d_hi))
+        return lo, hi
+
+    def probe_keys(self, pred, probe_stream: str, keys, flt: WindowFilter | None = None,
+                   ranges: bool = False):
+        """Probe with a sorted batch of keys: the bounds are made on the device and never
+        leave it (the paper's probing engine end to end). Returns what :meth:`probe`
+        returns, or a :class:`RangeResult` when ``ranges``."""
+        n = np.asarray(keys).shape[0]
+        if flt is None:
+            flt = WindowFilter.none(n)
+        elif flt.mode != W.NONE and flt.c0.shape[0] != n:
+            raise ValueError(f"{self.kind}: window filter has the wrong length")
+        if n == 0 or len(self) == 0:
+            z = np.zeros(0, dtype=i64)
+            return RangeResult(z, z, z, z, z) if ranges else (z, z.copy())
+        d_lo, d_hi, nb = self._device_bounds(pred, probe_stream, keys)
+        out = self._probe_dev(d_lo, d_hi, nb, n, flt, int(ranges))
+        return RangeResult(*out) if ranges else out[:2]
+
     def _probe(self, lo, hi, flt, ranges):
         nb, n = lo.shape
+        return self._probe_dev(self._up(lo), self._up(hi), nb, n, flt, ranges)
+
+    def _probe_dev(self, d_lo, d_hi, nb, n, flt, ranges):
         parts = max(1, min(self.probers, n // PROBE_CHUNK_MIN))
         mode = int(flt.mode)
         c0, c1, c2 = (np.ascontiguousarray(c, dtype=i64) for c in flt.arrays(n))
-        d_lo, d_hi = self._up(lo), self._up(hi)
         d_c0, d_c1, d_c2 = self._up(c0), self._up(c1), self._up(c2)
         d_qs, d_qe, d_st, d_en = (self._buf(nb * n * 8) for _ in range(4))
         d_cnt, d_bcnt = self._buf(n * 8), self._buf(n * 8)

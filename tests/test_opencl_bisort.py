@@ -241,7 +241,7 @@ def test_no_device_is_a_clear_error():
     assert r.returncode == 2 and "panjoin worker:" in r.stderr and "no device" in r.stderr
 
 
-# --------------------------------------------------------------------------- engine, worker, cluster
+# ------------------------------------------------------------ engine, worker, cluster
 
 
 def test_engine_with_opencl_equals_reference():
@@ -303,3 +303,31 @@ def test_cluster_with_one_opencl_worker_equals_reference(mixed_cluster, window, 
     ref = reference_join(t.stream, t.id, t.key, t.ts, w, parse_predicate(pred))
     assert len(ref.pairs) > 0
     assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+
+
+# --------------------------------------------------------------------------- boundary generator
+
+
+@pytest.mark.parametrize("dist", ["uniform", "extreme", "negative", "float"])
+def test_boundary_generator_equals_probe_bounds(dist):
+    rng = np.random.default_rng(zlib.crc32(dist.encode()))
+    keys = draw_keys(rng, dist, 400)
+    cl = OpenCLBISort(400, key_dtype=keys.dtype, partitions=16, buffer=32, probers=3)
+    nb = BISort(400, key_dtype=keys.dtype, partitions=16, buffer=32)
+    fill([cl, nb], rng, keys, split_sizes(rng, 400, "mixed", 32))
+    preds = PREDICATES + ["band:0.5", "bands:0.2,0.8", "bands:-3.5,-1;2,9.5",
+                          f"band:{2**63 + 10}", "bands:-9223372036854775807,-5;5,9"]
+    for pred in preds:
+        p = parse_predicate(pred)
+        for side in "RS":
+            pk = probe_keys(rng, keys, dist, 90)
+            want = probe_bounds(p, side, pk)
+            for g, w in zip(cl.bounds(p, side, pk), want, strict=True):
+                np.testing.assert_array_equal(g, w, err_msg=f"{pred} {side}")
+            flt = random_filter(rng, W.COUNT, 90)
+            for g, w in zip(cl.probe_keys(p, side, pk, flt), nb.probe(*want, flt),
+                            strict=True):
+                np.testing.assert_array_equal(g, w)
+            rg, rw = cl.probe_keys(p, side, pk, ranges=True), nb.probe_ranges(*want)
+            for f in RANGE_FIELDS:
+                np.testing.assert_array_equal(getattr(rg, f), getattr(rw, f))

@@ -23,8 +23,10 @@
  *   9 > 8 -> [.. 9], 8 > 7 -> [.. 8 9], 7 > 5 -> [.. 7 8 9], run's 5 -> [1 4 5 7 8 9].
  *
  * Probing engine (Figure 9: a prober streams a partition against the bounds):
- *   the boundary generator's lo/hi arrive from the host (panjoin.semantics.probe_bounds
- *   computes them exactly, int64 overflow and float64 ulp rounding included);
+ *   boundary_generator one work-item per (probe tuple, band), int64 keys: the closed
+ *               interval [lo, hi] of stored keys, overflow detected, not wrapped (float64
+ *               keys: the host's panjoin.semantics.probe_bounds, which rounds each edge
+ *               to the ulp, and the probe's lo/hi are uploaded);
  *   partitioner one work-item per (chunk of the sorted probe batch, band): the
  *               target partition of each bound through the index array, by a
  *               rebounding (galloping) search whose cursor only moves right;
@@ -230,6 +232,38 @@ int in_window(int mode, long c0, long c1, long c2, long seq, long ts)
         return seq >= c0;
     return ts <= c2;
 }
+
+#ifndef KEY_IS_DOUBLE
+/* Boundary generator (b, i), int64 keys: band b of probe key k is [k + ea[b], k + eb[b]]
+ * on the stored keys, exactly as panjoin.semantics.probe_bounds: flags bit 1: no lower
+ * edge (lo = MIN), bit 2: no upper edge (hi = MAX), bit 4: the band holds no integer.
+ * A sum past the int64 range is not wrapped: k + a above MAX (or k + b below MIN)
+ * leaves nothing to match, so the band is empty (lo = MAX > hi = MIN); k + a below MIN
+ * clamps lo to MIN and k + b above MAX clamps hi to MAX. */
+__kernel void boundary_generator(G const long *keys, long n, G const long *ea,
+                                 G const long *eb, G const int *flags, G long *lo, G long *hi)
+{
+    long i = get_global_id(0), b = get_global_id(1);
+    long k = keys[i], a = ea[b], e = eb[b];
+    int f = flags[b];
+    int empty = (f & 4) != 0;
+    long l = LONG_MIN, h = LONG_MAX;
+    if (!(f & 1)) {
+        if (a > 0 && k > LONG_MAX - a)
+            empty = 1;
+        else if (!(a < 0 && k < LONG_MIN - a))
+            l = k + a;
+    }
+    if (!(f & 2)) {
+        if (e < 0 && k < LONG_MIN - e)
+            empty = 1;
+        else if (!(e > 0 && k > LONG_MAX - e))
+            h = k + e;
+    }
+    lo[b * n + i] = empty ? LONG_MAX : l;
+    hi[b * n + i] = empty ? LONG_MIN : h;
+}
+#endif
 
 /* probe tuples [chunk_lo(t), chunk_lo(t + 1)) of n, over parts chunks */
 long chunk_lo(long n, long t, long parts) { return (n * t) / parts; }
