@@ -36,17 +36,41 @@ def plan(quick: bool, threads: int) -> list[tuple[str, object]]:
     p = nsub // 128  # partitions of NP = 128 tuples
     batches = [1 * K, 8 * K, 64 * K, 256 * K] if quick else [
         256, 1 * K, 4 * K, 16 * K, 64 * K, 256 * K, 1 * M]
-    rep = 1 if quick else 3
     budget = 2.0 if quick else 8.0
     out = []
-    for ix, thr in (("bisort", threads), ("bisort-opencl", 1)):
-        for b in batches:
-            out.append(("insert", IndexPoint(ix, "insert", nsub, p, b, threads=thr, repeat=rep,
-                                             budget_s=budget)))
-        for b in batches:
+    runs = [("bisort", 1)] + ([("bisort", threads)] if threads > 1 else []) + [
+        ("bisort-opencl", 1)]
+    # the implementations interleaved point by point: a load that comes and goes on a
+    # shared machine then hits all of them alike
+    for b in batches:
+        for ix, thr in runs:
+            out.append(("insert", IndexPoint(ix, "insert", nsub, p, b, threads=thr,
+                                             repeat=1 if quick else 3, budget_s=budget)))
+    for b in batches:
+        for ix, thr in runs:
             out.append(("probe-eq", IndexPoint(ix, "probe", nsub, p, b, 1.0, "eq",
-                                               threads=thr, repeat=rep)))
+                                               threads=thr, repeat=3)))
     return out
+
+
+def warm_numba(threads: int) -> None:
+    """Compile (or load) the Numba BI-Sort's parallel merge, which run_point's small
+    warm-up does not reach (it merges below PAR_MERGE_MIN)."""
+    import numpy as np
+
+    from panjoin.subwindow import make_index
+
+    ix = make_index("bisort", 4096, "int64", 64, max(2, threads), par_merge_min=1, buffer=64)
+    rng = np.random.default_rng(0)
+    for a in range(0, 4096, 512):
+        ix.insert(np.sort(rng.integers(0, 1 << 20, 512)), np.zeros(512, np.int64),
+                  np.arange(a, a + 512))
+
+
+def label(ix: str, thr: int, meta: dict) -> str:
+    if ix == "bisort":
+        return f"Numba BI-Sort, {thr} thr"
+    return f"OpenCL BI-Sort, {meta['device'].split(' / ')[-1]}"
 
 
 def plot(rows: list[dict], meta: dict, path: Path) -> None:
@@ -58,11 +82,11 @@ def plot(rows: list[dict], meta: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, figname, title in ((axes[0], "insert", "insert"),
                                (axes[1], "probe-eq", "equi-join probe, S = 1")):
-        for ix, label in (("bisort", f"Numba BI-Sort ({meta['numba_threads']} thr)"),
-                          ("bisort-opencl", f"OpenCL BI-Sort ({meta['device']})")):
+        for ix, thr in sorted({(r["index"], r["threads"]) for r in rows}):
             pts = sorted((r["batch"], r["tuples_per_s"]) for r in rows
-                         if r["figure"] == figname and r["index"] == ix)
-            ax.plot([b for b, _ in pts], [t for _, t in pts], marker="o", label=label)
+                         if r["figure"] == figname and (r["index"], r["threads"]) == (ix, thr))
+            ax.plot([b for b, _ in pts], [t for _, t in pts], marker="o",
+                    label=label(ix, thr, meta))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("batch size NBat")
@@ -75,15 +99,20 @@ def plot(rows: list[dict], meta: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def table(rows: list[dict]) -> str:
-    by = {(r["figure"], r["index"], r["batch"]): r["tuples_per_s"] for r in rows}
-    lines = ["| op | NBat | Numba BI-Sort tuples/s | OpenCL BI-Sort tuples/s | OpenCL / Numba |",
-             "|---|---:|---:|---:|---:|"]
+def table(rows: list[dict], threads: int) -> str:
+    by = {(r["figure"], r["index"], r["threads"], r["batch"]): r["tuples_per_s"] for r in rows}
+    nt = [1] + ([threads] if threads > 1 else [])
+    head = " | ".join(f"Numba {t} thr" for t in nt)
+    ratios = " | ".join(f"OpenCL / Numba {t} thr" for t in nt)
+    lines = [f"| op | NBat | {head} | OpenCL | {ratios} |",
+             "|---|---:|" + "---:|" * (2 * len(nt) + 1)]
     for fig in ("insert", "probe-eq"):
         for b in sorted({r["batch"] for r in rows if r["figure"] == fig}):
-            a, c = by.get((fig, "bisort", b)), by.get((fig, "bisort-opencl", b))
-            if a and c:
-                lines.append(f"| {fig} | {b} | {a:.4g} | {c:.4g} | {c / a:.2f} |")
+            c = by.get((fig, "bisort-opencl", 1, b))
+            a = [by.get((fig, "bisort", t, b)) for t in nt]
+            if c and all(a):
+                lines.append(f"| {fig} | {b} | " + " | ".join(f"{x:.3g}" for x in a)
+                             + f" | {c:.3g} | " + " | ".join(f"{c / x:.2f}" for x in a) + " |")
     return "\n".join(lines)
 
 
@@ -103,13 +132,15 @@ def main(argv=None) -> int:
     from panjoin.bench.index import run_point
 
     dev = choose_device()
+    warm_numba(args.threads)
     points = plan(args.quick, args.threads)
     meta = {"machine": platform.platform(), "cpus": os.cpu_count(),
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"),
             "quick": args.quick, "device": describe(dev),
             "compute_units": int(dev.max_compute_units), "numba_threads": args.threads,
             "nsub": points[0][1].nsub, "partitions": points[0][1].partitions,
-            "mergers": 8, "probers": 8, "buffer": 1024, "gpu": "none available in this run"}
+            "mergers": 8, "probers": 8, "buffer": 1024, "gpu": "none available in this run",
+            "load_before": os.getloadavg()}
     rows = []
     for fig, pt in tqdm(points, desc="opencl-bisort", unit="point", file=sys.stderr):
         t0 = time.perf_counter()
@@ -120,12 +151,14 @@ def main(argv=None) -> int:
     suffix = "-quick" if args.quick else ""
     out = HERE / "results" / f"opencl_bisort{suffix}.json"
     out.parent.mkdir(exist_ok=True)
+    meta["load_after"] = os.getloadavg()
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     png = HERE / "plots" / f"opencl_bisort{suffix}.png"
     plot(rows, meta, png)
-    print(f"device: {meta['device']}  ({meta['compute_units']} compute units); Numba on "
-          f"{args.threads} threads; NSub {meta['nsub']}, P {meta['partitions']}")
-    print(table(rows))
+    print(f"device: {meta['device']}  ({meta['compute_units']} compute units); NSub "
+          f"{meta['nsub']}, P {meta['partitions']}; load average before/after "
+          f"{meta['load_before'][0]:.1f}/{meta['load_after'][0]:.1f} on {meta['cpus']} cpus")
+    print(table(rows, args.threads))
     print(f"raw results: {out}\nplot: {png}")
     return 0
 
