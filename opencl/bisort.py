@@ -170,9 +170,12 @@ class OpenCLBISort(SubwindowIndex):
         self.bkeys[a:a + k] = keys
         self.bts[a:a + k] = ts
         self.bseq[a:a + k] = seq
-        for dst, src in ((self.d_bk, keys), (self.d_bt, ts), (self.d_bs, seq)):
-            self._cl.enqueue_copy(self.queue, dst, np.ascontiguousarray(src),
-                                  dst_offset=a * 8)
+        # not blocking: the source rows of the host's copy are not written again before
+        # a merge, which waits for the queue (and the in-order queue runs every later
+        # kernel after these copies)
+        for dst, src in ((self.d_bk, self.bkeys), (self.d_bt, self.bts), (self.d_bs, self.bseq)):
+            self._cl.enqueue_copy(self.queue, dst, src[a:a + k], dst_offset=a * 8,
+                                  is_blocking=False)
         self.nbuf += k
 
     def flush(self) -> None:
