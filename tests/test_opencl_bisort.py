@@ -271,6 +271,13 @@ def test_worker_maps_bisort_to_opencl():
         assert type(backend.subs[4]) is cls
 
 
+def test_worker_with_a_missing_device_does_not_start():
+    with pytest.raises(RuntimeError, match="did not start"):
+        start_workers(1, worker_args=[["--index-backend", "opencl", "--device", "no-such"]])
+    with pytest.raises(ValueError, match="one list per worker|2 workers"):
+        start_workers(2, worker_args=[[]])
+
+
 @pytest.fixture(scope="module")
 def mixed_cluster():
     """Three workers; the middle one serves BI-Sort from the pocl device."""
