@@ -140,10 +140,11 @@ class OpenCLBISort(SubwindowIndex):
         mf = self._cl.mem_flags
         return self._cl.Buffer(self.rt.context, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=a)
 
-    def _down(self, dbuf, n, dtype=i64):
+    def _down(self, dbuf, n, dtype=i64, wait=True):
+        """``n`` values from the device; ``wait=False``: valid after ``queue.finish()``."""
         out = np.empty(n, dtype=dtype)
         if n:
-            self._cl.enqueue_copy(self.queue, out, dbuf)
+            self._cl.enqueue_copy(self.queue, out, dbuf, is_blocking=wait)
         return out
 
     def _run(self, name, gsize, *args):
@@ -216,7 +217,8 @@ class OpenCLBISort(SubwindowIndex):
         d_oi, d_oj = self._buf((parts + 1) * 8), self._buf((parts + 1) * 8)
         self._run("merge_path", (parts + 1,), self.d_mk, i64(self.m), d_rk, i64(r),
                   i64(parts), d_oi, d_oj)
-        oi, oj = self._down(d_oi, parts + 1), self._down(d_oj, parts + 1)
+        # in order: once the second copy is done, so is the first
+        oi, oj = self._down(d_oi, parts + 1, wait=False), self._down(d_oj, parts + 1)
         # piece t's main rows below min(o_t, oi[t+1]) are overwritten by pieces left of it
         s_end = np.minimum(oi[:-1] + oj[:-1], oi[1:])
         soff = np.zeros(parts + 1, dtype=i64)
@@ -292,15 +294,16 @@ class OpenCLBISort(SubwindowIndex):
         c0, c1, c2 = (np.ascontiguousarray(c, dtype=i64) for c in flt.arrays(n))
         d_c0, d_c1, d_c2 = self._up(c0), self._up(c1), self._up(c2)
         d_qs, d_qe, d_st, d_en = (self._buf(nb * n * 8) for _ in range(4))
-        d_cnt, d_bcnt = self._buf(n * 8), self._buf(n * 8)
+        d_cnt = self._buf(2 * n * 8)  # main counts, then buffer counts
         # partitioners: (chunk, band); probers: chunk
         self._run("partitioner", (parts, nb), self.d_idx, i64(self.nidx), i64(self.m), d_lo,
                   d_hi, i64(n), i64(parts), d_qs, d_qe)
         self._run("prober_count", (parts,), self.d_mk, self.d_mt, self.d_ms, i64(self.m),
                   i64(self.step), self.d_bk, self.d_bt, self.d_bs, i64(self.nbuf), d_lo, d_hi,
                   i64(nb), i64(n), i64(parts), d_qs, d_qe, np.int32(mode), d_c0, d_c1, d_c2,
-                  np.int32(ranges), d_st, d_en, d_cnt, d_bcnt)
-        counts, bcount = self._down(d_cnt, n), self._down(d_bcnt, n)
+                  np.int32(ranges), d_st, d_en, d_cnt)
+        both = self._down(d_cnt, 2 * n)  # the one wait between the passes
+        counts, bcount = both[:n], both[n:]
         if not ranges:
             counts = counts + bcount
         offs = np.zeros(n + 1, dtype=i64)
@@ -316,9 +319,9 @@ class OpenCLBISort(SubwindowIndex):
                   self.d_bt, self.d_bs, i64(self.nbuf), d_lo, d_hi, i64(nb), i64(n),
                   i64(parts), np.int32(mode), d_c0, d_c1, d_c2, np.int32(ranges), d_st, d_en,
                   d_offs, d_boffs, d_op, d_oa, d_ob, d_bp, d_bq)
-        out = (self._down(d_op, total), self._down(d_oa, total),
-               self._down(d_ob, total if ranges else 0), self._down(d_bp, btotal),
-               self._down(d_bq, btotal))
+        out = (self._down(d_op, total, wait=False), self._down(d_oa, total, wait=False),
+               self._down(d_ob, total if ranges else 0, wait=False),
+               self._down(d_bp, btotal, wait=False), self._down(d_bq, btotal, wait=False))
         self.queue.finish()
         return out
 

@@ -309,13 +309,14 @@ long buffer_count(G const KEY_T *bk, G const long *bt, G const long *bs, long nb
 
 /* Prober t, pass 1: start/end rows of every (band, probe tuple) of its chunk inside the
  * target partitions, and per probe tuple the count of main results (pairs after the
- * filter, or non-empty ranges when ranges != 0) and of buffer pairs. */
+ * filter, or non-empty ranges when ranges != 0) in counts[i], and of buffer pairs in
+ * counts[n + i]. */
 __kernel void prober_count(G const KEY_T *mk, G const long *mt, G const long *ms, long m,
                            long step, G const KEY_T *bk, G const long *bt, G const long *bs,
                            long nbuf, G const KEY_T *lo, G const KEY_T *hi, long nb, long n,
                            long parts, G const long *qs, G const long *qe, int mode,
                            G const long *c0, G const long *c1, G const long *c2, int ranges,
-                           G long *st, G long *en, G long *counts, G long *bcount)
+                           G long *st, G long *en, G long *counts)
 {
     long t = get_global_id(0);
     for (long i = chunk_lo(n, t, parts); i < chunk_lo(n, t + 1, parts); i++) {
@@ -344,8 +345,9 @@ __kernel void prober_count(G const KEY_T *mk, G const long *mt, G const long *ms
                     c += in_window(mode, cf0, cf1, cf2, ms[p], mt[p]);
         }
         counts[i] = c;
-        bcount[i] = nbuf ? buffer_count(bk, bt, bs, nbuf, lo, hi, nb, n, i, mode, cf0, cf1, cf2)
-                         : 0;
+        /* the buffer's count in the second half: one read-back brings both */
+        counts[n + i] = nbuf ? buffer_count(bk, bt, bs, nbuf, lo, hi, nb, n, i, mode, cf0, cf1,
+                                            cf2) : 0;
     }
 }
 
