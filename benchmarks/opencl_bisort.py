@@ -53,18 +53,24 @@ def plan(quick: bool, threads: int) -> list[tuple[str, object]]:
     return out
 
 
-def warm_numba(threads: int) -> None:
-    """Compile (or load) the Numba BI-Sort's parallel merge, which run_point's small
-    warm-up does not reach (it merges below PAR_MERGE_MIN)."""
+def warm_up(threads: int) -> None:
+    """Compile (or load) what run_point's small warm-up does not reach, so that no
+    compile lands in a timed run: the Numba BI-Sort's parallel merge, and the OpenCL
+    kernels in every launch shape (split merges, stash, small and large probes)."""
     import numpy as np
 
+    from panjoin.semantics import parse_predicate, probe_bounds
     from panjoin.subwindow import make_index
 
-    ix = make_index("bisort", 4096, "int64", 64, max(2, threads), par_merge_min=1, buffer=64)
     rng = np.random.default_rng(0)
-    for a in range(0, 4096, 512):
-        ix.insert(np.sort(rng.integers(0, 1 << 20, 512)), np.zeros(512, np.int64),
-                  np.arange(a, a + 512))
+    for kind, thr in (("bisort", max(2, threads)), ("bisort-opencl", 1)):
+        ix = make_index(kind, 8192, "int64", 64, thr, par_merge_min=1, buffer=64)
+        for a, size in ((0, 512), (512, 40), (552, 40), (592, 3000), (3592, 30)):
+            k = np.sort(rng.integers(0, 1 << 20, size))
+            ix.insert(k, np.zeros(size, np.int64), np.arange(a, a + size))
+        for n in (8, 100, 1000):
+            ix.probe(*probe_bounds(parse_predicate("eq"), "R",
+                                   np.sort(rng.integers(0, 1 << 20, n))))
 
 
 def label(ix: str, thr: int, meta: dict) -> str:
@@ -132,7 +138,7 @@ def main(argv=None) -> int:
     from panjoin.bench.index import run_point
 
     dev = choose_device()
-    warm_numba(args.threads)
+    warm_up(args.threads)
     points = plan(args.quick, args.threads)
     meta = {"machine": platform.platform(), "cpus": os.cpu_count(),
             "python": platform.python_version(), "date": time.strftime("%Y-%m-%d %H:%M"),

@@ -60,10 +60,19 @@ PAR_MERGE_MIN = 1 << 12
 #: fewest probe tuples per prober
 PROBE_CHUNK_MIN = 16
 
+#: work-group size of the one-item-per-element kernels (indexer, boundary generator):
+#: fixed, as pocl compiles a kernel anew for every work-group size it is launched with
+WG = 64
+
 _KERNELS = ("merge_path", "stash", "merger", "indexer", "partitioner", "prober_count",
             "prober_emit")
 
 i64 = np.int64
+
+
+def _pad(n: int) -> int:
+    """``n`` rounded up to whole work-groups of WG."""
+    return max(WG, -(-n // WG) * WG)
 
 
 class OpenCLBISort(SubwindowIndex):
@@ -208,8 +217,8 @@ class OpenCLBISort(SubwindowIndex):
         self.m += r
         self.step = max(1, -(-self.m // self.partitions))  # ceil(M / P)
         self.nidx = (self.m + self.step - 1) // self.step
-        # one work-item per entry, grouped as the device likes (not one group per entry)
-        self.k["indexer"](self.queue, (self.nidx,), None, self.d_mk, i64(self.step), self.d_idx)
+        self.k["indexer"](self.queue, (_pad(self.nidx),), (WG,), self.d_mk, i64(self.step),
+                          i64(self.nidx), self.d_idx)
         self.queue.finish()
 
     def _merge_plan(self, d_rk, r, parts):
@@ -256,7 +265,7 @@ class OpenCLBISort(SubwindowIndex):
             return self._up(lo), self._up(hi), lo.shape[0]
         nb, n = edges[0].shape[0], keys.shape[0]
         d_lo, d_hi = self._buf(nb * n * 8), self._buf(nb * n * 8)
-        self.k["boundary_generator"](self.queue, (n, nb), None, self._up(keys), i64(n),
+        self.k["boundary_generator"](self.queue, (_pad(n), nb), (WG, 1), self._up(keys), i64(n),
                                      *(self._up(e) for e in edges), d_lo, d_hi)
         return d_lo, d_hi, nb
 

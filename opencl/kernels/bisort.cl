@@ -214,10 +214,11 @@ __kernel void merger(G KEY_T *mk, G long *mt, G long *ms, G const KEY_T *rk, G c
                 rk + j0, rt + j0, rs + j0, jm - j0, 1);
 }
 
-__kernel void indexer(G const KEY_T *mk, long step, G KEY_T *idx)
+__kernel void indexer(G const KEY_T *mk, long step, long nidx, G KEY_T *idx)
 {
     long q = get_global_id(0);
-    idx[q] = mk[q * step];
+    if (q < nidx) /* the launch is padded to whole work-groups */
+        idx[q] = mk[q * step];
 }
 
 /* ------------------------------------------------------------------ probing engine */
@@ -244,6 +245,8 @@ __kernel void boundary_generator(G const long *keys, long n, G const long *ea,
                                  G const long *eb, G const int *flags, G long *lo, G long *hi)
 {
     long i = get_global_id(0), b = get_global_id(1);
+    if (i >= n) /* the launch is padded to whole work-groups */
+        return;
     long k = keys[i], a = ea[b], e = eb[b];
     int f = flags[b];
     int empty = (f & 4) != 0;
