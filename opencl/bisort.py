@@ -109,7 +109,6 @@ class OpenCLBISort(SubwindowIndex):
         names = _KERNELS + (("boundary_generator",) if self.key_dtype == i64 else ())
         self.k = {name: cl.Kernel(prg, name) for name in names}
         kd = self.key_dtype
-        self._ksize = kd.itemsize
         self.m = 0
         self.nbuf = 0
         self.nidx = 0
