@@ -10,14 +10,14 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,bench]'
+	$(BIN)/python -m pip install -q -e '.[test,bench,opencl]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m panjoin.cli demo
 
 test: $(STAMP)
-	$(BIN)/ruff check panjoin workers tests benchmarks scripts
+	$(BIN)/ruff check panjoin workers tests benchmarks scripts opencl
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 bench-quick: $(STAMP)

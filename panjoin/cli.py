@@ -27,7 +27,8 @@ from panjoin.semantics import SpecError, parse_size
 log = logging.getLogger("panjoin")
 
 INDEX_HELP = ("subwindow index: rap (RaP-Table), wib (WiB+-Tree), bisort (BI-Sort), "
-              "nested (nested loop, the baseline)")
+              "nested (nested loop, the baseline), bisort-opencl (BI-Sort on an OpenCL "
+              "device: $PANJOIN_OPENCL_DEVICE, else the pocl CPU device)")
 
 
 def _size(text: str) -> int:
@@ -49,7 +50,8 @@ def _add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
                    help="count:WR,WS (tuples) or time:TR,TS (ms of event time)")
     g.add_argument("--predicate", required=required, metavar="SPEC",
                    help="eq | ne | band:E (|r.key-s.key|<=E) | bands:A,B;C,D (s.key-r.key in ...)")
-    g.add_argument("--index", default="bisort", choices=["rap", "wib", "bisort", "nested"],
+    g.add_argument("--index", default="bisort",
+                   choices=["rap", "wib", "bisort", "nested", "bisort-opencl"],
                    help=INDEX_HELP + " (default: %(default)s)")
     g.add_argument("--allowed-lateness", type=int, default=0, metavar="MS",
                    help="time windows: a tuple more than MS behind the largest ts so far is "
@@ -160,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "(default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="probe threads (default: %(default)s)")
+    p.add_argument("--index-backend", choices=["numba", "opencl"], default="numba",
+                   help="opencl: BI-Sort subwindows ('bisort') run on an OpenCL device "
+                        "(default: %(default)s)")
+    p.add_argument("--device", metavar="SPEC",
+                   help="OpenCL device: 'P:D', cpu, gpu, accelerator or part of its name "
+                        "(default: $PANJOIN_OPENCL_DEVICE, else the pocl CPU device; "
+                        "'python -m opencl' lists them)")
     _add_common(p)
 
     b = bsub.add_parser("system", help="end-to-end rate of a local cluster vs in-process",
@@ -441,7 +450,18 @@ def run_worker(args) -> int:
     from panjoin.launch import READY
     from workers.server import serve
 
-    server, port = serve(args.port, args.threads, args.host)
+    if args.index_backend == "opencl":
+        from opencl.device import OpenCLError, runtime
+
+        try:  # fail now, not at the first subwindow: no platform, no device, no build
+            rt = runtime(args.device)
+            rt.program("int64")
+        except OpenCLError as e:
+            print(f"panjoin worker: {e}", file=sys.stderr)
+            return 2
+        log.info("BI-Sort subwindows on OpenCL device %s", rt.name)
+    server, port = serve(args.port, args.threads, args.host, index_backend=args.index_backend,
+                         device=args.device)
     print(f"{READY}{args.host}:{port}", flush=True)
     log.info("worker serving on %s:%d with %d threads", args.host, port, args.threads)
     return _serve_until_stopped(lambda: server.stop(grace=2).wait())

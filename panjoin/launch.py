@@ -64,14 +64,20 @@ def wait_healthy(address: str, timeout: float = 60.0) -> None:
             time.sleep(0.1)
 
 
-def start_workers(n: int, threads: int = 1, timeout: float = 120.0) -> list[WorkerProcess]:
-    """Start ``n`` worker processes on 127.0.0.1; stops the started ones if one fails."""
+def start_workers(n: int, threads: int = 1, timeout: float = 120.0,
+                  worker_args: list[list[str]] | None = None) -> list[WorkerProcess]:
+    """Start ``n`` worker processes on 127.0.0.1; stops the started ones if one fails.
+    ``worker_args``: extra ``panjoin worker`` arguments, one list per worker (e.g.
+    ``[[], ["--index-backend", "opencl"]]``)."""
+    extra = worker_args or [[] for _ in range(n)]
+    if len(extra) != n:
+        raise ValueError(f"worker_args has {len(extra)} lists for {n} workers")
     started: list[WorkerProcess] = []
     try:
         procs = [subprocess.Popen(
             [sys.executable, "-m", "panjoin.cli", "worker", "--port", "0", "--threads",
-             str(threads)], stdout=subprocess.PIPE, text=True, env=dict(os.environ),
-        ) for _ in range(n)]
+             str(threads), *extra[w]], stdout=subprocess.PIPE, text=True, env=dict(os.environ),
+        ) for w in range(n)]
         for p in procs:
             line = p.stdout.readline()
             if not line.startswith(READY):

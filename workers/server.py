@@ -8,6 +8,7 @@ a Feedback with ``code = INVALID_ARGUMENT`` (or ``NOT_FOUND``) and the reason,
 and changes nothing.
 
     panjoin worker --port 50051 --threads 2
+    panjoin worker --port 50052 --index-backend opencl --device pocl
 """
 
 from __future__ import annotations
@@ -38,8 +39,11 @@ class _Bad(Exception):
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, threads: int = 1):
+    def __init__(self, threads: int = 1, index_backend: str = "numba", device: str | None = None):
         self.threads = threads
+        # "opencl": the manager's "bisort" subwindows become OpenCL ones (opencl/) on device
+        self.index_backend = index_backend
+        self.device = device
         self.lock = threading.Lock()
         self.sessions: dict[int, LocalBackend] = {}
         self.commands = 0
@@ -149,7 +153,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 opts[k] = v
         if c.splitters.data:
             opts["splitters"] = from_array(c.splitters, KEY_DTYPES[c.key_dtype], "splitters")
-        backend.create(CreateSpec(c.sub_id, STREAM_NAME[c.stream], c.index, int(c.capacity),
+        index = c.index
+        if self.index_backend == "opencl" and index == "bisort":
+            index = "bisort-opencl"  # same layout and results, so the manager cannot tell
+            if self.device:
+                opts.setdefault("device", self.device)
+        backend.create(CreateSpec(c.sub_id, STREAM_NAME[c.stream], index, int(c.capacity),
                                   c.key_dtype, int(c.partitions), None, opts))
 
     def _index(self, backend: LocalBackend, sub_id: int):
@@ -217,9 +226,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return out
 
 
-def serve(port: int = 0, threads: int = 1, host: str = "127.0.0.1") -> tuple[grpc.Server, int]:
-    """Start a worker server; returns it and the bound port (``port=0`` picks a free one)."""
-    servicer = WorkerServicer(threads)
+def serve(port: int = 0, threads: int = 1, host: str = "127.0.0.1", index_backend: str = "numba",
+          device: str | None = None) -> tuple[grpc.Server, int]:
+    """Start a worker server; returns it and the bound port (``port=0`` picks a free one).
+    ``index_backend="opencl"`` serves BI-Sort subwindows from an OpenCL ``device``."""
+    servicer = WorkerServicer(threads, index_backend, device)
     return start_server(lambda srv: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, srv),
                         worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name, port, host,
                         max_workers=8)
