@@ -233,6 +233,7 @@ class GrpcBackend:
         self.order = itertools.count()  # global command order, for replay after a failure
         self.unchecked: deque[tuple[int, _Call]] = deque()  # (sub_id, fire-and-forget call)
         self.failovers = 0
+        self.closed = False
         self.rounds_in_flight = 0
         self.stats = BackendStats()
 
@@ -257,6 +258,24 @@ class GrpcBackend:
                 return self.sessions[w].send(order, kind, msg)
             except _Down:
                 self._failover(w)
+
+    def _send_recorded(self, sub_id: int, kind: str, msg, order: int) -> None:
+        """Send a create or insert already in the subwindow's copy. If its worker is
+        found dead, the failover's replay of the copy delivers it: never send it twice."""
+        w = self.where[sub_id]
+        try:
+            self.unchecked.append((sub_id, self.sessions[w].send(order, kind, msg)))
+        except _Down:
+            self._failover(w)
+
+    def _resend(self, sub_id: int, kind: str, msg, order: int) -> _Call:
+        """A replayed command during a failover; a second failure there is fatal."""
+        w = self.where[sub_id]
+        try:
+            return self.sessions[w].send(order, kind, msg)
+        except _Down as e:
+            raise WorkerError(f"{e} while rebuilding subwindows of another failed worker; "
+                              "the join cannot go on safely: restart it", "UNAVAILABLE") from e
 
     def _settle(self, sub_id: int, call: _Call) -> None:
         """Apply a finished fire-and-forget command's feedback (sizes, splitters, errors)."""
@@ -293,6 +312,8 @@ class GrpcBackend:
         """Rebuild the dead worker's subwindows on the others and replay its unanswered
         probes in their original order (their calls get answered by the new workers)."""
         s = self.sessions[dead]
+        if self.closed:
+            raise WorkerError("the join was closed", "CANCELLED")
         s.down(s.why or "declared dead")
         unanswered = s.unanswered()
         alive = self.alive_workers()
@@ -320,7 +341,7 @@ class GrpcBackend:
         self.unchecked = deque((sub, c) for sub, c in self.unchecked if c.session is not s)
         for order, sub_id, kind, msg, old in replay:
             if kind != "probe":
-                self.unchecked.append((sub_id, self._send(sub_id, kind, msg, order)))
+                self.unchecked.append((sub_id, self._resend(sub_id, kind, msg, order)))
                 continue
             # one probe per subwindow now, since they may sit on different workers
             parts = []
@@ -332,7 +353,7 @@ class GrpcBackend:
                 one.sub_ids.append(sid)
                 if msg.filtered:
                     one.filtered.append(msg.filtered[j])
-                parts.append((j, self._send(sid, "probe", one, order)))
+                parts.append((j, self._resend(sid, "probe", one, order)))
             old.msg = parts  # ProbeRound picks these up (see _failover_probe)
         self.failovers += 1
 
@@ -368,7 +389,7 @@ class GrpcBackend:
         if self.result_format == "ranges" and spec.kind == "bisort":
             self.mirrors[spec.sub_id] = make_index("bisort", spec.capacity, spec.key_dtype,
                                                    spec.partitions, 1, **spec.opts)
-        self.unchecked.append((spec.sub_id, self._send(spec.sub_id, "create", msg, order)))
+        self._send_recorded(spec.sub_id, "create", msg, order)
         self.stats.creates += 1
 
     def insert(self, sub_id: int, keys, ts, seq) -> None:
@@ -376,7 +397,7 @@ class GrpcBackend:
                                 seq=to_array(seq))
         order = next(self.order)
         self.copies[sub_id][1].append((order, ins))
-        self.unchecked.append((sub_id, self._send(sub_id, "insert", ins, order)))
+        self._send_recorded(sub_id, "insert", ins, order)
         mirror = self.mirrors.get(sub_id)
         if mirror is not None:  # runs while the worker does the same insert
             mirror.insert(keys, ts, seq)
@@ -446,5 +467,6 @@ class GrpcBackend:
         return sum(self.sizes.values())
 
     def close(self) -> None:
+        self.closed = True  # sessions ending now are not worker failures
         for s in self.sessions:
             s.close()

@@ -37,6 +37,7 @@ class _Join:
     lock: threading.Lock
     last_batch_id: int = 0
     applied: bool = False
+    closed: bool = False
 
 
 class ManagerServicer(manager_pb2_grpc.ManagerServicer):
@@ -73,7 +74,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         settings.max_lag = engine.max_lag
         join_id = uuid.uuid4().hex[:12]
         with self.lock:
-            self.joins[join_id] = _Join(engine, backend, settings, threading.Lock())
+            self.joins[join_id] = _Join(engine, backend, settings, threading.RLock())
         log.info("join %s opened: %s on %s, index %s", join_id, window, pred, engine.index)
         return manager_pb2.OpenReply(join_id=join_id, settings=settings)
 
@@ -91,8 +92,11 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                 if join_id is None:
                     join_id = msg.join_id
                 j = self._get(join_id, context)
-                with j.lock:
-                    yield self._apply(j, msg, context)
+                with j.lock:  # not held across the yield: a slow reader blocks no one
+                    if j.closed:
+                        context.abort(grpc.StatusCode.NOT_FOUND, f"join {join_id!r} is closed")
+                    out = self._apply(j, msg, context)
+                yield out
         finally:
             if join_id is not None and not context.is_active():
                 self._close(join_id)  # the client went away: release the join
@@ -146,23 +150,33 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             memory_bytes=e.memory_bytes(), workers=j.backend.loads(),
             probes_in_flight=len(e._inflight), failovers=j.backend.failovers)
 
+    def _status_or_abort(self, join_id: str, j: _Join, context) -> manager_pb2.JoinStatus:
+        if j.closed:  # closed while this call waited for the join's lock
+            context.abort(grpc.StatusCode.NOT_FOUND, f"join {join_id!r} is closed")
+        try:
+            return self._status(join_id, j)
+        except WorkerError as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+
     def Status(self, request, context):
         j = self._get(request.join_id, context)
         with j.lock:
-            return self._status(request.join_id, j)
+            return self._status_or_abort(request.join_id, j, context)
 
     def Close(self, request, context):
         j = self._get(request.join_id, context)
         with j.lock:
-            st = self._status(request.join_id, j)
-        self._close(request.join_id)
+            st = self._status_or_abort(request.join_id, j, context)
+            self._close(request.join_id)
         return st
 
     def _close(self, join_id: str) -> None:
         with self.lock:
             j = self.joins.pop(join_id, None)
         if j is not None:
-            j.backend.close()
+            with j.lock:  # after any call in progress on the join
+                j.closed = True
+                j.backend.close()
             log.info("join %s closed", join_id)
 
 
