@@ -54,7 +54,8 @@ class HandshakeChain:
     def __init__(self, addresses: list[str], window: str | Window, predicate: str | Predicate,
                  *, allowed_lateness: int = 0, key_dtype: str | None = None,
                  batch_size: int = 4096, node_fifo: int = 1 << 16, merger_fifo: int = 1 << 16,
-                 max_batch: int = 4096, timeout: float = 300.0):
+                 max_batch: int = 4096, max_in_flight: int | None = None,
+                 timeout: float = 300.0):
         if not addresses:
             raise ValueError("a handshake chain needs at least one node address")
         self.addresses = list(addresses)
@@ -66,6 +67,9 @@ class HandshakeChain:
         self.batch_size = int(batch_size)
         self.node_fifo, self.merger_fifo, self.max_batch = node_fifo, merger_fifo, max_batch
         self.timeout = timeout
+        #: fed tuples the entry nodes may have not processed yet (beyond it the driver waits)
+        self.max_in_flight = int(max_in_flight or 4 * self.batch_size)
+        self.credit_waits = 0
         self.key_dtype = np.dtype(key_dtype) if key_dtype else None
         self.chain_id = uuid.uuid4().hex[:12]
         self.driver = Driver(self.window, self.pred)
@@ -201,16 +205,28 @@ class HandshakeChain:
             self.stats.batches += 1
 
     def _admit(self) -> None:
-        """Admission control: hold the input while any FIFO is full (one pause per wait)."""
-        if self.admission.admit():
-            return
+        """Admission control: hold the input while any FIFO is full (one pause per wait),
+        and while the entry nodes have more than ``max_in_flight`` fed tuples unprocessed
+        (a node waiting for room in its result FIFO stops acknowledging)."""
         deadline = time.monotonic() + self.timeout
-        while self.net.any_full():
+        counted = waited = False
+        while True:
+            full = self.net.any_full()
+            with self.lock:
+                busy = self.driver.in_flight() > self.max_in_flight
+            if not (full or busy):
+                break
+            if full and not counted:
+                self.admission.admit()  # counts the pause
+                counted = True
+            if busy and not waited:
+                self.credit_waits += 1
+                waited = True
             self._check()
             if time.monotonic() > deadline:
                 raise ChainError(f"admission control paused for {self.timeout:.0f}s: the "
-                                 "result FIFOs never drained")
-            time.sleep(0.001)
+                                 "chain or its result FIFOs never drained")
+            time.sleep(0.0005)
         self.admission.paused = False
 
     def flush(self) -> None:
@@ -278,6 +294,7 @@ class HandshakeChain:
             "batches": self.stats.batches,
             "results": self.collected_total,
             "pauses": self.admission.pauses,
+            "credit_waits": self.credit_waits,
             "window_tuples": self.window_tuples(),
             "segments": {"R": [st.segment_r for st in nodes], "S": [st.segment_s for st in nodes]},
             "stalls": [st.stalls for st in nodes],

@@ -31,11 +31,13 @@ balancing invariant the tests check), and when nothing moves ``size(k-1) >=
 size(k)``. Every message between nodes carries such a report.
 
 The ends (Figures 12 and 13): the driver feeds R into node 0 and S into node
-N-1 and removes tuples by sending acknowledgements to the *far* ends (an ack
-arriving at node 0 from the left removes the oldest S tuple; at node N-1 from
-the right, the oldest R). The end nodes treat the driver as a neighbour of size
-0: they tell it which tuples have reached them (``arrived``), so that the
-driver only ever acknowledges tuples that are there.
+N-1 (the entry nodes acknowledge what they processed, as Figure 9 does for S,
+which gives the driver a credit of unprocessed input) and removes tuples by
+sending acknowledgements to the *far* ends (an ack arriving at node 0 from the
+left removes the oldest S tuple; at node N-1 from the right, the oldest R).
+The end nodes treat the driver as a neighbour of size 0: they tell it which
+tuples have reached them (``arrived``), so that the driver only ever
+acknowledges tuples that are there.
 
 Exact semantics (DESIGN section 2): nodes check the window condition per pair
 (:func:`.segment.window_filter`), so the driver may expire late but never
@@ -187,6 +189,8 @@ class Node:
             self._join(t, "R", self.S)
             self.R.append(t)
             self.recv_r += len(t)
+            if self.leftmost:  # the driver is our left neighbour: it counts entry credits
+                out.append((LEFT, Msg(ACK, "R", n=len(t))))
         elif msg.kind == ACK:  # remove the oldest S (Figure 9, line 17)
             if self.leftmost:
                 if msg.n > self.s_announced:
@@ -212,8 +216,8 @@ class Node:
             self._join(t, "S", self.R)
             self.S.append(t)
             self.recv_s += len(t)
-            if not self.rightmost:
-                self._send(out, RIGHT, Msg(ACK, "S", n=len(t)))
+            # Figure 9, line 25; at the right end the ack goes to the driver (entry credit)
+            self._send(out, RIGHT, Msg(ACK, "S", n=len(t)))
         elif msg.kind == ACK:  # only the driver acks R, at the right end (Figure 13, 25a)
             if not self.rightmost or msg.n > self.r_announced:
                 raise AssertionError(f"node {self.pos}: ack for {msg.n} R, only "
@@ -361,6 +365,8 @@ class Driver:
         self.n_late = 0
         self.drained = {"R": True, "S": True}
         self.key_dtype = None
+        # entry credit: tuples fed into the entry node and acknowledged by it (processed)
+        self.entered = {"R": 0, "S": 0}
 
     def feed(self, stream, ids, keys, ts) -> list[tuple[str, Msg]]:
         stream = np.asarray(stream, np.uint8)
@@ -426,6 +432,9 @@ class Driver:
         if msg.kind == ARRIVED:
             self.fed[msg.stream].announced += msg.n
             return self.expire()
+        if msg.kind == ACK:  # the entry node has processed n fed tuples
+            self.entered[msg.stream] += msg.n
+            return []
         if msg.kind == DRAINED:
             self.drained[msg.stream] = True
             return []
@@ -472,3 +481,7 @@ class Driver:
 
     def window_tuples(self) -> dict[str, int]:
         return {x: self.total[x] - self.fed[x].acked for x in ("R", "S")}
+
+    def in_flight(self) -> int:
+        """Fed tuples their entry node has not yet processed (the driver's credit in use)."""
+        return sum(self.total[x] - self.entered[x] for x in ("R", "S"))

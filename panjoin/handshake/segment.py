@@ -13,7 +13,7 @@ newest end, so the storage is one growable array with a moving head::
 
 :func:`scan` is the immediate scan strategy (handshake join, Figure 6): every
 tuple entering a node is compared with every tuple of the opposite segment
-(the nested loop, the same Numba kernel as the ``nested`` subwindow index),
+(the nested loop, :mod:`.kernels`, single-threaded: each node is one core),
 with the window condition of DESIGN section 2 checked per pair, so that pairs
 the driver has not yet expired, but which are outside each other's window,
 are not reported. Predicates come from :mod:`panjoin.semantics`
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from panjoin.handshake.kernels import scan_segment
 from panjoin.semantics import Predicate, Window, probe_bounds
 from panjoin.subwindow.kernels import window as W
-from panjoin.subwindow.kernels.nested import nested_probe
 
 COLUMNS = ("id", "key", "ts", "seq", "opp")
 
@@ -142,10 +142,7 @@ def scan(probe: Tuples, probe_stream: str, stored: Segment, window: Window,
     lo, hi = probe_bounds(pred, probe_stream, probe.key)
     mode, c0, c1, c2 = window_filter(window, probe_stream, probe)
     tscol = stored.col("opp") if window.kind == "count" else stored.col("ts")
-    sseq = stored.col("seq")
-    pidx, hit_seq = nested_probe(stored.col("key"), tscol, sseq, len(stored), lo, hi, mode,
-                                 np.ascontiguousarray(c0), np.ascontiguousarray(c1),
-                                 np.ascontiguousarray(c2))
-    # seqs are ascending within a segment (arrival order), so positions by binary search
-    pos = np.searchsorted(sseq, hit_seq)
+    pidx, pos = scan_segment(stored.col("key"), tscol, stored.col("seq"), lo, hi, mode,
+                             np.ascontiguousarray(c0), np.ascontiguousarray(c1),
+                             np.ascontiguousarray(c2))
     return probe.id[pidx], stored.col("id")[pos]
