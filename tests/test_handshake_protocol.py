@@ -66,6 +66,20 @@ def test_chain_equals_reference(n_nodes, wkind, pred, order):
           feed_chunk=5, max_batch=7, check=order == "random")
 
 
+@pytest.mark.parametrize("n_nodes", [1, 3])
+@pytest.mark.parametrize("wkind", ["count", "time"])
+@pytest.mark.parametrize("pred", ["eq", "bands:-9,-6;2,4", "ne"])
+def test_sorted_segment_index_equals_reference(n_nodes, wkind, pred):
+    check(stream(n=150 if pred == "ne" else 300), WINDOWS[wkind], pred, n_nodes,
+          order="random", seed=3, feed_chunk=6, max_batch=5, check=True, index="sorted")
+
+
+@pytest.mark.parametrize("index", ["nested", "sorted"])
+def test_float_keys_with_either_segment_kind(index):
+    check(stream("float", n=300), WINDOWS["time"], "band:0.5", 2, order="random", seed=1,
+          check=True, index=index)
+
+
 @pytest.mark.parametrize("dist", ["float", "extreme", "zipf", "equal"])
 @pytest.mark.parametrize("wkind", ["count", "time"])
 def test_key_distributions(dist, wkind):

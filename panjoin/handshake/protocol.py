@@ -127,12 +127,14 @@ class Node:
     #: False only in tests: remove S at once when sent left, as a naive protocol would
     #: (Figure 7's missed-join pair problem must then show up)
     two_phase: bool = True
+    #: "nested" (the paper's scan) or "sorted" (a sorted key index per segment)
+    index: str = "nested"
     R: Segment = field(init=False)
     S: Segment = field(init=False)
 
     def __post_init__(self):
-        self.R = Segment(self.key_dtype)
-        self.S = Segment(self.key_dtype)
+        self.R = Segment(self.key_dtype, index=self.index)
+        self.S = Segment(self.key_dtype, index=self.index)
         self.leftmost = self.pos == 0
         self.rightmost = self.pos == self.n_nodes - 1
         self.s_forwarded = 0  # oldest S tuples sent left, kept until acked (two-phase)
@@ -320,6 +322,10 @@ class Node:
             # FIFO channels and oldest-first forwarding keep each segment a run of seqs
             assert np.all(np.diff(seq) == 1), f"node {self.pos}: {name} seqs not consecutive"
         assert self.left.estimate() >= 0 and self.right.estimate() >= 0
+        for seg in (self.R, self.S):
+            if seg.index == "sorted":
+                assert seg.skey.shape[0] == len(seg), "sorted index out of step with the segment"
+                assert np.all(np.diff(seg.skey) >= 0), "sorted index not sorted"
 
 
 # ------------------------------------------------------------------ the driver
@@ -417,14 +423,13 @@ class Driver:
         self.total["R"] += int(cr[-1])
         self.total["S"] += int(cs[-1])
         out: list[tuple[str, Msg]] = []
-        # runs of one stream, in arrival order, each one message to its end
-        cut = np.flatnonzero(np.diff(stream.astype(np.int8))) + 1
-        for a, b in zip(np.r_[0, cut], np.r_[cut, n], strict=True):
-            x = "R" if stream[a] == 0 else "S"
-            t = Tuples(ids[a:b].copy(), keys[a:b].copy(), ts[a:b].copy(), seq[a:b].copy(),
-                       opp[a:b].copy())
-            self.fed[x].add(t.ts)
-            out.append((LEFT if x == "R" else RIGHT, Msg(TUPLES, x, tuples=t)))
+        # one message per stream: R and S enter at different ends, so only the order
+        # within a stream matters (the nodes check the window per pair)
+        for x, m in (("R", is_r), ("S", ~is_r)):
+            if m.any():
+                t = Tuples(ids[m], keys[m], ts[m], seq[m], opp[m])
+                self.fed[x].add(t.ts)
+                out.append((LEFT if x == "R" else RIGHT, Msg(TUPLES, x, tuples=t)))
         out += self.expire()
         return out
 

@@ -59,10 +59,25 @@ class Tuples:
         return Tuples(*(np.concatenate([getattr(p, c) for p in parts]) for c in COLUMNS))
 
 
-class Segment:
-    """Tuples of one stream held by one node, oldest first; O(1) amortised append/pop."""
+#: how a node scans its segments: the paper's nested loop, or a sorted key index
+SEGMENT_KINDS = ("nested", "sorted")
 
-    def __init__(self, key_dtype=np.int64, capacity: int = 64):
+
+class Segment:
+    """Tuples of one stream held by one node, oldest first; O(1) amortised append/pop.
+
+    ``index="sorted"`` also keeps the keys sorted with their seqs (BI-Sort's main
+    array without its insertion buffer): an append merges the new keys in and a pop
+    drops the oldest seqs, O(segment) each, and a scan is a binary search per probe
+    tuple and band instead of a pass over the whole segment.
+    """
+
+    def __init__(self, key_dtype=np.int64, capacity: int = 64, index: str = "nested"):
+        if index not in SEGMENT_KINDS:
+            raise ValueError(f"segment index {index!r}: choose one of {', '.join(SEGMENT_KINDS)}")
+        self.index = index
+        self.skey = np.zeros(0, key_dtype)  # sorted keys (index="sorted")
+        self.sseq = np.zeros(0, np.int64)  # their seqs
         self.key_dtype = np.dtype(key_dtype)
         cap = max(1, capacity)
         self._cols = {c: np.empty(cap, self.key_dtype if c == "key" else np.int64)
@@ -99,6 +114,12 @@ class Segment:
         for c in COLUMNS:
             self._cols[c][self.tail:self.tail + m] = getattr(t, c)
         self.tail += m
+        if self.index == "sorted":
+            order = np.argsort(t.key, kind="stable")
+            k = t.key[order]
+            at = np.searchsorted(self.skey, k, side="right")
+            self.skey = np.insert(self.skey, at, k)
+            self.sseq = np.insert(self.sseq, at, t.seq[order])
 
     def pop_oldest(self, n: int) -> Tuples:
         if n > len(self):
@@ -107,6 +128,9 @@ class Segment:
         self.head += n
         if self.head == self.tail:
             self.head = self.tail = 0
+        if self.index == "sorted" and n:
+            keep = self.sseq > out.seq[-1]  # seqs are consecutive: drop the n oldest
+            self.skey, self.sseq = self.skey[keep], self.sseq[keep]
         return out
 
     @property
@@ -142,7 +166,40 @@ def scan(probe: Tuples, probe_stream: str, stored: Segment, window: Window,
     lo, hi = probe_bounds(pred, probe_stream, probe.key)
     mode, c0, c1, c2 = window_filter(window, probe_stream, probe)
     tscol = stored.col("opp") if window.kind == "count" else stored.col("ts")
+    if stored.index == "sorted":
+        return _scan_sorted(probe, stored, lo, hi, mode, c0, c1, c2, tscol)
     pidx, pos = scan_segment(stored.col("key"), tscol, stored.col("seq"), lo, hi, mode,
                              np.ascontiguousarray(c0), np.ascontiguousarray(c1),
                              np.ascontiguousarray(c2))
     return probe.id[pidx], stored.col("id")[pos]
+
+
+def _scan_sorted(probe, stored, lo, hi, mode, c0, c1, c2, tscol):
+    """The scan over the sorted key index: candidate ranges by binary search, then the
+    window condition on each candidate (as :meth:`WindowFilter.mask` does)."""
+    pis, poss = [], []
+    first = int(stored.col("seq")[0])
+    for b in range(lo.shape[0]):
+        a = np.searchsorted(stored.skey, lo[b], side="left")
+        e = np.searchsorted(stored.skey, hi[b], side="right")
+        cnt = np.maximum(e - a, 0)
+        tot = int(cnt.sum())
+        if tot == 0:
+            continue
+        pi = np.repeat(np.arange(lo.shape[1]), cnt)
+        starts = np.repeat(a - np.cumsum(cnt) + cnt, cnt)  # a[i] - (offset of i's first)
+        j = starts + np.arange(tot)
+        pis.append(pi)
+        poss.append(stored.sseq[j] - first)
+    if not pis:
+        z = np.zeros(0, np.int64)
+        return z, z
+    pi, pos = np.concatenate(pis), np.concatenate(poss)
+    seq, ts = stored.col("seq")[pos], tscol[pos]
+    if mode == W.TIME:
+        ok = (c0[pi] < ts) & (ts < c1[pi])
+    elif mode == W.COUNT:
+        ok = np.where(seq < c1[pi], seq >= c0[pi], ts <= c2[pi])
+    else:
+        ok = np.ones(pi.shape, bool)
+    return probe.id[pi[ok]], stored.col("id")[pos[ok]]
