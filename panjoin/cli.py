@@ -73,6 +73,9 @@ def _add_topology(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fifo", type=_size, default=1 << 16, metavar="PAIRS",
                    help="handshake: capacity of every result FIFO in pairs; admission control "
                         "pauses the input while one is full (default: %(default)s)")
+    p.add_argument("--segment", choices=["nested", "sorted"], default="nested",
+                   help="handshake: how a node scans its segments: the paper's nested loop "
+                        "(default) or a sorted key index")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -332,7 +335,7 @@ def _replay_handshake(args, events, window, pred) -> int:
         chain = HandshakeChain([w.address for w in nodes], window, pred,
                                key_dtype=str(events.key.dtype),
                                batch_size=min(args.batch_size, 4096), node_fifo=args.fifo,
-                               merger_fifo=args.fifo)
+                               merger_fifo=args.fifo, index=args.segment)
         try:
             rc = _replay_engine(args, events, window, pred, None, len(nodes), engine=chain)
             st = chain.status()
@@ -448,7 +451,8 @@ def run_cluster(args) -> int:
     workers = start_workers(args.workers, args.threads, role=role)
     addrs = [w.address for w in workers]
     try:
-        server, port = serve_manager(addrs, args.port, topology=args.topology, fifo=args.fifo)
+        server, port = serve_manager(addrs, args.port, topology=args.topology, fifo=args.fifo,
+                                     segment=args.segment)
     except BaseException:
         for w in workers:
             w.stop()
@@ -473,7 +477,7 @@ def run_manager(args) -> int:
     for a in addrs:
         wait_healthy(a, timeout=30)
     server, port = serve_manager(addrs, args.port, args.host, topology=args.topology,
-                                 fifo=args.fifo)
+                                 fifo=args.fifo, segment=args.segment)
     print(f"panjoin manager listening on {args.host}:{port}, workers {', '.join(addrs)}",
           flush=True)
     return _serve_until_stopped(lambda: server.stop(grace=2).wait())

@@ -109,7 +109,8 @@ def test_replay_cli_handshake_topology(tmp_path, capsys):
     out = tmp_path / "p.parquet"
     assert main(["replay", str(ev), "--window", "count:200,200", "--predicate", "band:1",
                  "--topology", "handshake", "--workers", "2", "--batch-size", "100",
-                 "--fifo", "64", "--out", str(out), "--no-progress"]) == 0
+                 "--fifo", "64", "--segment", "sorted", "--out", str(out),
+                 "--no-progress"]) == 0
     ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:200,200"),
                          parse_predicate("band:1"))
     assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)

@@ -49,7 +49,7 @@ class ChainNode:
         self.cfg = cfg
         self.key_dtype = cfg.key_dtype
         self.node = Node(cfg.position, cfg.n_nodes, window, pred, np.dtype(cfg.key_dtype),
-                         int(cfg.max_batch))
+                         int(cfg.max_batch), index=cfg.index or "nested")
         self.inbox: queue.Queue = queue.Queue()
         self.outbox: queue.Queue = queue.Queue()  # for the driver (end nodes)
         self.fifo = FIFO(int(cfg.result_fifo), f"node {cfg.position}")

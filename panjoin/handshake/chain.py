@@ -29,6 +29,7 @@ import numpy as np
 
 from panjoin.handshake.merge import AdmissionControl, MergingNetwork
 from panjoin.handshake.protocol import LEFT, RIGHT, Driver
+from panjoin.handshake.segment import SEGMENT_KINDS
 from panjoin.handshake.transport import LinkSender, from_proto
 from panjoin.proto.panjoin.v1 import handshake_pb2, handshake_pb2_grpc
 from panjoin.semantics import Predicate, Window, parse_predicate, parse_window
@@ -55,6 +56,7 @@ class HandshakeChain:
                  *, allowed_lateness: int = 0, key_dtype: str | None = None,
                  batch_size: int = 4096, node_fifo: int = 1 << 16, merger_fifo: int = 1 << 16,
                  max_batch: int = 4096, max_in_flight: int | None = None,
+                 index: str = "nested",
                  timeout: float = 300.0):
         if not addresses:
             raise ValueError("a handshake chain needs at least one node address")
@@ -67,6 +69,9 @@ class HandshakeChain:
         self.batch_size = int(batch_size)
         self.node_fifo, self.merger_fifo, self.max_batch = node_fifo, merger_fifo, max_batch
         self.timeout = timeout
+        if index not in SEGMENT_KINDS:
+            raise ValueError(f"segment index {index!r}: choose one of {', '.join(SEGMENT_KINDS)}")
+        self.index = index
         #: fed tuples the entry nodes may have not processed yet (beyond it the driver waits)
         self.max_in_flight = int(max_in_flight or 4 * self.batch_size)
         self.credit_waits = 0
@@ -104,7 +109,8 @@ class HandshakeChain:
                     right=self.addresses[i + 1] if i < n - 1 else "",
                     window=str(self.window), predicate=str(self.pred),
                     allowed_lateness=self.window.lateness, key_dtype=str(self.key_dtype),
-                    result_fifo=self.node_fifo, max_batch=self.max_batch), timeout=30)
+                    result_fifo=self.node_fifo, max_batch=self.max_batch,
+                    index=self.index), timeout=30)
         except grpc.RpcError as e:
             raise ChainError(f"configuring the chain failed: {e.details()}") from e
         self.started = True

@@ -42,7 +42,7 @@ class _Join:
 
 class ManagerServicer(manager_pb2_grpc.ManagerServicer):
     def __init__(self, workers: list[str], threads: int = 1, topology: str = "ring",
-                 fifo: int = 1 << 16):
+                 fifo: int = 1 << 16, segment: str = "nested"):
         if not workers:
             raise ValueError("the manager needs at least one worker address")
         if topology not in ("ring", "handshake"):
@@ -51,6 +51,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         self.threads = threads
         self.topology = topology  # handshake: `workers` are handshake chain nodes, in order
         self.fifo = fifo
+        self.segment = segment
         self.joins: dict[str, _Join] = {}
         self.lock = threading.Lock()
 
@@ -90,10 +91,10 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
 
         chain = HandshakeChain(self.workers, window, pred, key_dtype=request.key_dtype or None,
                                batch_size=min(request.batch_size or 4096, 1 << 16),
-                               node_fifo=self.fifo, merger_fifo=self.fifo)
+                               node_fifo=self.fifo, merger_fifo=self.fifo, index=self.segment)
         settings = manager_pb2.OpenRequest()
         settings.CopyFrom(request)
-        settings.index = "nested"  # every node scans its segments
+        settings.index = self.segment  # how every node scans its segments
         settings.batch_size = chain.batch_size
         join_id = uuid.uuid4().hex[:12]
         with self.lock:
@@ -190,9 +191,9 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
 
 def serve_manager(workers: list[str], port: int = 0, host: str = "127.0.0.1",
                   threads: int = 1, topology: str = "ring",
-                  fifo: int = 1 << 16) -> tuple[grpc.Server, int]:
+                  fifo: int = 1 << 16, segment: str = "nested") -> tuple[grpc.Server, int]:
     """Start the manager endpoint; returns the server and its port."""
-    servicer = ManagerServicer(workers, threads, topology, fifo)
+    servicer = ManagerServicer(workers, threads, topology, fifo, segment)
     return start_server(
         lambda srv: manager_pb2_grpc.add_ManagerServicer_to_server(servicer, srv),
         manager_pb2.DESCRIPTOR.services_by_name["Manager"].full_name, port, host)

@@ -35,12 +35,13 @@ KIND_ARRIVED: Kind
 KIND_DRAINED: Kind
 
 class ChainConfig(_message.Message):
-    __slots__ = ("chain_id", "position", "n_nodes", "right", "left", "window", "predicate", "allowed_lateness", "key_dtype", "result_fifo", "max_batch")
+    __slots__ = ("chain_id", "position", "n_nodes", "right", "left", "index", "window", "predicate", "allowed_lateness", "key_dtype", "result_fifo", "max_batch")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     N_NODES_FIELD_NUMBER: _ClassVar[int]
     RIGHT_FIELD_NUMBER: _ClassVar[int]
     LEFT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     PREDICATE_FIELD_NUMBER: _ClassVar[int]
     ALLOWED_LATENESS_FIELD_NUMBER: _ClassVar[int]
@@ -52,13 +53,14 @@ class ChainConfig(_message.Message):
     n_nodes: int
     right: str
     left: str
+    index: str
     window: str
     predicate: str
     allowed_lateness: int
     key_dtype: str
     result_fifo: int
     max_batch: int
-    def __init__(self, chain_id: _Optional[str] = ..., position: _Optional[int] = ..., n_nodes: _Optional[int] = ..., right: _Optional[str] = ..., left: _Optional[str] = ..., window: _Optional[str] = ..., predicate: _Optional[str] = ..., allowed_lateness: _Optional[int] = ..., key_dtype: _Optional[str] = ..., result_fifo: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...
+    def __init__(self, chain_id: _Optional[str] = ..., position: _Optional[int] = ..., n_nodes: _Optional[int] = ..., right: _Optional[str] = ..., left: _Optional[str] = ..., index: _Optional[str] = ..., window: _Optional[str] = ..., predicate: _Optional[str] = ..., allowed_lateness: _Optional[int] = ..., key_dtype: _Optional[str] = ..., result_fifo: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...
 
 class ChainRef(_message.Message):
     __slots__ = ("chain_id",)
