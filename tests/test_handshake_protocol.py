@@ -134,6 +134,21 @@ def test_balancing_invariant_and_convergence():
         assert sim.max_imbalance["S"] <= 1 and sim.max_imbalance["R"] <= 1
 
 
+@pytest.mark.parametrize("wkind", ["count", "time"])
+def test_drain_then_more_input(wkind):
+    # a flush in the middle of the stream (the manager's flush=True), then more input
+    t = stream(n=N)
+    w, p = parse_window(WINDOWS[wkind]), parse_predicate("band:3")
+    sim = Simulation(3, w, p, order="random", seed=7, feed_chunk=5, check=True)
+    parts = []
+    for a, b in ((0, 170), (170, 171), (171, N)):
+        sim.feed_all(t.stream[a:b], t.id[a:b], t.key[a:b], t.ts[a:b])
+        sim.drain()
+        parts.append(sim.take_pairs())
+    ref = reference_join(t.stream, t.id, t.key, t.ts, w, p).pairs
+    assert np.array_equal(sort_pairs(np.concatenate(parts)), ref)
+
+
 def test_without_two_phase_forwarding_pairs_are_missed():
     t = stream(n=N)
     w, p = parse_window("count:60,60"), parse_predicate("band:5")
