@@ -68,6 +68,18 @@ def _add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
     g.add_argument("--threads", type=int, metavar="T", help="probe threads (default: all cores)")
 
 
+def _add_topology(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topology", choices=["ring", "handshake"], default="ring",
+                   help="ring: PanJoin subwindows over workers (default); handshake: a chain of "
+                        "handshake join nodes (nested-loop segments, two-phase forwarding)")
+    p.add_argument("--fifo", type=_size, default=1 << 16, metavar="PAIRS",
+                   help="handshake: capacity of every result FIFO in pairs; admission control "
+                        "pauses the input while one is full (default: %(default)s)")
+    p.add_argument("--segment", choices=["nested", "sorted"], default="nested",
+                   help="handshake: how a node scans its segments: the paper's nested loop "
+                        "(default) or a sorted key index")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="panjoin",
@@ -98,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--with-payload", action="store_true",
                    help="join the events' payloads back onto the pairs: columns r_payload, "
                         "s_payload (the manager keeps them; workers never see them)")
+    _add_topology(p)
     _add_common(p)
 
     p = sub.add_parser("gen", help="generate an event file",
@@ -143,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="worker processes (default: 2)")
     p.add_argument("--port", type=int, default=50050, help="manager port, 0 for any free one")
     p.add_argument("--threads", type=int, default=1, help="probe threads per worker")
+    _add_topology(p)
     _add_common(p)
 
     p = sub.add_parser("manager", help="run the manager endpoint over existing workers",
@@ -152,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated worker addresses")
     p.add_argument("--port", type=int, default=50050, help="port, 0 for any free one")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
+    _add_topology(p)
     _add_common(p)
 
     p = sub.add_parser("worker", help="run a worker process (gRPC server over the indexes)",
@@ -169,6 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="OpenCL device: 'P:D', cpu, gpu, accelerator or part of its name "
                         "(default: $PANJOIN_OPENCL_DEVICE, else the pocl CPU device; "
                         "'python -m opencl' lists them)")
+    _add_common(p)
+
+    p = sub.add_parser("handshake-node", help="run a handshake chain node (--topology handshake)",
+                       description="Serve panjoin.v1.HandshakeNode: one node of a handshake "
+                                   "join chain, talking to its neighbours over gRPC.")
+    p.add_argument("--port", type=int, default=50061, help="port, 0 for any free one "
+                                                           "(default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=1, help="scan threads (default: %(default)s)")
     _add_common(p)
 
     b = bsub.add_parser("system", help="end-to-end rate of a local cluster vs in-process",
@@ -271,10 +295,15 @@ def run_replay(args) -> int:
     if args.with_payload and events.payload is None:
         raise SystemExit(f"panjoin replay: error: {args.events} has no payload column; "
                          "drop --with-payload, or add one (panjoin gen --payload)")
+    if args.with_payload and args.topology == "handshake":
+        raise SystemExit("panjoin replay: error: the handshake topology carries no payloads; "
+                         "drop --with-payload or use --topology ring")
     if not args.with_payload:
         events.payload = None  # not asked for: the manager need not keep them
     if args.cluster:
         return _replay_on_manager(args, events, window, pred)
+    if args.topology == "handshake":
+        return _replay_handshake(args, events, window, pred)
     backend, workers = None, []
     if args.workers:
         from panjoin.launch import start_workers
@@ -317,16 +346,42 @@ def _replay_on_manager(args, events, window, pred) -> int:
     return 0
 
 
-def _replay_engine(args, events, window, pred, backend, n_workers) -> int:
+def _replay_handshake(args, events, window, pred) -> int:
+    from panjoin.handshake.chain import HandshakeChain
+    from panjoin.launch import start_workers
+
+    nodes = start_workers(args.workers or 1, args.threads or 1, role="handshake-node")
+    log.info("handshake chain: %s", " - ".join(w.address for w in nodes))
+    try:
+        chain = HandshakeChain([w.address for w in nodes], window, pred,
+                               key_dtype=str(events.key.dtype),
+                               batch_size=min(args.batch_size, 4096), node_fifo=args.fifo,
+                               merger_fifo=args.fifo, index=args.segment)
+        try:
+            rc = _replay_engine(args, events, window, pred, None, len(nodes), engine=chain)
+            st = chain.status()
+            print(f"handshake: {len(nodes)} nodes  admission pauses: {st['pauses']}  "
+                  f"segments R {st['segments']['R']} S {st['segments']['S']}")
+            return rc
+        finally:
+            chain.close()
+    finally:
+        for w in nodes:
+            w.stop()
+
+
+def _replay_engine(args, events, window, pred, backend, n_workers, engine=None) -> int:
     from panjoin.events import write_ids, write_pairs
     from panjoin.manager.engine import JoinEngine
 
-    engine = JoinEngine(window, pred, index=args.index, subwindow_size=args.subwindow_size,
-                        partitions=args.partitions, batch_size=args.batch_size,
-                        max_lag=args.max_lag, threads=args.threads,
-                        key_dtype=str(events.key.dtype), backend=backend, n_workers=n_workers)
-    log.info("join %s on %s, index %s, NSub %d, P %d, NBat %d", window, pred, args.index,
-             engine.nsub, engine.partitions, engine.batch_size)
+    if engine is None:
+        engine = JoinEngine(window, pred, index=args.index, subwindow_size=args.subwindow_size,
+                            partitions=args.partitions, batch_size=args.batch_size,
+                            max_lag=args.max_lag, threads=args.threads,
+                            key_dtype=str(events.key.dtype), backend=backend,
+                            n_workers=n_workers)
+        log.info("join %s on %s, index %s, NSub %d, P %d, NBat %d", window, pred, args.index,
+                 engine.nsub, engine.partitions, engine.batch_size)
     parts = []
     peak = 0
     t1 = time.perf_counter()
@@ -343,7 +398,7 @@ def _replay_engine(args, events, window, pred, backend, n_workers) -> int:
     r_all = np.concatenate([p[0] for p in parts])
     s_all = np.concatenate([p[1] for p in parts])
     pays = [None, None]
-    if engine.with_payload:
+    if getattr(engine, "with_payload", False):
         import pyarrow as pa
 
         pays = [pa.concat_arrays([p[k] for p in parts]) for k in (2, 3)]
@@ -414,15 +469,18 @@ def run_cluster(args) -> int:
     from panjoin.launch import start_workers
     from panjoin.manager.service import serve_manager
 
-    workers = start_workers(args.workers, args.threads)
+    role = "handshake-node" if args.topology == "handshake" else "worker"
+    workers = start_workers(args.workers, args.threads, role=role)
     addrs = [w.address for w in workers]
     try:
-        server, port = serve_manager(addrs, args.port)
+        server, port = serve_manager(addrs, args.port, topology=args.topology, fifo=args.fifo,
+                                     segment=args.segment)
     except BaseException:
         for w in workers:
             w.stop()
         raise
-    print(f"panjoin cluster: manager on 127.0.0.1:{port}, workers {', '.join(addrs)}", flush=True)
+    print(f"panjoin cluster: manager on 127.0.0.1:{port}, workers {', '.join(addrs)}"
+          + (" (handshake chain)" if args.topology == "handshake" else ""), flush=True)
 
     def stop():
         server.stop(grace=2).wait()
@@ -440,7 +498,8 @@ def run_manager(args) -> int:
     addrs = [a.strip() for a in args.workers.split(",") if a.strip()]
     for a in addrs:
         wait_healthy(a, timeout=30)
-    server, port = serve_manager(addrs, args.port, args.host)
+    server, port = serve_manager(addrs, args.port, args.host, topology=args.topology,
+                                 fifo=args.fifo, segment=args.segment)
     print(f"panjoin manager listening on {args.host}:{port}, workers {', '.join(addrs)}",
           flush=True)
     return _serve_until_stopped(lambda: server.stop(grace=2).wait())
@@ -464,6 +523,16 @@ def run_worker(args) -> int:
                          device=args.device)
     print(f"{READY}{args.host}:{port}", flush=True)
     log.info("worker serving on %s:%d with %d threads", args.host, port, args.threads)
+    return _serve_until_stopped(lambda: server.stop(grace=2).wait())
+
+
+def run_handshake_node(args) -> int:
+    from panjoin.launch import READY
+    from workers.handshake_node import serve
+
+    server, port = serve(args.port, args.threads, args.host)
+    print(f"{READY}{args.host}:{port}", flush=True)
+    log.info("handshake node serving on %s:%d", args.host, port)
     return _serve_until_stopped(lambda: server.stop(grace=2).wait())
 
 
@@ -550,7 +619,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers = {"replay": run_replay, "gen": run_gen, "bench": run_bench, "demo": run_demo,
-                "worker": run_worker, "cluster": run_cluster, "manager": run_manager}
+                "worker": run_worker, "cluster": run_cluster, "manager": run_manager,
+                "handshake-node": run_handshake_node}
     try:
         return handlers[args.cmd](args)
     except (SpecError, ValueError, TypeError, FileNotFoundError) as e:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
+from panjoin.handshake.chain import ChainError
 from panjoin.manager.engine import JoinEngine
 from panjoin.manager.grpc_backend import GrpcBackend, WorkerError
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
@@ -41,11 +42,17 @@ class _Join:
 
 
 class ManagerServicer(manager_pb2_grpc.ManagerServicer):
-    def __init__(self, workers: list[str], threads: int = 1):
+    def __init__(self, workers: list[str], threads: int = 1, topology: str = "ring",
+                 fifo: int = 1 << 16, segment: str = "nested"):
         if not workers:
             raise ValueError("the manager needs at least one worker address")
+        if topology not in ("ring", "handshake"):
+            raise ValueError(f"unknown topology {topology!r}; choose 'ring' or 'handshake'")
         self.workers = workers
         self.threads = threads
+        self.topology = topology  # handshake: `workers` are handshake chain nodes, in order
+        self.fifo = fifo
+        self.segment = segment
         self.joins: dict[str, _Join] = {}
         self.lock = threading.Lock()
 
@@ -54,6 +61,8 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             window = parse_window(request.window, request.allowed_lateness)
             pred = parse_predicate(request.predicate)
             fmt = "ranges" if request.result_format == 1 else "pairs"
+            if self.topology == "handshake":
+                return self._open_handshake(request, window, pred)
             backend = GrpcBackend(self.workers, result_format=fmt)
             engine = JoinEngine(
                 window, pred, index=request.index or "bisort",
@@ -76,6 +85,23 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         with self.lock:
             self.joins[join_id] = _Join(engine, backend, settings, threading.RLock())
         log.info("join %s opened: %s on %s, index %s", join_id, window, pred, engine.index)
+        return manager_pb2.OpenReply(join_id=join_id, settings=settings)
+
+    def _open_handshake(self, request, window, pred) -> manager_pb2.OpenReply:
+        from panjoin.handshake.chain import HandshakeChain
+
+        chain = HandshakeChain(self.workers, window, pred, key_dtype=request.key_dtype or None,
+                               batch_size=min(request.batch_size or 4096, 1 << 16),
+                               node_fifo=self.fifo, merger_fifo=self.fifo, index=self.segment)
+        settings = manager_pb2.OpenRequest()
+        settings.CopyFrom(request)
+        settings.index = self.segment  # how every node scans its segments
+        settings.batch_size = chain.batch_size
+        join_id = uuid.uuid4().hex[:12]
+        with self.lock:
+            self.joins[join_id] = _Join(chain, chain, settings, threading.RLock())
+        log.info("join %s opened on a %d-node handshake chain: %s on %s", join_id,
+                 len(self.workers), window, pred)
         return manager_pb2.OpenReply(join_id=join_id, settings=settings)
 
     def _get(self, join_id: str, context) -> _Join:
@@ -123,7 +149,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                 j.engine.flush()
         except (WireError, ValueError, TypeError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except WorkerError as e:
+        except (WorkerError, ChainError) as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         j.applied = True
         j.last_batch_id = msg.batch_id
@@ -142,13 +168,16 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         e = j.engine
         j.backend.sync()  # every command answered: the workers' status bits are current
         w = e.window_tuples()
+        rings = getattr(e, "rings", {"R": (), "S": ()})  # a handshake chain has none
         return manager_pb2.JoinStatus(
             join_id=join_id, tuples_in=e.stats.tuples_in, late=e.stats.late,
             batches=e.stats.batches, results=e.stats.results, window_r=w["R"], window_s=w["S"],
-            subwindows_r=len(e.rings["R"]), subwindows_s=len(e.rings["S"]),
+            subwindows_r=len(rings["R"]), subwindows_s=len(rings["S"]),
             workers_alive=len(j.backend.alive_workers()), last_batch_id=j.last_batch_id,
             memory_bytes=e.memory_bytes(), workers=j.backend.loads(),
-            probes_in_flight=len(e._inflight), failovers=j.backend.failovers)
+            probes_in_flight=e.status().get("probes_in_flight", 0),
+            failovers=j.backend.failovers,
+            pauses=e.admission.pauses if hasattr(e, "admission") else 0)
 
     def _status_or_abort(self, join_id: str, j: _Join, context) -> manager_pb2.JoinStatus:
         if j.closed:  # closed while this call waited for the join's lock
@@ -181,9 +210,10 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
 
 
 def serve_manager(workers: list[str], port: int = 0, host: str = "127.0.0.1",
-                  threads: int = 1) -> tuple[grpc.Server, int]:
+                  threads: int = 1, topology: str = "ring",
+                  fifo: int = 1 << 16, segment: str = "nested") -> tuple[grpc.Server, int]:
     """Start the manager endpoint; returns the server and its port."""
-    servicer = ManagerServicer(workers, threads)
+    servicer = ManagerServicer(workers, threads, topology, fifo, segment)
     return start_server(
         lambda srv: manager_pb2_grpc.add_ManagerServicer_to_server(servicer, srv),
         manager_pb2.DESCRIPTOR.services_by_name["Manager"].full_name, port, host)

@@ -98,7 +98,7 @@ class JoinOutput(_message.Message):
     def __init__(self, batch_id: _Optional[int] = ..., r_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., s_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., r_payload: _Optional[_Union[Payloads, _Mapping]] = ..., s_payload: _Optional[_Union[Payloads, _Mapping]] = ..., late_stream: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., late_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class JoinStatus(_message.Message):
-    __slots__ = ("join_id", "tuples_in", "late", "batches", "results", "window_r", "window_s", "subwindows_r", "subwindows_s", "workers_alive", "last_batch_id", "memory_bytes", "workers", "probes_in_flight", "failovers")
+    __slots__ = ("join_id", "tuples_in", "late", "batches", "results", "window_r", "window_s", "subwindows_r", "subwindows_s", "workers_alive", "last_batch_id", "memory_bytes", "workers", "probes_in_flight", "failovers", "pauses")
     JOIN_ID_FIELD_NUMBER: _ClassVar[int]
     TUPLES_IN_FIELD_NUMBER: _ClassVar[int]
     LATE_FIELD_NUMBER: _ClassVar[int]
@@ -114,6 +114,7 @@ class JoinStatus(_message.Message):
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     PROBES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     FAILOVERS_FIELD_NUMBER: _ClassVar[int]
+    PAUSES_FIELD_NUMBER: _ClassVar[int]
     join_id: str
     tuples_in: int
     late: int
@@ -129,4 +130,5 @@ class JoinStatus(_message.Message):
     workers: _containers.RepeatedCompositeFieldContainer[_worker_pb2.WorkerLoad]
     probes_in_flight: int
     failovers: int
-    def __init__(self, join_id: _Optional[str] = ..., tuples_in: _Optional[int] = ..., late: _Optional[int] = ..., batches: _Optional[int] = ..., results: _Optional[int] = ..., window_r: _Optional[int] = ..., window_s: _Optional[int] = ..., subwindows_r: _Optional[int] = ..., subwindows_s: _Optional[int] = ..., workers_alive: _Optional[int] = ..., last_batch_id: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[_worker_pb2.WorkerLoad, _Mapping]]] = ..., probes_in_flight: _Optional[int] = ..., failovers: _Optional[int] = ...) -> None: ...
+    pauses: int
+    def __init__(self, join_id: _Optional[str] = ..., tuples_in: _Optional[int] = ..., late: _Optional[int] = ..., batches: _Optional[int] = ..., results: _Optional[int] = ..., window_r: _Optional[int] = ..., window_s: _Optional[int] = ..., subwindows_r: _Optional[int] = ..., subwindows_s: _Optional[int] = ..., workers_alive: _Optional[int] = ..., last_batch_id: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[_worker_pb2.WorkerLoad, _Mapping]]] = ..., probes_in_flight: _Optional[int] = ..., failovers: _Optional[int] = ..., pauses: _Optional[int] = ...) -> None: ...
