@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,bench,spark]'
+	$(BIN)/python -m pip install -q -e '.[test,bench,opencl,spark]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -21,7 +21,7 @@ demo-kafka: $(STAMP)
 	$(BIN)/python -m spark_conn.demo
 
 test: $(STAMP)
-	$(BIN)/ruff check panjoin workers tests benchmarks scripts spark_conn
+	$(BIN)/ruff check panjoin workers tests benchmarks scripts opencl spark_conn
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 bench-quick: $(STAMP)

@@ -27,7 +27,8 @@ from panjoin.semantics import SpecError, parse_size
 log = logging.getLogger("panjoin")
 
 INDEX_HELP = ("subwindow index: rap (RaP-Table), wib (WiB+-Tree), bisort (BI-Sort), "
-              "nested (nested loop, the baseline)")
+              "nested (nested loop, the baseline), bisort-opencl (BI-Sort on an OpenCL "
+              "device: $PANJOIN_OPENCL_DEVICE, else the pocl CPU device)")
 
 
 def _size(text: str) -> int:
@@ -49,7 +50,8 @@ def _add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
                    help="count:WR,WS (tuples) or time:TR,TS (ms of event time)")
     g.add_argument("--predicate", required=required, metavar="SPEC",
                    help="eq | ne | band:E (|r.key-s.key|<=E) | bands:A,B;C,D (s.key-r.key in ...)")
-    g.add_argument("--index", default="bisort", choices=["rap", "wib", "bisort", "nested"],
+    g.add_argument("--index", default="bisort",
+                   choices=["rap", "wib", "bisort", "nested", "bisort-opencl"],
                    help=INDEX_HELP + " (default: %(default)s)")
     g.add_argument("--allowed-lateness", type=int, default=0, metavar="MS",
                    help="time windows: a tuple more than MS behind the largest ts so far is "
@@ -64,6 +66,18 @@ def _add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
                    help="cut a stream's batch once the other stream has received N tuples since "
                         "its oldest tuple (default: the batch size)")
     g.add_argument("--threads", type=int, metavar="T", help="probe threads (default: all cores)")
+
+
+def _add_topology(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topology", choices=["ring", "handshake"], default="ring",
+                   help="ring: PanJoin subwindows over workers (default); handshake: a chain of "
+                        "handshake join nodes (nested-loop segments, two-phase forwarding)")
+    p.add_argument("--fifo", type=_size, default=1 << 16, metavar="PAIRS",
+                   help="handshake: capacity of every result FIFO in pairs; admission control "
+                        "pauses the input while one is full (default: %(default)s)")
+    p.add_argument("--segment", choices=["nested", "sorted"], default="nested",
+                   help="handshake: how a node scans its segments: the paper's nested loop "
+                        "(default) or a sorted key index")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--result-format", choices=["pairs", "ranges"], default="pairs",
                    help="on a cluster with BI-Sort: workers answer with (start, end) ranges "
                         "expanded on the manager's mirror (default: %(default)s)")
+    p.add_argument("--with-payload", action="store_true",
+                   help="join the events' payloads back onto the pairs: columns r_payload, "
+                        "s_payload (the manager keeps them; workers never see them)")
+    _add_topology(p)
     _add_common(p)
 
     p = sub.add_parser("gen", help="generate an event file",
@@ -138,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="worker processes (default: 2)")
     p.add_argument("--port", type=int, default=50050, help="manager port, 0 for any free one")
     p.add_argument("--threads", type=int, default=1, help="probe threads per worker")
+    _add_topology(p)
     _add_common(p)
 
     p = sub.add_parser("manager", help="run the manager endpoint over existing workers",
@@ -147,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated worker addresses")
     p.add_argument("--port", type=int, default=50050, help="port, 0 for any free one")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
+    _add_topology(p)
     _add_common(p)
 
     p = sub.add_parser("worker", help="run a worker process (gRPC server over the indexes)",
@@ -157,6 +177,22 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "(default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="probe threads (default: %(default)s)")
+    p.add_argument("--index-backend", choices=["numba", "opencl"], default="numba",
+                   help="opencl: BI-Sort subwindows ('bisort') run on an OpenCL device "
+                        "(default: %(default)s)")
+    p.add_argument("--device", metavar="SPEC",
+                   help="OpenCL device: 'P:D', cpu, gpu, accelerator or part of its name "
+                        "(default: $PANJOIN_OPENCL_DEVICE, else the pocl CPU device; "
+                        "'python -m opencl' lists them)")
+    _add_common(p)
+
+    p = sub.add_parser("handshake-node", help="run a handshake chain node (--topology handshake)",
+                       description="Serve panjoin.v1.HandshakeNode: one node of a handshake "
+                                   "join chain, talking to its neighbours over gRPC.")
+    p.add_argument("--port", type=int, default=50061, help="port, 0 for any free one "
+                                                           "(default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=1, help="scan threads (default: %(default)s)")
     _add_common(p)
 
     b = bsub.add_parser("system", help="end-to-end rate of a local cluster vs in-process",
@@ -260,8 +296,18 @@ def run_replay(args) -> int:
     events = read_events(args.events)
     log.info("read %d events (%d R, %d S) from %s in %.2fs", len(events), *events.counts(),
              args.events, time.perf_counter() - t0)
+    if args.with_payload and events.payload is None:
+        raise SystemExit(f"panjoin replay: error: {args.events} has no payload column; "
+                         "drop --with-payload, or add one (panjoin gen --payload)")
+    if args.with_payload and args.topology == "handshake":
+        raise SystemExit("panjoin replay: error: the handshake topology carries no payloads; "
+                         "drop --with-payload or use --topology ring")
+    if not args.with_payload:
+        events.payload = None  # not asked for: the manager need not keep them
     if args.cluster:
         return _replay_on_manager(args, events, window, pred)
+    if args.topology == "handshake":
+        return _replay_handshake(args, events, window, pred)
     backend, workers = None, []
     if args.workers:
         from panjoin.launch import start_workers
@@ -291,9 +337,10 @@ def _replay_on_manager(args, events, window, pred) -> int:
                                    result_format=int(args.result_format == "ranges")).items()
             if v}
     with Client(args.cluster) as c:
-        r, s, late = c.join(events, str(window), str(pred), args.index, chunk=args.chunk, **opts)
+        res = c.join(events, str(window), str(pred), args.index, chunk=args.chunk, **opts)
+    r, s, late = res
     elapsed = time.perf_counter() - t1
-    write_pairs(args.out, r, s)
+    write_pairs(args.out, r, s, res.r_payload, res.s_payload)
     if args.late_out:
         write_ids(args.late_out, late)
     print(f"input tuples: {len(events)}  late: {sum(len(v) for v in late.values())}")
@@ -303,36 +350,63 @@ def _replay_on_manager(args, events, window, pred) -> int:
     return 0
 
 
-def _replay_engine(args, events, window, pred, backend, n_workers) -> int:
+def _replay_handshake(args, events, window, pred) -> int:
+    from panjoin.handshake.chain import HandshakeChain
+    from panjoin.launch import start_workers
+
+    nodes = start_workers(args.workers or 1, args.threads or 1, role="handshake-node")
+    log.info("handshake chain: %s", " - ".join(w.address for w in nodes))
+    try:
+        chain = HandshakeChain([w.address for w in nodes], window, pred,
+                               key_dtype=str(events.key.dtype),
+                               batch_size=min(args.batch_size, 4096), node_fifo=args.fifo,
+                               merger_fifo=args.fifo, index=args.segment)
+        try:
+            rc = _replay_engine(args, events, window, pred, None, len(nodes), engine=chain)
+            st = chain.status()
+            print(f"handshake: {len(nodes)} nodes  admission pauses: {st['pauses']}  "
+                  f"segments R {st['segments']['R']} S {st['segments']['S']}")
+            return rc
+        finally:
+            chain.close()
+    finally:
+        for w in nodes:
+            w.stop()
+
+
+def _replay_engine(args, events, window, pred, backend, n_workers, engine=None) -> int:
     from panjoin.events import write_ids, write_pairs
     from panjoin.manager.engine import JoinEngine
 
-    engine = JoinEngine(window, pred, index=args.index, subwindow_size=args.subwindow_size,
-                        partitions=args.partitions, batch_size=args.batch_size,
-                        max_lag=args.max_lag, threads=args.threads,
-                        key_dtype=str(events.key.dtype), backend=backend, n_workers=n_workers)
-    log.info("join %s on %s, index %s, NSub %d, P %d, NBat %d", window, pred, args.index,
-             engine.nsub, engine.partitions, engine.batch_size)
-    r_parts, s_parts = [], []
+    if engine is None:
+        engine = JoinEngine(window, pred, index=args.index, subwindow_size=args.subwindow_size,
+                            partitions=args.partitions, batch_size=args.batch_size,
+                            max_lag=args.max_lag, threads=args.threads,
+                            key_dtype=str(events.key.dtype), backend=backend,
+                            n_workers=n_workers)
+        log.info("join %s on %s, index %s, NSub %d, P %d, NBat %d", window, pred, args.index,
+                 engine.nsub, engine.partitions, engine.batch_size)
+    parts = []
     peak = 0
     t1 = time.perf_counter()
     with _progress(len(events), "replay", args.no_progress) as bar:
         for start in range(0, len(events), args.chunk):
             chunk = events.slice(start, min(len(events), start + args.chunk))
             engine.push(chunk)
-            r, s = engine.take_results()
-            r_parts.append(r)
-            s_parts.append(s)
+            parts.append(engine.take_results(payloads=True))
             peak = max(peak, engine.memory_bytes())
             bar.update(len(chunk))
         engine.flush()
-        r, s = engine.take_results()
-        r_parts.append(r)
-        s_parts.append(s)
+        parts.append(engine.take_results(payloads=True))
     elapsed = time.perf_counter() - t1
-    r_all = np.concatenate(r_parts)
-    s_all = np.concatenate(s_parts)
-    write_pairs(args.out, r_all, s_all)
+    r_all = np.concatenate([p[0] for p in parts])
+    s_all = np.concatenate([p[1] for p in parts])
+    pays = [None, None]
+    if getattr(engine, "with_payload", False):
+        import pyarrow as pa
+
+        pays = [pa.concat_arrays([p[k] for p in parts]) for k in (2, 3)]
+    write_pairs(args.out, r_all, s_all, *pays)
     late = engine.take_late()
     if args.late_out:
         write_ids(args.late_out, late)
@@ -399,15 +473,18 @@ def run_cluster(args) -> int:
     from panjoin.launch import start_workers
     from panjoin.manager.service import serve_manager
 
-    workers = start_workers(args.workers, args.threads)
+    role = "handshake-node" if args.topology == "handshake" else "worker"
+    workers = start_workers(args.workers, args.threads, role=role)
     addrs = [w.address for w in workers]
     try:
-        server, port = serve_manager(addrs, args.port)
+        server, port = serve_manager(addrs, args.port, topology=args.topology, fifo=args.fifo,
+                                     segment=args.segment)
     except BaseException:
         for w in workers:
             w.stop()
         raise
-    print(f"panjoin cluster: manager on 127.0.0.1:{port}, workers {', '.join(addrs)}", flush=True)
+    print(f"panjoin cluster: manager on 127.0.0.1:{port}, workers {', '.join(addrs)}"
+          + (" (handshake chain)" if args.topology == "handshake" else ""), flush=True)
 
     def stop():
         server.stop(grace=2).wait()
@@ -425,7 +502,8 @@ def run_manager(args) -> int:
     addrs = [a.strip() for a in args.workers.split(",") if a.strip()]
     for a in addrs:
         wait_healthy(a, timeout=30)
-    server, port = serve_manager(addrs, args.port, args.host)
+    server, port = serve_manager(addrs, args.port, args.host, topology=args.topology,
+                                 fifo=args.fifo, segment=args.segment)
     print(f"panjoin manager listening on {args.host}:{port}, workers {', '.join(addrs)}",
           flush=True)
     return _serve_until_stopped(lambda: server.stop(grace=2).wait())
@@ -435,9 +513,30 @@ def run_worker(args) -> int:
     from panjoin.launch import READY
     from workers.server import serve
 
-    server, port = serve(args.port, args.threads, args.host)
+    if args.index_backend == "opencl":
+        from opencl.device import OpenCLError, runtime
+
+        try:  # fail now, not at the first subwindow: no platform, no device, no build
+            rt = runtime(args.device)
+            rt.program("int64")
+        except OpenCLError as e:
+            print(f"panjoin worker: {e}", file=sys.stderr)
+            return 2
+        log.info("BI-Sort subwindows on OpenCL device %s", rt.name)
+    server, port = serve(args.port, args.threads, args.host, index_backend=args.index_backend,
+                         device=args.device)
     print(f"{READY}{args.host}:{port}", flush=True)
     log.info("worker serving on %s:%d with %d threads", args.host, port, args.threads)
+    return _serve_until_stopped(lambda: server.stop(grace=2).wait())
+
+
+def run_handshake_node(args) -> int:
+    from panjoin.launch import READY
+    from workers.handshake_node import serve
+
+    server, port = serve(args.port, args.threads, args.host)
+    print(f"{READY}{args.host}:{port}", flush=True)
+    log.info("handshake node serving on %s:%d", args.host, port)
     return _serve_until_stopped(lambda: server.stop(grace=2).wait())
 
 
@@ -537,7 +636,8 @@ def main(argv=None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     handlers = {"replay": run_replay, "gen": run_gen, "bench": run_bench, "demo": run_demo,
                 "worker": run_worker, "cluster": run_cluster, "manager": run_manager,
-                "kafka": _run_kafka, "pipeline": _run_pipeline}
+                "handshake-node": run_handshake_node, "kafka": _run_kafka,
+                "pipeline": _run_pipeline}
     try:
         return handlers[args.cmd](args)
     except (SpecError, ValueError, TypeError, FileNotFoundError) as e:

@@ -3,16 +3,47 @@
     >>> from panjoin.client import Client                       # doctest: +SKIP
     >>> with Client("127.0.0.1:50050") as c:                    # doctest: +SKIP
     ...     r_id, s_id, late = c.join(events, window="count:1M,1M", predicate="band:10")
+    ...     res = c.join(events, window="count:1M,1M", predicate="eq")   # with payloads
+    ...     res.r_payload, res.s_payload   # the pairs' payloads, kept by the manager
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import grpc
 import numpy as np
+import pyarrow as pa
 
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
 from panjoin.serving import OPTIONS
-from panjoin.wire import from_array, to_array
+from panjoin.wire import from_array, from_payloads, to_array, to_payloads
+
+
+class Output(NamedTuple):
+    """The manager's answer to one input batch."""
+
+    batch_id: int
+    r_id: np.ndarray
+    s_id: np.ndarray
+    r_payload: pa.Array | None  # large_binary, one per pair; None without payloads
+    s_payload: pa.Array | None
+    late_stream: np.ndarray  # uint8, 0 = R, 1 = S
+    late_id: np.ndarray
+    duplicate: bool  # a replayed batch id, not applied again
+
+
+class Result(NamedTuple):
+    """A whole join's pairs; unpacks as ``r_id, s_id, late`` (payloads by name)."""
+
+    r_id: np.ndarray
+    s_id: np.ndarray
+    late: dict
+    r_payload: pa.Array | None = None
+    s_payload: pa.Array | None = None
+
+    def __iter__(self):
+        return iter((self.r_id, self.s_id, self.late))
 
 
 class Client:
@@ -36,39 +67,50 @@ class Client:
                                                        index=index, **settings))
         return reply.join_id
 
-    def stream(self, join_id: str, chunks, first_batch_id: int = 1):
-        """Send arrival-ordered chunks (anything with stream/id/key/ts arrays); yields
-        ``(batch_id, r_id, s_id, late_stream, late_id)`` per chunk, the last one flushed."""
+    def stream(self, join_id: str, chunks, first_batch_id: int = 1, flush_last: bool = True):
+        """Send arrival-ordered chunks (EventTables, or anything with stream/id/key/ts
+        arrays and optionally ``payload``); yields one :class:`Output` per chunk, the last
+        one flushed (``flush_last``). Chunk i gets batch id ``first_batch_id + i``; the
+        manager applies a batch id at most once, so a replay after a crash is safe."""
         chunks = list(chunks)
 
         def inputs():
             for i, ch in enumerate(chunks):
-                yield manager_pb2.JoinInput(
+                msg = manager_pb2.JoinInput(
                     join_id=join_id, batch_id=first_batch_id + i,
                     stream=to_array(np.asarray(ch.stream, np.uint8)),
                     id=to_array(np.asarray(ch.id, np.int64)), key=to_array(np.asarray(ch.key)),
-                    ts=to_array(np.asarray(ch.ts, np.int64)), flush=(i == len(chunks) - 1))
+                    ts=to_array(np.asarray(ch.ts, np.int64)),
+                    flush=flush_last and i == len(chunks) - 1)
+                to_payloads(getattr(ch, "payload", None), msg.payload)
+                yield msg
 
         for out in self.stub.Join(inputs()):
-            yield (out.batch_id, from_array(out.r_id, "<i8"), from_array(out.s_id, "<i8"),
-                   from_array(out.late_stream, "|u1"), from_array(out.late_id, "<i8"))
+            r, s = from_array(out.r_id, "<i8"), from_array(out.s_id, "<i8")
+            yield Output(out.batch_id, r, s, from_payloads(out.r_payload, r.size),
+                         from_payloads(out.s_payload, s.size),
+                         from_array(out.late_stream, "|u1"), from_array(out.late_id, "<i8"),
+                         out.duplicate)
 
     def join(self, events, window: str, predicate: str, index: str = "bisort",
-             chunk: int = 1 << 18, **settings):
-        """Join a whole event table; returns (r_id, s_id, late_ids by stream)."""
+             chunk: int = 1 << 18, **settings) -> Result:
+        """Join a whole event table; returns a :class:`Result` (which unpacks as
+        ``r_id, s_id, late_ids_by_stream``)."""
         join_id = self.open(window, predicate, index, **settings)
         chunks = [events.slice(a, min(len(events), a + chunk))
                   for a in range(0, max(1, len(events)), chunk)]
-        rs, ss, lstream, lid = [], [], [], []
-        for _, r, s, ls, li in self.stream(join_id, chunks):
-            rs.append(r)
-            ss.append(s)
-            lstream.append(ls)
-            lid.append(li)
+        outs = list(self.stream(join_id, chunks))
         self.stub.Close(manager_pb2.JoinRef(join_id=join_id))
-        ls = np.concatenate(lstream) if lstream else np.zeros(0, np.uint8)
-        li = np.concatenate(lid) if lid else np.zeros(0, np.int64)
-        return np.concatenate(rs), np.concatenate(ss), {"R": li[ls == 0], "S": li[ls == 1]}
+        ls = np.concatenate([o.late_stream for o in outs])
+        li = np.concatenate([o.late_id for o in outs])
+        pays = None
+        if outs and outs[0].r_payload is not None:
+            pays = (pa.concat_arrays([o.r_payload for o in outs]),
+                    pa.concat_arrays([o.s_payload for o in outs]))
+        return Result(np.concatenate([o.r_id for o in outs]),
+                      np.concatenate([o.s_id for o in outs]),
+                      {"R": li[ls == 0], "S": li[ls == 1]},
+                      pays[0] if pays else None, pays[1] if pays else None)
 
     def status(self, join_id: str):
         return self.stub.Status(manager_pb2.JoinRef(join_id=join_id))

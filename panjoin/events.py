@@ -972,15 +972,23 @@ def _pairs_format(path) -> str:
     return "csv" if Path(path).suffix.lower() in CSV_SUFFIXES else "parquet"
 
 
-def write_pairs(path, r_id: np.ndarray, s_id: np.ndarray) -> None:
+def write_pairs(path, r_id: np.ndarray, s_id: np.ndarray, r_payload=None,
+                s_payload=None) -> None:
     """Result pairs as int64 columns ``r_id``, ``s_id`` (CSV if named .csv, else
-    Parquet), atomically."""
+    Parquet), atomically; with payloads (Arrow arrays, one per pair) also columns
+    ``r_payload``, ``s_payload``."""
     r = _as_int64("r_id", np.asarray(r_id).ravel())
     s = _as_int64("s_id", np.asarray(s_id).ravel())
     if r.shape != s.shape:
         raise ValueError(f"write_pairs: {r.size} r_ids but {s.size} s_ids")
     path = os.fspath(path)
-    table = pa.table({"r_id": pa.array(r), "s_id": pa.array(s)})
+    cols = {"r_id": pa.array(r), "s_id": pa.array(s)}
+    for name, p in (("r_payload", r_payload), ("s_payload", s_payload)):
+        if p is not None:
+            if len(p) != r.size:
+                raise ValueError(f"write_pairs: {len(p)} {name}s for {r.size} pairs")
+            cols[name] = p
+    table = pa.table(cols)
     fmt = _pairs_format(path)
     _atomic_write(path, lambda tmp: _write_table(table, tmp, fmt))
 

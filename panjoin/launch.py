@@ -64,20 +64,35 @@ def wait_healthy(address: str, timeout: float = 60.0) -> None:
             time.sleep(0.1)
 
 
-def start_workers(n: int, threads: int = 1, timeout: float = 120.0) -> list[WorkerProcess]:
-    """Start ``n`` worker processes on 127.0.0.1; stops the started ones if one fails."""
+#: what a process can be: ``panjoin worker`` (ring topology) or ``panjoin handshake-node``
+ROLES = ("worker", "handshake-node")
+
+
+def start_workers(n: int, threads: int = 1, timeout: float = 120.0, role: str = "worker",
+                  worker_args: list[list[str]] | None = None) -> list[WorkerProcess]:
+    """Start ``n`` worker processes on 127.0.0.1; stops the started ones if one fails.
+
+    ``role="handshake-node"`` starts handshake chain nodes instead of ring workers.
+    ``worker_args``: extra arguments, one list per process (e.g.
+    ``[[], ["--index-backend", "opencl"]]``).
+    """
+    if role not in ROLES:
+        raise ValueError(f"unknown role {role!r}; choose one of {', '.join(ROLES)}")
+    extra = worker_args or [[] for _ in range(n)]
+    if len(extra) != n:
+        raise ValueError(f"worker_args has {len(extra)} lists for {n} workers")
     started: list[WorkerProcess] = []
     try:
         procs = [subprocess.Popen(
-            [sys.executable, "-m", "panjoin.cli", "worker", "--port", "0", "--threads",
-             str(threads)], stdout=subprocess.PIPE, text=True, env=dict(os.environ),
-        ) for _ in range(n)]
+            [sys.executable, "-m", "panjoin.cli", role, "--port", "0", "--threads",
+             str(threads), *extra[w]], stdout=subprocess.PIPE, text=True, env=dict(os.environ),
+        ) for w in range(n)]
         for p in procs:
             line = p.stdout.readline()
             if not line.startswith(READY):
                 p.kill()
-                raise RuntimeError(f"worker did not start (said {line!r}); run "
-                                   f"'panjoin worker --port 0' to see why")
+                raise RuntimeError(f"{role} did not start (said {line!r}); run "
+                                   f"'panjoin {role} --port 0' to see why")
             started.append(WorkerProcess(p, line[len(READY):].strip()))
         for w in started:
             wait_healthy(w.address, timeout)

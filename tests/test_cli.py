@@ -108,3 +108,27 @@ def test_help_and_bench_from_a_real_process():
                          capture_output=True, text=True, check=True)
     last = run.stdout.strip().splitlines()[-1]
     assert last.startswith("tuples/s: ") and float(last.split()[1]) > 0
+
+
+def test_replay_with_payload_writes_both_sides_payloads(tmp_path, capsys):
+    ev = tmp_path / "ev.parquet"
+    assert main(["gen", str(ev), "--n", "3000", "--key-max", "300", "--payload",
+                 "--no-progress"]) == 0
+    out = tmp_path / "p.parquet"
+    assert main(["replay", str(ev), "--window", "count:500,500", "--predicate", "band:1",
+                 "--with-payload", "--batch-size", "128", "--out", str(out),
+                 "--no-progress"]) == 0
+    t = read_events(ev)
+    ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:500,500"),
+                         parse_predicate("band:1"))
+    table = pq.read_table(out)
+    assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
+    assert table.column("r_payload").to_pylist() == \
+        [f"R{i}" for i in table.column("r_id").to_pylist()]
+    assert table.column("s_payload").to_pylist() == \
+        [f"S{i}" for i in table.column("s_id").to_pylist()]
+    bare = tmp_path / "bare.parquet"
+    assert main(["gen", str(bare), "--n", "100", "--no-progress"]) == 0
+    with pytest.raises(SystemExit, match="no payload column"):
+        main(["replay", str(bare), "--window", "count:50,50", "--predicate", "eq",
+              "--with-payload", "--out", str(tmp_path / "x.parquet"), "--no-progress"])

@@ -106,9 +106,10 @@ def test_bad_commands_get_invalid_argument_and_change_nothing(workers):
 def test_backend_raises_worker_errors(workers):
     backend = GrpcBackend([workers[0].address])
     try:
+        backend.where[5] = 0
+        backend.expire(5)  # pipelined: the error comes back with the feedback
         with pytest.raises(WorkerError, match="unknown subwindow"):
-            backend.where[5] = 0
-            backend.expire(5)
+            backend.sync()
     finally:
         backend.close()
 
@@ -282,7 +283,7 @@ def test_a_hung_worker_is_detected_by_its_deadline(events):
     import signal
 
     ws = start_workers(2)
-    backend = GrpcBackend([w.address for w in ws], deadline=3)
+    backend = GrpcBackend([w.address for w in ws], deadline=8)
     try:
         eng = JoinEngine("time:160,120", "eq", index="wib", subwindow_size=40, partitions=4,
                          batch_size=64, backend=backend, n_workers=2)
@@ -318,3 +319,56 @@ def test_bisort_range_results_through_the_managers_mirror(workers, events, windo
     ref = reference_join(events.stream, events.id, events.key, events.ts,
                          parse_window(window), parse_predicate("band:3"))
     assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+
+
+def test_payloads_travel_through_the_manager_and_status_has_the_feedback_bits(manager):
+    import pyarrow as pa
+
+    from panjoin.client import Client
+
+    t = generate(900, "uniform", key_min=0, key_max=30, rate=1000, seed=21)
+    t.payload = pa.array([f"{'RS'[s]}{i}|{'x' * (i % 5)}" for s, i in zip(t.stream, t.id,
+                                                                          strict=True)])
+    with Client(manager) as c:
+        res = c.join(t, "count:120,120", "band:1", "bisort", chunk=250, subwindow_size=40,
+                     batch_size=32)
+        jid = c.open("count:120,120", "eq", "rap", subwindow_size=40, batch_size=32)
+        list(c.stream(jid, [t.slice(0, 500)], flush_last=False))
+        st = c.status(jid)
+    ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:120,120"),
+                         parse_predicate("band:1"))
+    assert np.array_equal(sort_pairs(np.stack([res.r_id, res.s_id], axis=1)), ref.pairs)
+    assert res.r_payload.to_pylist() == [f"R{i}|{'x' * (i % 5)}".encode() for i in res.r_id]
+    assert res.s_payload.to_pylist() == [f"S{i}|{'x' * (i % 5)}".encode() for i in res.s_id]
+    # the workers' status bits, as of their last feedback
+    assert len(st.workers) == 2 and st.workers_alive == 2
+    assert sum(w.tuples for w in st.workers) == st.window_r + st.window_s > 0
+    assert sum(w.subwindows for w in st.workers) == st.subwindows_r + st.subwindows_s
+    assert all(w.nbytes > 0 for w in st.workers)
+    assert st.memory_bytes >= sum(w.nbytes for w in st.workers)
+
+
+def test_feedback_carries_the_status_bits(workers):
+    from panjoin.manager.backend import CreateSpec
+
+    backend = GrpcBackend([workers[0].address])
+    try:
+        backend.create(CreateSpec(0, "R", "bisort", 4, "int64", 2))
+        backend.create(CreateSpec(1, "S", "bisort", 4, "int64", 2))
+        backend.sync()
+        load = backend.loads()[0]
+        assert load.subwindows == 2 and load.tuples == 0
+        assert load.oldest_r_empty and load.oldest_s_empty
+        assert not load.newest_r_full
+        k = np.array([1, 2, 3, 4], np.int64)
+        backend.insert(0, k, k, np.arange(4))
+        backend.sync()
+        load = backend.loads()[0]
+        assert load.tuples == 4 and load.newest_r_full and not load.oldest_r_empty
+        assert load.oldest_s_empty and not load.newest_s_full
+        assert backend.sizes[0] > 0
+        backend.expire(0)
+        backend.sync()
+        assert backend.loads()[0].subwindows == 1 and backend.loads()[0].oldest_r_empty
+    finally:
+        backend.close()

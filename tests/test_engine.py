@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -190,3 +191,59 @@ def test_max_collect_time_cuts_a_batch():
     eng.tick(now=eng.buf_since["R"] + 0.06)  # 60 ms: cut and processed
     assert eng.status()["buffered"]["R"] == 0
     assert eng.window_tuples()["R"] == 2
+
+
+def _payload_stream(n=1200, seed=11):
+    t = generate(n, "zipf", key_min=0, key_max=40, rate=1000, seed=seed, disorder_ms=20)
+    # bytes that are not text, empty ones, and a null: the manager keeps them as they are
+    pay = [f"{'R' if s == 0 else 'S'}{i}:\x00\xff".encode() if i % 7 else b""
+           for s, i in zip(t.stream, t.id, strict=True)]
+    pay[3] = None
+    t.payload = pa.array(pay, pa.binary())
+    return t
+
+
+@pytest.mark.parametrize("index", ["bisort", "rap"])
+@pytest.mark.parametrize("window", ["count:150,110", "time:160,120"])
+def test_payloads_are_joined_back_onto_the_pairs(index, window):
+    t = _payload_stream()
+    w = parse_window(window, 10 if window.startswith("time") else 0)
+    eng = JoinEngine(w, "band:1", index=index, subwindow_size=50,
+                     partitions=8, batch_size=64, pipeline=3)
+    for a in range(0, len(t), 300):
+        eng.push(t.slice(a, a + 300))
+    eng.flush()
+    r, s, rp, sp = eng.take_results(payloads=True)
+    ref = reference_join(t.stream, t.id, t.key, t.ts, w, parse_predicate("band:1"))
+    assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+    by_id = {(int(st), int(i)): p for st, i, p in zip(t.stream, t.id, t.payload.to_pylist(),
+                                                       strict=True)}
+    assert rp.to_pylist() == [by_id[(0, int(i))] for i in r]
+    assert sp.to_pylist() == [by_id[(1, int(i))] for i in s]
+    assert eng.memory_bytes() > 0
+
+
+def test_payloads_on_some_pushes_only_are_rejected():
+    t = _payload_stream(200)
+    eng = JoinEngine("count:50,50", "eq", index="bisort")
+    eng.push(t.slice(0, 100))
+    bare = t.slice(100, 200)
+    bare.payload = None
+    with pytest.raises(ValueError, match="payload"):
+        eng.push(bare)
+    with pytest.raises(ValueError, match="rows"):
+        eng.push_arrays(t.stream[:3], t.id[:3], t.key[:3], t.ts[:3], pa.array([b"x"]))
+
+
+@pytest.mark.parametrize("pipeline", [0, 1, 4])
+def test_pipeline_depth_never_changes_the_result(pipeline):
+    t = stream("uniform")
+    ref = expected("uniform", "count:150,110", "band:2")
+    eng = JoinEngine("count:150,110", "band:2", index="wib", subwindow_size=40, partitions=4,
+                     batch_size=32, pipeline=pipeline)
+    eng.push(t)
+    assert eng.status()["probes_in_flight"] <= pipeline
+    eng.flush()
+    r, s = eng.take_results()
+    assert eng.status()["probes_in_flight"] == 0
+    assert_same(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)

@@ -8,6 +8,7 @@ a Feedback with ``code = INVALID_ARGUMENT`` (or ``NOT_FOUND``) and the reason,
 and changes nothing.
 
     panjoin worker --port 50051 --threads 2
+    panjoin worker --port 50052 --index-backend opencl --device pocl
 """
 
 from __future__ import annotations
@@ -38,8 +39,11 @@ class _Bad(Exception):
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, threads: int = 1):
+    def __init__(self, threads: int = 1, index_backend: str = "numba", device: str | None = None):
         self.threads = threads
+        # "opencl": the manager's "bisort" subwindows become OpenCL ones (opencl/) on device
+        self.index_backend = index_backend
+        self.device = device
         self.lock = threading.Lock()
         self.sessions: dict[int, LocalBackend] = {}
         self.commands = 0
@@ -75,13 +79,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     # ------------------------------------------------------------------ commands
 
     def handle(self, backend: LocalBackend, cmd: worker_pb2.Command) -> worker_pb2.Feedback:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         self.commands += 1
         fb = worker_pb2.Feedback(command_id=cmd.command_id)
         try:
             kind = cmd.WhichOneof("cmd")
             if kind == "create":
                 self._create(backend, cmd.create)
+                fb.status.CopyFrom(worker_pb2.SubwindowStatus(sub_id=cmd.create.sub_id,
+                                                              empty=True))
             elif kind == "insert":
                 fb.status.CopyFrom(self._insert(backend, cmd.insert))
             elif kind == "probe":
@@ -90,6 +96,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 if cmd.expire.sub_id not in backend.subs:
                     raise _Bad("NOT_FOUND", f"unknown subwindow {cmd.expire.sub_id}")
                 backend.expire(cmd.expire.sub_id)
+                fb.status.CopyFrom(worker_pb2.SubwindowStatus(sub_id=cmd.expire.sub_id,
+                                                              empty=True))
             else:
                 raise _Bad("INVALID_ARGUMENT", "empty command: set create, insert, probe or expire")
         except _Bad as e:
@@ -99,8 +107,30 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except Exception as e:  # a bug: report it rather than kill the session
             log.exception("command %d failed", cmd.command_id)
             fb.error, fb.code = f"internal error: {e}", "INTERNAL"
-        fb.seconds = time.perf_counter() - t0
+        fb.load.CopyFrom(self._load(backend))
+        fb.seconds = time.thread_time() - t0
         return fb
+
+    @staticmethod
+    def _load(backend: LocalBackend) -> worker_pb2.WorkerLoad:
+        """The session's status bits: what it holds, and the oldest/newest subwindow per stream."""
+        load = worker_pb2.WorkerLoad(subwindows=len(backend.subs), oldest_r_empty=True,
+                                     oldest_s_empty=True, newest_r_full=True,
+                                     newest_s_full=True)
+        first: dict[str, int] = {}
+        for sub_id in sorted(backend.subs):
+            ix = backend.subs[sub_id]
+            n = len(ix)
+            load.tuples += n
+            load.nbytes += ix.nbytes
+            name = backend.streams.get(sub_id)
+            if name is None:
+                continue
+            if name not in first:
+                first[name] = sub_id
+                setattr(load, f"oldest_{name.lower()}_empty", n == 0)
+            setattr(load, f"newest_{name.lower()}_full", bool(ix.full))
+        return load
 
     def _create(self, backend: LocalBackend, c: worker_pb2.Create) -> None:
         if c.sub_id < 0 or c.sub_id in backend.subs:
@@ -123,7 +153,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 opts[k] = v
         if c.splitters.data:
             opts["splitters"] = from_array(c.splitters, KEY_DTYPES[c.key_dtype], "splitters")
-        backend.create(CreateSpec(c.sub_id, STREAM_NAME[c.stream], c.index, int(c.capacity),
+        index = c.index
+        if self.index_backend == "opencl" and index == "bisort":
+            index = "bisort-opencl"  # same layout and results, so the manager cannot tell
+            if self.device:
+                opts.setdefault("device", self.device)
+        backend.create(CreateSpec(c.sub_id, STREAM_NAME[c.stream], index, int(c.capacity),
                                   c.key_dtype, int(c.partitions), None, opts))
 
     def _index(self, backend: LocalBackend, sub_id: int):
@@ -191,9 +226,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return out
 
 
-def serve(port: int = 0, threads: int = 1, host: str = "127.0.0.1") -> tuple[grpc.Server, int]:
-    """Start a worker server; returns it and the bound port (``port=0`` picks a free one)."""
-    servicer = WorkerServicer(threads)
+def serve(port: int = 0, threads: int = 1, host: str = "127.0.0.1", index_backend: str = "numba",
+          device: str | None = None) -> tuple[grpc.Server, int]:
+    """Start a worker server; returns it and the bound port (``port=0`` picks a free one).
+    ``index_backend="opencl"`` serves BI-Sort subwindows from an OpenCL ``device``."""
+    servicer = WorkerServicer(threads, index_backend, device)
     return start_server(lambda srv: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, srv),
                         worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name, port, host,
                         max_workers=8)

@@ -104,6 +104,8 @@ def run_point(point: IndexPoint, progress: bool = False) -> IndexResult:
 
 def touch_pages(obj, depth: int = 2) -> None:
     """Write one byte per 4 KiB page of every array an index holds (values unchanged)."""
+    if hasattr(obj, "touch_device_pages"):  # an index whose arrays live on a device
+        obj.touch_device_pages()
     for v in vars(obj).values():
         if isinstance(v, np.ndarray) and v.size and v.flags.writeable and v.flags.c_contiguous:
             b = v.reshape(-1).view(np.uint8)

@@ -53,20 +53,28 @@ def _run(point: SystemPoint, events, backend, n_workers: int, progress=None) -> 
     return (len(events) - fill) / (time.perf_counter() - t0)
 
 
-def run_system(point: SystemPoint, progress: bool = False) -> tuple[float, float]:
-    """(cluster tuples/s, in-process tuples/s) on the same generated data."""
+def system_events(point: SystemPoint):
+    """The point's data: both windows' fill plus the timed tuples."""
+    return generate(2 * point.window + point.measure, "uniform", key_min=0, key_max=KEY_MAX,
+                    seed=point.seed)
+
+
+def run_system(point: SystemPoint, progress: bool = False, events=None,
+               addresses: list[str] | None = None) -> tuple[float, float]:
+    """(cluster tuples/s, in-process tuples/s) on the same generated data. ``addresses``
+    reuses running workers (a sweep); otherwise the point starts and stops its own."""
     from tqdm import tqdm
 
     from panjoin.launch import start_workers
     from panjoin.manager.grpc_backend import GrpcBackend
 
-    events = generate(2 * point.window + point.measure, "uniform", key_min=0, key_max=KEY_MAX,
-                      seed=point.seed)
+    events = system_events(point) if events is None else events
     with tqdm(total=2 * point.measure, disable=not progress, unit="tuples",
               unit_scale=True, desc="system") as bar:
         local = _run(point, events, None, 1, bar)
-        workers = start_workers(point.workers, point.threads)
-        backend = GrpcBackend([w.address for w in workers], result_format=point.result_format)
+        workers = start_workers(point.workers, point.threads) if addresses is None else []
+        backend = GrpcBackend(addresses or [w.address for w in workers],
+                              result_format=point.result_format)
         try:
             cluster = _run(point, events, backend, point.workers, bar)
         finally:

@@ -48,6 +48,7 @@ class LocalBackend:
     def __init__(self, threads: int = 1):
         self.threads = threads
         self.subs: dict[int, SubwindowIndex] = {}
+        self.streams: dict[int, str] = {}  # sub_id -> "R" / "S"
         self.stats = BackendStats()
 
     def create(self, spec: CreateSpec) -> None:
@@ -58,6 +59,7 @@ class LocalBackend:
             spec.kind, spec.capacity, key_dtype=spec.key_dtype, partitions=spec.partitions,
             threads=self.threads, predecessor=pred, **spec.opts,
         )
+        self.streams[spec.sub_id] = spec.stream
         self.stats.creates += 1
 
     def _get(self, sub_id: int) -> SubwindowIndex:
@@ -86,6 +88,7 @@ class LocalBackend:
 
     def expire(self, sub_id: int) -> None:
         self.subs.pop(sub_id, None)
+        self.streams.pop(sub_id, None)
         self.stats.expires += 1
 
     def index(self, sub_id: int) -> SubwindowIndex:

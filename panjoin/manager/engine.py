@@ -12,7 +12,12 @@
    batch's stream (creating a successor when it is full); expire whole oldest
    subwindows that no future tuple can reach.
 4. Process (the backend: in-process indexes here, workers in the cluster).
-5. Feedback: map stored seqs back to ids, collect the pairs.
+5. Feedback: map stored seqs back to ids (and payloads), collect the pairs.
+
+Steps 1-2 of the next batch overlap 4-5 of this one: a probe round comes back
+as a handle whose answers are collected later (up to ``pipeline`` rounds stay
+in flight, and all of them before a subwindow expires or results are taken).
+The manager keeps the window's payloads; workers see only key, ts and seq.
 
 Why this is exact whatever the batching (DESIGN section 2): a pair (x, y) is
 found once, by whichever of x and y is processed later, probing the
@@ -43,10 +48,12 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numba
 import numpy as np
+import pyarrow as pa
 
 from panjoin.config import DEFAULT_BATCH, default_threads
 from panjoin.manager.backend import CreateSpec, LocalBackend
@@ -54,6 +61,7 @@ from panjoin.manager.ring import SubwindowRing
 from panjoin.semantics import Predicate, Window, parse_predicate, parse_window, probe_bounds
 from panjoin.subwindow import INDEX_KINDS, WindowFilter
 from panjoin.subwindow.kernels import window as W
+from panjoin.wire import PAYLOAD_TYPE
 
 log = logging.getLogger("panjoin.manager")
 
@@ -89,27 +97,59 @@ def default_partitions(subwindow_size: int) -> int:
 class _Buffer:
     """The collect buffer of one stream (step 1): chunks of column arrays in arrival order."""
 
-    __slots__ = ("chunks", "n", "first_opp", "min_ts")
+    __slots__ = ("chunks", "payloads", "n", "first_opp", "min_ts")
 
     def __init__(self):
         self.chunks: list[tuple[np.ndarray, ...]] = []
+        self.payloads: list[pa.Array] = []
         self.n = 0
         self.first_opp = -1
         self.min_ts = np.iinfo(np.int64).max
 
-    def append(self, key, ev, seq, ids, opp):
+    def append(self, key, ev, seq, ids, opp, payload=None):
         if key.size == 0:
             return
         if self.n == 0:
             self.first_opp = int(opp[0])
         self.chunks.append((key, ev, seq, ids, opp))
+        if payload is not None:
+            self.payloads.append(payload)
         self.n += int(key.size)
         self.min_ts = min(self.min_ts, int(ev.min()))
 
     def take(self):
+        """(key, ts, seq, id, opp, payload or None), all in arrival order."""
         cols = tuple(np.concatenate(c) for c in zip(*self.chunks, strict=True))
+        pay = pa.concat_arrays(self.payloads) if self.payloads else None
         self.__init__()
-        return cols
+        return (*cols, pay)
+
+
+def as_payload(payload, n: int) -> pa.Array | None:
+    """A payload column as one large_binary Arrow array of ``n`` rows (None stays None)."""
+    if payload is None:
+        return None
+    if isinstance(payload, pa.ChunkedArray):
+        payload = payload.combine_chunks()
+    if not isinstance(payload, pa.Array):
+        payload = pa.array(payload)
+    if len(payload) != n:
+        raise ValueError(f"payload has {len(payload)} rows for {n} tuples")
+    if not (pa.types.is_binary(payload.type) or pa.types.is_string(payload.type)
+            or pa.types.is_large_binary(payload.type) or pa.types.is_large_string(payload.type)):
+        raise TypeError(f"payload must be strings or bytes, not {payload.type}")
+    return payload.cast(PAYLOAD_TYPE)
+
+
+@dataclass
+class _InFlight:
+    """A probe round sent but not yet collected, with what step 5 needs to map it."""
+
+    answers: object  # has .result() -> [(probe_idx, stored_seq)] per target
+    x: str
+    ids: np.ndarray  # the probe batch's ids in key order
+    payload: pa.Array | None  # the probe batch's payloads in key order
+    stores: list  # per target: (seq_start, ids in seq order, payloads in seq order or None)
 
 
 class JoinEngine:
@@ -140,6 +180,7 @@ class JoinEngine:
         backend=None,
         n_workers: int = 1,
         index_opts: dict | None = None,
+        pipeline: int = 2,
     ):
         self.window = parse_window(window, allowed_lateness) if isinstance(window, str) else window
         self.pred = parse_predicate(predicate)
@@ -168,7 +209,11 @@ class JoinEngine:
         self.maxts: int | None = None  # largest ts pushed (decides lateness)
         self.seen_maxts: int | None = None  # largest ts appended to a buffer (the watermark)
         self.late_ids: dict[str, list[np.ndarray]] = {s: [] for s in STREAM_NAMES}
-        self._results: list[tuple[np.ndarray, np.ndarray]] = []
+        self._results: list[tuple] = []  # (r_id, s_id, r_payload, s_payload)
+        self._inflight: deque[_InFlight] = deque()
+        self.pipeline = max(0, int(pipeline))  # probe rounds left in flight
+        self.with_payload: bool | None = None  # decided by the first push
+        self.payload_text: bool | None = None  # strings in, strings out
         self._next_sub = 0
         self.stats = EngineStats()
 
@@ -176,11 +221,16 @@ class JoinEngine:
 
     def push(self, events) -> None:
         """Push an arrival-ordered :class:`panjoin.events.EventTable` (or anything with
-        ``stream``, ``id``, ``key``, ``ts`` arrays)."""
-        self.push_arrays(events.stream, events.id, events.key, events.ts)
+        ``stream``, ``id``, ``key``, ``ts`` arrays, and optionally ``payload``)."""
+        self.push_arrays(events.stream, events.id, events.key, events.ts,
+                         getattr(events, "payload", None))
 
-    def push_arrays(self, stream, ids, keys, ts) -> None:
-        """Push tuples in arrival order; ``stream`` holds 0 for R and 1 for S."""
+    def push_arrays(self, stream, ids, keys, ts, payload=None) -> None:
+        """Push tuples in arrival order; ``stream`` holds 0 for R and 1 for S.
+
+        ``payload`` (strings or bytes, one per tuple) is kept by the manager and joined
+        back onto the results (:meth:`take_results` with ``payloads=True``); a join has
+        payloads on every push or on none."""
         t0 = time.perf_counter()
         stream = np.asarray(stream, dtype=np.uint8)
         ids = np.asarray(ids, dtype=_I64)
@@ -191,6 +241,15 @@ class JoinEngine:
             raise ValueError("stream, id, key and ts must be 1-d arrays of one length")
         if n == 0:
             return
+        if payload is not None and self.payload_text is None:
+            t = payload.type
+            self.payload_text = pa.types.is_string(t) or pa.types.is_large_string(t)
+        payload = as_payload(payload, n)
+        if self.with_payload is None:
+            self.with_payload = payload is not None
+        elif self.with_payload != (payload is not None):
+            raise ValueError("this join's pushes " + ("carry" if self.with_payload else "lack")
+                             + " payloads; push every batch with a payload or none")
         if self.key_dtype is None:
             if keys.dtype not in (np.int64, np.float64):
                 raise TypeError(f"keys must be int64 or float64, got {keys.dtype}")
@@ -222,6 +281,8 @@ class JoinEngine:
                         self.late_ids[name].append(ids[lm])
                         self.stats.late += int(lm.sum())
             stream, ids, keys, ts = stream[keep], ids[keep], keys[keep], ts[keep]
+            if payload is not None and not keep.all():
+                payload = payload.filter(pa.array(keep))
         k = stream.shape[0]
         is_r = stream == 0
         cnt = {"R": np.cumsum(is_r, dtype=_I64), "S": np.cumsum(~is_r, dtype=_I64)}
@@ -240,9 +301,9 @@ class JoinEngine:
                 if e < best_e:
                     best_e, best_x = e, name
             if best_x is None:
-                self._append(pos, k, is_r, keys, ts, seq, ids, opp, cnt)
+                self._append(pos, k, is_r, keys, ts, seq, ids, opp, payload)
                 break
-            self._append(pos, best_e + 1, is_r, keys, ts, seq, ids, opp, cnt)
+            self._append(pos, best_e + 1, is_r, keys, ts, seq, ids, opp, payload)
             self._process(best_x)
             pos = best_e + 1
         # cuts that became due exactly at the chunk's end
@@ -284,7 +345,7 @@ class JoinEngine:
             e = min(e, max(j, pos))
         return e
 
-    def _append(self, a, b, is_r, keys, ts, seq, ids, opp, cnt) -> None:
+    def _append(self, a, b, is_r, keys, ts, seq, ids, opp, payload) -> None:
         if b <= a:
             return
         sl = slice(a, b)
@@ -292,12 +353,14 @@ class JoinEngine:
         top = int(ts[sl].max())
         self.seen_maxts = top if self.seen_maxts is None else max(self.seen_maxts, top)
         m = is_r[sl]
+        pay = payload.slice(a, b - a) if payload is not None else None
         for name, mask in (("R", m), ("S", ~m)):
             if mask.any():
                 if self.buffers[name].n == 0:
                     self.buf_since[name] = time.monotonic()
+                p = pay.filter(pa.array(mask)) if pay is not None else None
                 self.buffers[name].append(keys[sl][mask], ts[sl][mask], seq[sl][mask],
-                                          ids[sl][mask], opp[sl][mask])
+                                          ids[sl][mask], opp[sl][mask], p)
                 self.total[name] += int(mask.sum())
 
     def tick(self, now: float | None = None) -> None:
@@ -322,22 +385,24 @@ class JoinEngine:
     def _process(self, x: str) -> None:
         if self.buffers[x].n == 0:
             return
-        key, ev, seq, ids, opp = self.buffers[x].take()
+        key, ev, seq, ids, opp, pay = self.buffers[x].take()
         self.buf_since[x] = None
         self.stats.batches += 1
         y = "S" if x == "R" else "R"
         tscol = opp if self.window.kind == "count" else ev
-        self._probe(x, y, key, ev, seq, ids, opp)
-        self._insert(x, key, tscol, seq, ids, ev)
+        order = np.argsort(key, kind="stable")  # step 2: one sort serves probe and insert
+        self._probe(x, y, key, ev, seq, ids, opp, pay, order)
+        self._insert(x, key, tscol, seq, ids, ev, pay, order)
         self._expire(y)
         self._expire(x)
+        while len(self._inflight) > self.pipeline:
+            self._collect_one()
 
-    def _probe(self, x, y, key, ev, seq, ids, opp) -> None:
+    def _probe(self, x, y, key, ev, seq, ids, opp, pay, order) -> None:
         ring = self.rings[y]
         if not any(s.count for s in ring):
             return
         t0 = time.perf_counter()
-        order = np.argsort(key, kind="stable")
         skey = key[order]
         lo, hi = probe_bounds(self.pred, x, skey)
         wy, wx = self.window.size(y), self.window.size(x)
@@ -373,19 +438,39 @@ class JoinEngine:
             else:
                 self.stats.probes_filtered += 1
             targets.append((sub, flt))
-        # one round of probes over every worker at once (step 3 and 4 of the paper)
+        if not targets:
+            return
+        # one round of probes over every worker at once (steps 3 and 4 of the paper);
+        # its answers are mapped in step 5, once collected
         answers = self.backend.probe_many([(sub.sub_id, flt) for sub, flt in targets], lo, hi)
-        for (sub, _), (pidx, sseq) in zip(targets, answers, strict=True):
+        stores = [(sub.seq_start, sub.ids(), sub.payloads()) for sub, _ in targets]
+        spay = pay.take(pa.array(order)) if pay is not None else None
+        self._inflight.append(_InFlight(answers, x, sid, spay, stores))
+
+    def _collect_one(self) -> None:
+        """Step 5 for the oldest probe round in flight: stored seqs -> ids and payloads."""
+        f = self._inflight.popleft()
+        answers = f.answers.result() if hasattr(f.answers, "result") else f.answers
+        t1 = time.perf_counter()
+        for (start, ids, pays), (pidx, sseq) in zip(f.stores, answers, strict=True):
             if pidx.size == 0:
                 continue
-            t1 = time.perf_counter()
-            xs = sid[pidx]
-            ys = sub.ids_of(sseq)
-            self._results.append((xs, ys) if x == "R" else (ys, xs))
+            xs = f.ids[pidx]
+            ys = ids[sseq - start]
+            xp = yp = None
+            if f.payload is not None:
+                xp = f.payload.take(pa.array(pidx))
+                yp = pays.take(pa.array(sseq - start))
+            self._results.append((xs, ys, xp, yp) if f.x == "R" else (ys, xs, yp, xp))
             self.stats.results += int(pidx.size)
-            self.stats.map_s += time.perf_counter() - t1
+        self.stats.map_s += time.perf_counter() - t1
 
-    def _insert(self, x, key, tscol, seq, ids, ev) -> None:
+    def collect(self) -> None:
+        """Collect every probe round in flight (step 5 for all of them)."""
+        while self._inflight:
+            self._collect_one()
+
+    def _insert(self, x, key, tscol, seq, ids, ev, pay, order) -> None:
         ring = self.rings[x]
         n = key.shape[0]
         a = 0
@@ -401,10 +486,13 @@ class JoinEngine:
             b = min(n, a + sub.room)
             # split by arrival, so each subwindow keeps a contiguous seq range; sort each part
             part = slice(a, b)
-            order = np.argsort(key[part], kind="stable")
-            self.backend.insert(sub.sub_id, key[part][order], tscol[part][order],
-                                seq[part][order])
-            sub.add(seq[part], ids[part], tscol[part])
+            if a == 0 and b == n:
+                o = order
+            else:  # the batch's sorted order restricted to this part: still sorted, O(n)
+                o = order[(order >= a) & (order < b)]
+            self.backend.insert(sub.sub_id, key[o], tscol[o], seq[o])
+            sub.add(seq[part], ids[part], tscol[part],
+                    pay.slice(a, b - a) if pay is not None else None)
             sub.ev_min = min(sub.ev_min, int(ev[part].min()))
             sub.ev_max = max(sub.ev_max, int(ev[part].max()))
             a = b
@@ -429,19 +517,29 @@ class JoinEngine:
                 dead = sub.ts_max <= low - wy and sub.count > 0
             if not dead:
                 return
+            self.collect()  # probes in flight may still need this subwindow's ids
             self.backend.expire(sub.sub_id)
             ring.pop_oldest()
 
     # ------------------------------------------------------------------ results and status
 
-    def take_results(self) -> tuple[np.ndarray, np.ndarray]:
-        """The (r_id, s_id) pairs produced since the last call."""
-        if not self._results:
-            return np.zeros(0, _I64), np.zeros(0, _I64)
-        r = np.concatenate([a for a, _ in self._results])
-        s = np.concatenate([b for _, b in self._results])
-        self._results = []
-        return r, s
+    def take_results(self, payloads: bool = False):
+        """The (r_id, s_id) pairs produced since the last call; with ``payloads=True``
+        (r_id, s_id, r_payload, s_payload), the payloads as Arrow arrays (large_string
+        when strings were pushed, else large_binary; None when the join has none)."""
+        self.collect()
+        res, self._results = self._results, []
+        r = np.concatenate([t[0] for t in res]) if res else np.zeros(0, _I64)
+        s = np.concatenate([t[1] for t in res]) if res else np.zeros(0, _I64)
+        if not payloads:
+            return r, s
+        if not self.with_payload:
+            return r, s, None, None
+        rp = pa.concat_arrays([t[2] for t in res]) if res else pa.array([], PAYLOAD_TYPE)
+        sp = pa.concat_arrays([t[3] for t in res]) if res else pa.array([], PAYLOAD_TYPE)
+        if self.payload_text:
+            rp, sp = rp.cast(pa.large_string()), sp.cast(pa.large_string())
+        return r, s, rp, sp
 
     def take_late(self) -> dict[str, np.ndarray]:
         out = {k: (np.concatenate(v) if v else np.zeros(0, _I64)) for k, v in self.late_ids.items()}
@@ -452,8 +550,9 @@ class JoinEngine:
         return {s: self.rings[s].tuples() for s in STREAM_NAMES}
 
     def memory_bytes(self) -> int:
-        """Bytes held by the indexes plus the manager's id store."""
-        ids = sum(sub.count * 8 for ring in self.rings.values() for sub in ring)
+        """Bytes held by the indexes plus the manager's id and payload store."""
+        ids = sum(sub.count * 8 + sub.payload_bytes for ring in self.rings.values()
+                  for sub in ring)
         nb = self.backend.nbytes() if hasattr(self.backend, "nbytes") else 0
         return int(nb + ids)
 
@@ -466,4 +565,5 @@ class JoinEngine:
             "subwindows": {s: len(self.rings[s]) for s in STREAM_NAMES},
             "window_tuples": self.window_tuples(),
             "buffered": {s: self.buffers[s].n for s in STREAM_NAMES},
+            "probes_in_flight": len(self._inflight),
         }

@@ -1,20 +1,33 @@
-"""The manager's backend over gRPC: the paper's commands sent to worker processes.
+"""The manager's backend over gRPC: the paper's commands pipelined to worker processes.
 
-Same four methods as :class:`panjoin.manager.backend.LocalBackend`, so the
-engine does not know where its subwindows live. One long-lived ``Session``
-stream per worker carries the commands in order; a request queue feeds it.
+Same methods as :class:`panjoin.manager.backend.LocalBackend`, so the engine
+does not know where its subwindows live. One long-lived ``Session`` stream per
+worker carries the commands in order, and the manager does not wait for them:
+create, insert and expire are fire-and-forget (their feedback is checked
+later), and a probe round returns a :class:`ProbeRound` whose answers the
+engine collects when it needs them. So while the workers insert and probe
+batch k (steps 4-5), the manager already collects and sorts batch k+1 (steps
+1-2). Each worker executes its stream in order, so a probe always sees exactly
+the inserts sent before it.
+
 A RaP-Table subwindow's successor gets its partition table from the
 predecessor's histograms (Algorithm 1): the worker sends it back with the
 insert that fills the predecessor, and the manager passes it on in the next
-create, whichever worker that lands on.
+create, whichever worker that lands on (the one place the manager waits for
+an insert).
 
 Faults: the manager keeps a copy of every subwindow (its create command and
-the batches inserted). A worker that breaks its stream, or does not answer a
-command within ``deadline`` seconds, is declared dead; each of its subwindows
-is created again on a surviving worker (round-robin) from the copy, and the
-command is retried there. Inserts are recorded only once acknowledged, so a
-rebuilt subwindow holds every tuple exactly once. When no worker is left, the
-join fails with a clear error.
+every insert sent, each with its place in the global command order). A worker
+that breaks its stream, or leaves a command unanswered for ``deadline``
+seconds, is declared dead; each of its subwindows is created again on a
+surviving worker (round-robin) and the copy replayed, interleaved with the
+dead worker's unanswered probes in their original order, so each retried
+probe sees exactly the tuples it saw the first time: no pair is missing or
+doubled. When no worker is left, the join fails with a clear error.
+
+Example: commands 1 insert(#0), 2 probe(#0), 3 insert(#0) to worker A; A dies
+with 2 and 3 unanswered. #0 is rebuilt on B as create, insert 1, probe 2,
+insert 3, and the probe's answer comes from B.
 """
 
 from __future__ import annotations
@@ -23,7 +36,8 @@ import itertools
 import logging
 import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections import deque
 
 import grpc
 import numpy as np
@@ -38,6 +52,9 @@ from panjoin.wire import from_array, to_array
 log = logging.getLogger("panjoin.manager")
 
 STREAM = {"R": common_pb2.STREAM_R, "S": common_pb2.STREAM_S}
+# fire-and-forget commands allowed in flight before the manager waits for the oldest:
+# bounds how far the manager runs ahead of slow workers
+MAX_UNCHECKED = 64
 
 
 class WorkerError(RuntimeError):
@@ -48,8 +65,38 @@ class WorkerError(RuntimeError):
         self.code = code
 
 
+class _Down(Exception):
+    """Internal: the session's worker is dead; the caller fails over and retries."""
+
+
+class _Call:
+    """One command in flight on a session: its place in the global order, and its answer."""
+
+    __slots__ = ("order", "kind", "msg", "sent", "done", "feedback", "session")
+
+    def __init__(self, session, order: int, kind: str, msg):
+        self.session = session
+        self.order = order
+        self.kind = kind
+        self.msg = msg
+        self.sent = time.monotonic()
+        self.done = threading.Event()
+        self.feedback: worker_pb2.Feedback | None = None
+
+    def wait(self) -> worker_pb2.Feedback:
+        """The feedback; raises _Down when the worker died or went silent for its
+        deadline (measured from its last answer, since commands queue behind each other)."""
+        s = self.session
+        while not self.done.wait(max(0.0, s.last_heard + s.deadline - time.monotonic())):
+            if time.monotonic() >= s.last_heard + s.deadline:
+                s.down(f"no answer within {s.deadline:g} s")
+        if self.feedback is None:
+            raise _Down(s.why)
+        return self.feedback
+
+
 class _Session:
-    """One worker's command stream: send a Command, wait for its Feedback."""
+    """One worker's command stream: commands go out in order, feedback is matched by id."""
 
     _END = object()
 
@@ -57,49 +104,109 @@ class _Session:
         self.address = address
         self.deadline = deadline
         self.alive = True
+        self.why = ""
+        self.load = worker_pb2.WorkerLoad()
         self.channel = grpc.insecure_channel(address, options=OPTIONS)
         self.stub = worker_pb2_grpc.WorkerStub(self.channel)
-        self.requests: queue.Queue = queue.Queue()
-        self.answers: queue.Queue = queue.Queue()
-        self.responses = self.stub.Session(iter(self.requests.get, self._END))
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        self.pending: dict[int, _Call] = {}  # command_id -> call, in send order
+        self.last_heard = time.monotonic()  # last feedback, or the send that ended idleness
+        self.busy_s = 0.0  # seconds the worker reported spending on this session's commands
         self.ids = itertools.count()
         self.lock = threading.Lock()
+        self.responses = self.stub.Session(iter(self.requests.get, self._END))
+        self.reader = threading.Thread(target=self._read, daemon=True,
+                                       name=f"feedback-{address}")
+        self.reader.start()
 
     def _read(self) -> None:
-        """Move feedback to a queue, so a caller can wait on it with a deadline."""
+        """Match each feedback to its call (the worker answers in order)."""
         try:
             for fb in self.responses:
-                self.answers.put(fb)
+                with self.lock:
+                    if not self.alive:  # declared dead (deadline): its calls are replayed
+                        return
+                    call = self.pending.pop(fb.command_id, None)
+                    self.last_heard = time.monotonic()
+                self.busy_s += fb.seconds
+                if fb.HasField("load"):
+                    self.load = fb.load
+                if call is not None:
+                    call.feedback = fb
+                    call.done.set()
+            why = "the worker closed its stream"
         except grpc.RpcError as e:
-            self.answers.put(e)
-        self.answers.put(None)
+            why = f"{e.code().name}: {e.details()}"
+        self.down(why)
 
-    def call(self, **cmd) -> worker_pb2.Feedback:
+    def send(self, order: int, kind: str, msg) -> _Call:
         if not self.alive:
-            raise WorkerError(f"worker {self.address} is down")
+            raise _Down(self.why)
         with self.lock:
             cid = next(self.ids)
-            self.requests.put(worker_pb2.Command(command_id=cid, **cmd))
-            try:
-                fb = self.answers.get(timeout=self.deadline)
-            except queue.Empty:
-                fb = f"no answer within {self.deadline:g} s"
-            if not isinstance(fb, worker_pb2.Feedback):
+            call = _Call(self, order, kind, msg)
+            if not self.pending:
+                self.last_heard = call.sent
+            self.pending[cid] = call
+        self.requests.put(worker_pb2.Command(command_id=cid, **{kind: msg}))
+        return call
+
+    def down(self, why: str) -> None:
+        """Declare the worker dead: wake every waiter (their feedback stays None)."""
+        with self.lock:
+            if self.alive:
                 self.alive = False
-                self.channel.close()
-                raise WorkerError(f"worker {self.address} is unreachable: {fb}")
-        if fb.command_id != cid:
-            raise WorkerError(f"worker {self.address} answered command {fb.command_id}, "
-                              f"expected {cid}")
-        if fb.error:
-            raise WorkerError(f"worker {self.address}: {fb.error}", fb.code)
-        return fb
+                self.why = f"worker {self.address} is unreachable: {why}"
+                self.load = worker_pb2.WorkerLoad()
+            calls = list(self.pending.values())
+        for c in calls:
+            c.done.set()
+        self.channel.close()
+
+    def unanswered(self) -> list[_Call]:
+        with self.lock:
+            out = list(self.pending.values())
+            self.pending.clear()
+        return out
 
     def close(self) -> None:
         self.requests.put(self._END)
         self.channel.close()
+
+
+def _check(call: _Call) -> worker_pb2.Feedback:
+    fb = call.wait()
+    if fb.error:
+        raise WorkerError(f"worker {call.session.address}: {fb.error}", fb.code)
+    return fb
+
+
+class ProbeRound:
+    """The answers of one probe batch sent to every worker at once; ``result()`` collects
+    them, failing over dead workers, as ``[(probe_idx, stored_seq), ...]`` per target."""
+
+    def __init__(self, backend: GrpcBackend, targets, parts):
+        self.backend = backend
+        self.targets = targets
+        self.parts = parts  # [(target indexes, call)]
+        self._out = None
+
+    def result(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        if self._out is None:
+            out: list = [None] * len(self.targets)
+            todo = deque(self.parts)
+            while todo:
+                idxs, call = todo.popleft()
+                try:
+                    fb = _check(call)
+                except _Down:
+                    todo.extend(self.backend._failover_probe(call, idxs))
+                    continue
+                for i, r in zip(idxs, fb.results, strict=True):
+                    out[i] = self.backend._answer(r, self.targets[i][1])
+            self._out = out
+            self.backend.rounds_in_flight -= 1
+        return self._out
 
 
 class GrpcBackend:
@@ -118,115 +225,188 @@ class GrpcBackend:
         self.ranges_expanded = 0
         self.sessions = [_Session(a, deadline) for a in addresses]
         self.where: dict[int, int] = {}  # sub_id -> worker index
+        self.kinds: dict[int, str] = {}
         self.splitters: dict[int, np.ndarray] = {}  # sub_id -> successor's partition table
         self.sizes: dict[int, int] = {}
-        # the manager's copy of each subwindow: its create message and acknowledged inserts
-        self.copies: dict[int, tuple[worker_pb2.Create, list]] = {}
+        # the manager's copy of each subwindow: its create and every insert sent, in order
+        self.copies: dict[int, tuple[tuple[int, worker_pb2.Create], list]] = {}
+        self.order = itertools.count()  # global command order, for replay after a failure
+        self.unchecked: deque[tuple[int, _Call]] = deque()  # (sub_id, fire-and-forget call)
         self.failovers = 0
-        self.pool = ThreadPoolExecutor(max_workers=len(addresses), thread_name_prefix="probe")
+        self.closed = False
+        self.rounds_in_flight = 0
         self.stats = BackendStats()
-
-    def alive_workers(self) -> list[int]:
-        return [i for i, s in enumerate(self.sessions) if s.alive]
-
-    def _call(self, sub_id: int, **cmd) -> worker_pb2.Feedback:
-        """Send a command to the worker holding ``sub_id``; on a dead worker, rebuild its
-        subwindows elsewhere and retry."""
-        while True:
-            w = self.where[sub_id]
-            try:
-                return self.sessions[w].call(**cmd)
-            except WorkerError as e:
-                if self.sessions[w].alive:
-                    raise  # the worker answered with an error: bad input, not a fault
-                log.warning("%s; rebuilding its subwindows on the others", e)
-                self._rebuild(w)
-
-    def _rebuild(self, dead: int) -> None:
-        alive = self.alive_workers()
-        if not alive:
-            raise WorkerError("every worker is down; the join cannot go on "
-                              "(restart workers and the join)", "UNAVAILABLE")
-        lost = sorted(s for s, w in self.where.items() if w == dead)
-        for k, sub_id in enumerate(lost):
-            target = alive[k % len(alive)]
-            self.where[sub_id] = target
-            create, inserts = self.copies[sub_id]
-            try:
-                self.sessions[target].call(create=create)
-                for ins in inserts:
-                    self.sessions[target].call(insert=ins)
-            except WorkerError:
-                if self.sessions[target].alive:
-                    raise
-                return self._rebuild(target) if self.alive_workers() else self._rebuild(dead)
-        self.failovers += 1
 
     @property
     def n_workers(self) -> int:
         return len(self.sessions)
 
+    def alive_workers(self) -> list[int]:
+        return [i for i, s in enumerate(self.sessions) if s.alive]
+
+    def loads(self) -> list[worker_pb2.WorkerLoad]:
+        return [s.load for s in self.sessions]
+
+    # ------------------------------------------------------------------ sending
+
+    def _send(self, sub_id: int, kind: str, msg, order: int | None = None) -> _Call:
+        """Send to the worker holding ``sub_id``; a dead one is failed over first."""
+        order = next(self.order) if order is None else order
+        while True:
+            w = self.where[sub_id]
+            try:
+                return self.sessions[w].send(order, kind, msg)
+            except _Down:
+                self._failover(w)
+
+    def _send_recorded(self, sub_id: int, kind: str, msg, order: int) -> None:
+        """Send a create or insert already in the subwindow's copy. If its worker is
+        found dead, the failover's replay of the copy delivers it: never send it twice."""
+        w = self.where[sub_id]
+        try:
+            self.unchecked.append((sub_id, self.sessions[w].send(order, kind, msg)))
+        except _Down:
+            self._failover(w)
+
+    def _resend(self, sub_id: int, kind: str, msg, order: int) -> _Call:
+        """A replayed command during a failover; a second failure there is fatal."""
+        w = self.where[sub_id]
+        try:
+            return self.sessions[w].send(order, kind, msg)
+        except _Down as e:
+            raise WorkerError(f"{e} while rebuilding subwindows of another failed worker; "
+                              "the join cannot go on safely: restart it", "UNAVAILABLE") from e
+
+    def _settle(self, sub_id: int, call: _Call) -> None:
+        """Apply a finished fire-and-forget command's feedback (sizes, splitters, errors)."""
+        while True:
+            try:
+                fb = _check(call)
+                break
+            except _Down:
+                self._failover(self.sessions.index(call.session))
+                # the replay re-sent the command; its new call is in the copy or the queue
+                return
+        if fb.status.sub_id == sub_id and sub_id in self.where:
+            self.sizes[sub_id] = fb.status.nbytes
+            if fb.status.successor_splitters.data:
+                self.splitters[sub_id] = from_array(fb.status.successor_splitters)
+
+    def _collect(self, block_all: bool = False) -> None:
+        """Settle finished fire-and-forget commands; wait for the oldest while too many
+        are in flight (or for all with ``block_all``)."""
+        while self.unchecked:
+            sub_id, call = self.unchecked[0]
+            if not (block_all or len(self.unchecked) > MAX_UNCHECKED or call.done.is_set()):
+                return
+            self.unchecked.popleft()
+            self._settle(sub_id, call)
+
+    def sync(self) -> None:
+        """Wait until every command sent so far is answered (errors raise here)."""
+        self._collect(block_all=True)
+
+    # ------------------------------------------------------------------ faults
+
+    def _failover(self, dead: int) -> None:
+        """Rebuild the dead worker's subwindows on the others and replay its unanswered
+        probes in their original order (their calls get answered by the new workers)."""
+        s = self.sessions[dead]
+        if self.closed:
+            raise WorkerError("the join was closed", "CANCELLED")
+        s.down(s.why or "declared dead")
+        unanswered = s.unanswered()
+        alive = self.alive_workers()
+        if not alive:
+            raise WorkerError(f"every worker is down; the join cannot go on "
+                              f"(restart workers and the join). Last: {s.why}", "UNAVAILABLE")
+        lost = sorted(sub for sub, w in self.where.items() if w == dead)
+        if not lost and not unanswered:
+            return
+        log.warning("%s; rebuilding %d subwindows on %d other workers", s.why, len(lost),
+                    len(alive))
+        for k, sub_id in enumerate(lost):
+            self.where[sub_id] = alive[k % len(alive)]
+        # the replay: creates and inserts of the lost subwindows, with the probes that were
+        # in flight, in the order they were first sent
+        replay = []
+        for sub_id in lost:
+            (corder, create), inserts = self.copies[sub_id]
+            replay.append((corder, sub_id, "create", create, None))
+            replay.extend((o, sub_id, "insert", ins, None) for o, ins in inserts)
+        for call in unanswered:
+            if call.kind == "probe":
+                replay.append((call.order, None, "probe", call.msg, call))
+        replay.sort(key=lambda t: t[0])
+        self.unchecked = deque((sub, c) for sub, c in self.unchecked if c.session is not s)
+        for order, sub_id, kind, msg, old in replay:
+            if kind != "probe":
+                self.unchecked.append((sub_id, self._resend(sub_id, kind, msg, order)))
+                continue
+            # one probe per subwindow now, since they may sit on different workers
+            parts = []
+            for j, sid in enumerate(msg.sub_ids):
+                one = worker_pb2.Probe()
+                one.CopyFrom(msg)
+                del one.sub_ids[:]
+                del one.filtered[:]
+                one.sub_ids.append(sid)
+                if msg.filtered:
+                    one.filtered.append(msg.filtered[j])
+                parts.append((j, self._resend(sid, "probe", one, order)))
+            old.msg = parts  # ProbeRound picks these up (see _failover_probe)
+        self.failovers += 1
+
+    def _failover_probe(self, call: _Call, idxs: list[int]):
+        """The replacement parts of a probe whose worker died: [(target idxs, call)]."""
+        if not isinstance(call.msg, list):
+            self._failover(self.sessions.index(call.session))
+        return [([idxs[j]], c) for j, c in call.msg]
+
+    # ------------------------------------------------------------------ the four commands
+
     def create(self, spec: CreateSpec) -> None:
-        w = spec.worker % self.n_workers
         msg = worker_pb2.Create(sub_id=spec.sub_id, stream=STREAM[spec.stream], index=spec.kind,
                                 capacity=spec.capacity, key_dtype=spec.key_dtype,
                                 partitions=spec.partitions,
                                 options={k: str(v) for k, v in spec.opts.items()})
+        if spec.kind == "rap" and spec.predecessor in self.where:
+            # Algorithm 1 needs the predecessor's final histograms: wait for its inserts
+            self.sync()
         spl = self.splitters.pop(spec.predecessor, None) if spec.predecessor is not None else None
         if spl is not None:
             msg.splitters.CopyFrom(to_array(spl))
         alive = self.alive_workers()
         if not alive:
             raise WorkerError("every worker is down; the join cannot go on", "UNAVAILABLE")
+        w = spec.worker % self.n_workers
         if w not in alive:
             w = alive[spec.sub_id % len(alive)]
         self.where[spec.sub_id] = w
-        self.copies[spec.sub_id] = (msg, [])
+        self.kinds[spec.sub_id] = spec.kind
+        order = next(self.order)
+        self.copies[spec.sub_id] = ((order, msg), [])
         if self.result_format == "ranges" and spec.kind == "bisort":
             self.mirrors[spec.sub_id] = make_index("bisort", spec.capacity, spec.key_dtype,
                                                    spec.partitions, 1, **spec.opts)
-        try:
-            self._call(spec.sub_id, create=msg)
-        except WorkerError:
-            if self.sessions[self.where[spec.sub_id]].alive:
-                self.where.pop(spec.sub_id, None)
-                self.copies.pop(spec.sub_id, None)
-            raise
+        self._send_recorded(spec.sub_id, "create", msg, order)
         self.stats.creates += 1
 
     def insert(self, sub_id: int, keys, ts, seq) -> None:
         ins = worker_pb2.Insert(sub_id=sub_id, keys=to_array(keys), ts=to_array(ts),
                                 seq=to_array(seq))
+        order = next(self.order)
+        self.copies[sub_id][1].append((order, ins))
+        self._send_recorded(sub_id, "insert", ins, order)
         mirror = self.mirrors.get(sub_id)
-        if mirror is None:
-            fb = self._call(sub_id, insert=ins)
-        else:  # the mirror's insert runs while the worker does the same one
-            fut = self.pool.submit(self._call, sub_id, insert=ins)
+        if mirror is not None:  # runs while the worker does the same insert
             mirror.insert(keys, ts, seq)
-            fb = fut.result()
-        self.copies[sub_id][1].append(ins)
-        self.sizes[sub_id] = fb.status.nbytes
-        if fb.status.successor_splitters.data:
-            self.splitters[sub_id] = from_array(fb.status.successor_splitters)
+        self._collect()
         self.stats.inserts += 1
 
-    def probe(self, sub_id: int, lo, hi, flt: WindowFilter):
-        c0, c1, c2 = flt.arrays(lo.shape[-1]) if flt.mode else (None, None, None)
-        msg = worker_pb2.Probe(sub_ids=[sub_id], filtered=[bool(flt.mode)], lo=to_array(lo),
-                               hi=to_array(hi), filter_mode=flt.mode)
-        if flt.mode:
-            msg.c0.CopyFrom(to_array(c0))
-            msg.c1.CopyFrom(to_array(c1))
-            msg.c2.CopyFrom(to_array(c2))
-        fb = self._call(sub_id, probe=msg)
-        r = fb.results[0]
-        self.stats.probes += 1
-        return from_array(r.probe_idx, "<i8").copy(), from_array(r.seq, "<i8").copy()
-
-    def probe_many(self, targets, lo, hi) -> list[tuple[np.ndarray, np.ndarray]]:
-        """One Probe command per worker, all workers at once; per-subwindow retry on a fault."""
-        if not targets:
-            return []
+    def probe_many(self, targets, lo, hi) -> ProbeRound:
+        """One Probe command per worker, sent to all workers at once; returns at once."""
+        self._collect()
         full = next((f for _, f in targets if f.mode), None)
         base = worker_pb2.Probe(lo=to_array(lo), hi=to_array(hi),
                                 filter_mode=full.mode if full else 0)
@@ -235,61 +415,58 @@ class GrpcBackend:
             base.c0.CopyFrom(to_array(c0))
             base.c1.CopyFrom(to_array(c1))
             base.c2.CopyFrom(to_array(c2))
-        by_worker: dict[int, list[int]] = {}
-        for i, (sub_id, _) in enumerate(targets):
-            by_worker.setdefault(self.where[sub_id], []).append(i)
+        parts: list = []
+        self._send_probe(base, targets, list(range(len(targets))), next(self.order), parts)
+        self.stats.probes += len(targets)
+        self.rounds_in_flight += 1
+        return ProbeRound(self, targets, parts)
 
-        def send(w, idxs):
+    def _send_probe(self, base, targets, idxs, order: int, parts: list) -> None:
+        """One Probe per worker holding some of ``targets[idxs]``; a worker found dead
+        while sending is failed over and its share regrouped by the new placement."""
+        by_worker: dict[int, list[int]] = {}
+        for i in idxs:
+            by_worker.setdefault(self.where[targets[i][0]], []).append(i)
+        for w, mine in by_worker.items():
             msg = worker_pb2.Probe()
             msg.CopyFrom(base)
-            if all(targets[i][0] in self.mirrors for i in idxs):
+            if all(targets[i][0] in self.mirrors for i in mine):
                 msg.format = worker_pb2.RESULT_FORMAT_RANGES
-            msg.sub_ids.extend(targets[i][0] for i in idxs)
-            msg.filtered.extend(bool(targets[i][1].mode) for i in idxs)
-            return self.sessions[w].call(probe=msg)
-
-        out: list = [None] * len(targets)
-        futs = {w: self.pool.submit(send, w, idxs) for w, idxs in by_worker.items()}
-        for w, fut in futs.items():
+            msg.sub_ids.extend(targets[i][0] for i in mine)
+            msg.filtered.extend(bool(targets[i][1].mode) for i in mine)
             try:
-                fb = fut.result()
-            except WorkerError:
-                if self.sessions[w].alive:
-                    raise
-                continue  # answered below, one by one, after the rebuild
-            for i, r in zip(by_worker[w], fb.results, strict=True):
-                pidx, seq = from_array(r.probe_idx, "<i8"), from_array(r.seq, "<i8")
-                if r.range_probe_idx.data or r.start.data:
-                    pidx, seq = self._expand(r, targets[i][1], pidx, seq)
-                out[i] = (pidx, seq)
-        for i, (sub_id, flt) in enumerate(targets):
-            if out[i] is None:
-                out[i] = self.probe(sub_id, lo, hi, flt)
-        self.stats.probes += len(targets)
-        return out
+                parts.append((mine, self.sessions[w].send(order, "probe", msg)))
+            except _Down:
+                self._failover(w)
+                self._send_probe(base, targets, mine, order, parts)
 
-    def _expand(self, r, flt: WindowFilter, buf_pidx, buf_seq):
-        """Main-array ranges -> (probe_idx, seq) on the mirror, filtered, plus buffer pairs."""
+    def _answer(self, r, flt: WindowFilter):
+        pidx, seq = from_array(r.probe_idx, "<i8"), from_array(r.seq, "<i8")
+        if not (r.range_probe_idx.data or r.start.data):
+            return pidx, seq
+        # main-array ranges -> (probe_idx, seq) on the mirror, filtered, plus buffer pairs
         rr = RangeResult(from_array(r.range_probe_idx, "<i8"), from_array(r.start, "<i8"),
-                         from_array(r.end, "<i8"), buf_pidx, buf_seq)
-        _, ts, seq = self.mirrors[r.sub_id].main_columns()
+                         from_array(r.end, "<i8"), pidx, seq)
+        _, ts, sq = self.mirrors[r.sub_id].main_columns()
         self.ranges_expanded += int(rr.start.size)
-        return rr.expand(None, ts, seq, flt if flt.mode else None)
+        return rr.expand(None, ts, sq, flt if flt.mode else None)
 
     def expire(self, sub_id: int) -> None:
+        """Drop a subwindow. The engine collects every probe round in flight before it
+        expires one, so no unanswered probe can need the subwindow's copy or mirror."""
         self.mirrors.pop(sub_id, None)
         if sub_id in self.where:
-            self._call(sub_id, expire=worker_pb2.Expire(sub_id=sub_id))
-        self.where.pop(sub_id, None)
-        self.copies.pop(sub_id, None)
-        self.splitters.pop(sub_id, None)
-        self.sizes.pop(sub_id, None)
+            call = self._send(sub_id, "expire", worker_pb2.Expire(sub_id=sub_id))
+            self.unchecked.append((sub_id, call))
+        for d in (self.where, self.copies, self.splitters, self.sizes, self.kinds):
+            d.pop(sub_id, None)
         self.stats.expires += 1
 
     def nbytes(self) -> int:
+        self._collect()
         return sum(self.sizes.values())
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False)
+        self.closed = True  # sessions ending now are not worker failures
         for s in self.sessions:
             s.close()

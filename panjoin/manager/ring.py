@@ -55,8 +55,10 @@ class Subwindow:
     ts_max: int = np.iinfo(np.int64).min
     ev_min: int = np.iinfo(np.int64).max  # event time range, for time windows and status
     ev_max: int = np.iinfo(np.int64).min
-    id_chunks: list = field(default_factory=list)
-    _ids: np.ndarray | None = None
+    _id_buf: np.ndarray | None = None  # user ids by seq - seq_start; capacity slots
+    payload_chunks: list = field(default_factory=list)  # pyarrow arrays, seq order
+    _payloads: object = None
+    payload_bytes: int = 0
 
     @property
     def seq_end(self) -> int:
@@ -66,8 +68,10 @@ class Subwindow:
     def room(self) -> int:
         return self.capacity - self.count
 
-    def add(self, seq: np.ndarray, ids_in_seq_order: np.ndarray, ts_col: np.ndarray) -> None:
-        """Record an insert: ``seq`` must continue this subwindow's contiguous range."""
+    def add(self, seq: np.ndarray, ids_in_seq_order: np.ndarray, ts_col: np.ndarray,
+            payloads=None) -> None:
+        """Record an insert: ``seq`` must continue this subwindow's contiguous range;
+        ``payloads`` (a pyarrow array in seq order) is kept to join back onto results."""
         if seq.size == 0:
             return
         first = int(seq.min())
@@ -79,19 +83,36 @@ class Subwindow:
         self.count += int(seq.size)
         self.ts_min = min(self.ts_min, int(ts_col.min()))
         self.ts_max = max(self.ts_max, int(ts_col.max()))
-        self.id_chunks.append(ids_in_seq_order)
-        self._ids = None
+        if self._id_buf is None:
+            # one buffer of NSub slots (untouched pages cost nothing): no concatenation
+            # per probe, and a view taken for a probe in flight stays valid
+            self._id_buf = np.empty(self.capacity, np.int64)
+        self._id_buf[self.count - seq.size:self.count] = ids_in_seq_order
+        if payloads is not None:
+            self.payload_chunks.append(payloads)
+            self.payload_bytes += payloads.nbytes
+            self._payloads = None
         self.state = SubState.FULL if self.count >= self.capacity else SubState.FILLING
 
     def ids(self) -> np.ndarray:
-        if self._ids is None:
-            self._ids = (np.concatenate(self.id_chunks) if self.id_chunks
-                         else np.zeros(0, np.int64))
-            self.id_chunks = [self._ids]
-        return self._ids
+        """User ids in seq order (a view; later inserts do not change it)."""
+        if self._id_buf is None:
+            return np.zeros(0, np.int64)
+        return self._id_buf[:self.count]
 
     def ids_of(self, seq: np.ndarray) -> np.ndarray:
         return self.ids()[seq - self.seq_start]
+
+    def payloads(self):
+        """The payloads in seq order as one pyarrow array, or None when the join has none."""
+        if not self.payload_chunks:
+            return None
+        if self._payloads is None:
+            import pyarrow as pa
+
+            self._payloads = pa.concat_arrays(self.payload_chunks)
+            self.payload_chunks = [self._payloads]
+        return self._payloads
 
 
 class SubwindowRing:
@@ -136,7 +157,8 @@ class SubwindowRing:
     def pop_oldest(self) -> Subwindow:
         sub = self.subs.popleft()
         sub.state = SubState.EXPIRED
-        sub.id_chunks = []
-        sub._ids = None
+        sub._id_buf = None
+        sub.payload_chunks = []
+        sub._payloads = None
         self.expired += 1
         return sub

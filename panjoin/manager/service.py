@@ -19,12 +19,13 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
+from panjoin.handshake.chain import ChainError
 from panjoin.manager.engine import JoinEngine
 from panjoin.manager.grpc_backend import GrpcBackend, WorkerError
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
 from panjoin.semantics import SpecError, parse_predicate, parse_window
 from panjoin.serving import start_server
-from panjoin.wire import WireError, from_array, to_array
+from panjoin.wire import WireError, from_array, from_payloads, to_array, to_payloads
 
 log = logging.getLogger("panjoin.manager")
 
@@ -37,14 +38,21 @@ class _Join:
     lock: threading.Lock
     last_batch_id: int = 0
     applied: bool = False
+    closed: bool = False
 
 
 class ManagerServicer(manager_pb2_grpc.ManagerServicer):
-    def __init__(self, workers: list[str], threads: int = 1):
+    def __init__(self, workers: list[str], threads: int = 1, topology: str = "ring",
+                 fifo: int = 1 << 16, segment: str = "nested"):
         if not workers:
             raise ValueError("the manager needs at least one worker address")
+        if topology not in ("ring", "handshake"):
+            raise ValueError(f"unknown topology {topology!r}; choose 'ring' or 'handshake'")
         self.workers = workers
         self.threads = threads
+        self.topology = topology  # handshake: `workers` are handshake chain nodes, in order
+        self.fifo = fifo
+        self.segment = segment
         self.joins: dict[str, _Join] = {}
         self.lock = threading.Lock()
 
@@ -53,6 +61,8 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             window = parse_window(request.window, request.allowed_lateness)
             pred = parse_predicate(request.predicate)
             fmt = "ranges" if request.result_format == 1 else "pairs"
+            if self.topology == "handshake":
+                return self._open_handshake(request, window, pred)
             backend = GrpcBackend(self.workers, result_format=fmt)
             engine = JoinEngine(
                 window, pred, index=request.index or "bisort",
@@ -73,8 +83,25 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         settings.max_lag = engine.max_lag
         join_id = uuid.uuid4().hex[:12]
         with self.lock:
-            self.joins[join_id] = _Join(engine, backend, settings, threading.Lock())
+            self.joins[join_id] = _Join(engine, backend, settings, threading.RLock())
         log.info("join %s opened: %s on %s, index %s", join_id, window, pred, engine.index)
+        return manager_pb2.OpenReply(join_id=join_id, settings=settings)
+
+    def _open_handshake(self, request, window, pred) -> manager_pb2.OpenReply:
+        from panjoin.handshake.chain import HandshakeChain
+
+        chain = HandshakeChain(self.workers, window, pred, key_dtype=request.key_dtype or None,
+                               batch_size=min(request.batch_size or 4096, 1 << 16),
+                               node_fifo=self.fifo, merger_fifo=self.fifo, index=self.segment)
+        settings = manager_pb2.OpenRequest()
+        settings.CopyFrom(request)
+        settings.index = self.segment  # how every node scans its segments
+        settings.batch_size = chain.batch_size
+        join_id = uuid.uuid4().hex[:12]
+        with self.lock:
+            self.joins[join_id] = _Join(chain, chain, settings, threading.RLock())
+        log.info("join %s opened on a %d-node handshake chain: %s on %s", join_id,
+                 len(self.workers), window, pred)
         return manager_pb2.OpenReply(join_id=join_id, settings=settings)
 
     def _get(self, join_id: str, context) -> _Join:
@@ -91,8 +118,11 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                 if join_id is None:
                     join_id = msg.join_id
                 j = self._get(join_id, context)
-                with j.lock:
-                    yield self._apply(j, msg, context)
+                with j.lock:  # not held across the yield: a slow reader blocks no one
+                    if j.closed:
+                        context.abort(grpc.StatusCode.NOT_FOUND, f"join {join_id!r} is closed")
+                    out = self._apply(j, msg, context)
+                yield out
         finally:
             if join_id is not None and not context.is_active():
                 self._close(join_id)  # the client went away: release the join
@@ -113,18 +143,21 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                 raise WireError("keys must be finite (no NaN or inf)")
             if stream.size and stream.max() > 1:
                 raise WireError("stream must be 0 (R) or 1 (S)")
-            j.engine.push_arrays(stream, ids, keys, ts)
+            payload = from_payloads(msg.payload, ids.size)
+            j.engine.push_arrays(stream, ids, keys, ts, payload)
             if msg.flush:
                 j.engine.flush()
         except (WireError, ValueError, TypeError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except WorkerError as e:
+        except (WorkerError, ChainError) as e:
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         j.applied = True
         j.last_batch_id = msg.batch_id
-        r, s = j.engine.take_results()
+        r, s, rp, sp = j.engine.take_results(payloads=True)
         out.r_id.CopyFrom(to_array(r))
         out.s_id.CopyFrom(to_array(s))
+        to_payloads(rp, out.r_payload)
+        to_payloads(sp, out.s_payload)
         late = j.engine.take_late()
         ls = np.concatenate([np.zeros(len(late["R"]), np.uint8), np.ones(len(late["S"]), np.uint8)])
         out.late_stream.CopyFrom(to_array(ls))
@@ -133,38 +166,54 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
 
     def _status(self, join_id: str, j: _Join) -> manager_pb2.JoinStatus:
         e = j.engine
+        j.backend.sync()  # every command answered: the workers' status bits are current
         w = e.window_tuples()
+        rings = getattr(e, "rings", {"R": (), "S": ()})  # a handshake chain has none
         return manager_pb2.JoinStatus(
             join_id=join_id, tuples_in=e.stats.tuples_in, late=e.stats.late,
             batches=e.stats.batches, results=e.stats.results, window_r=w["R"], window_s=w["S"],
-            subwindows_r=len(e.rings["R"]), subwindows_s=len(e.rings["S"]),
-            workers_alive=len(self.workers), last_batch_id=j.last_batch_id,
-            memory_bytes=e.memory_bytes())
+            subwindows_r=len(rings["R"]), subwindows_s=len(rings["S"]),
+            workers_alive=len(j.backend.alive_workers()), last_batch_id=j.last_batch_id,
+            memory_bytes=e.memory_bytes(), workers=j.backend.loads(),
+            probes_in_flight=e.status().get("probes_in_flight", 0),
+            failovers=j.backend.failovers,
+            pauses=e.admission.pauses if hasattr(e, "admission") else 0)
+
+    def _status_or_abort(self, join_id: str, j: _Join, context) -> manager_pb2.JoinStatus:
+        if j.closed:  # closed while this call waited for the join's lock
+            context.abort(grpc.StatusCode.NOT_FOUND, f"join {join_id!r} is closed")
+        try:
+            return self._status(join_id, j)
+        except WorkerError as e:
+            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
     def Status(self, request, context):
         j = self._get(request.join_id, context)
         with j.lock:
-            return self._status(request.join_id, j)
+            return self._status_or_abort(request.join_id, j, context)
 
     def Close(self, request, context):
         j = self._get(request.join_id, context)
         with j.lock:
-            st = self._status(request.join_id, j)
-        self._close(request.join_id)
+            st = self._status_or_abort(request.join_id, j, context)
+            self._close(request.join_id)
         return st
 
     def _close(self, join_id: str) -> None:
         with self.lock:
             j = self.joins.pop(join_id, None)
         if j is not None:
-            j.backend.close()
+            with j.lock:  # after any call in progress on the join
+                j.closed = True
+                j.backend.close()
             log.info("join %s closed", join_id)
 
 
 def serve_manager(workers: list[str], port: int = 0, host: str = "127.0.0.1",
-                  threads: int = 1) -> tuple[grpc.Server, int]:
+                  threads: int = 1, topology: str = "ring",
+                  fifo: int = 1 << 16, segment: str = "nested") -> tuple[grpc.Server, int]:
     """Start the manager endpoint; returns the server and its port."""
-    servicer = ManagerServicer(workers, threads)
+    servicer = ManagerServicer(workers, threads, topology, fifo, segment)
     return start_server(
         lambda srv: manager_pb2_grpc.add_ManagerServicer_to_server(servicer, srv),
         manager_pb2.DESCRIPTOR.services_by_name["Manager"].full_name, port, host)

@@ -6,6 +6,8 @@
 - ``wib``     WiB+-Tree: small sorted internal nodes, wide unsorted leaves in an LLAT
 - ``bisort``  BI-Sort: sorted main array + insertion buffer + index array
 - ``nested``  nested loop, the baseline
+- ``bisort-opencl``  BI-Sort with its main array on an OpenCL device (``opencl/``;
+  pyopencl is imported only when one is made)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ _CLASSES = {
     "wib": ("panjoin.subwindow.wib_tree", "WiBTree"),
     "bisort": ("panjoin.subwindow.bi_sort", "BISort"),
     "nested": ("panjoin.subwindow.nested_loop", "NestedLoop"),
+    "bisort-opencl": ("opencl.bisort", "OpenCLBISort"),
 }
 INDEX_KINDS = tuple(_CLASSES)
 

@@ -114,34 +114,56 @@ class ProbeResult(_message.Message):
     def __init__(self, sub_id: _Optional[int] = ..., probe_idx: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., start: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., end: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., range_probe_idx: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
 
 class SubwindowStatus(_message.Message):
-    __slots__ = ("sub_id", "count", "full", "nbytes", "successor_splitters")
+    __slots__ = ("sub_id", "count", "full", "nbytes", "successor_splitters", "empty")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     FULL_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
     SUCCESSOR_SPLITTERS_FIELD_NUMBER: _ClassVar[int]
+    EMPTY_FIELD_NUMBER: _ClassVar[int]
     sub_id: int
     count: int
     full: bool
     nbytes: int
     successor_splitters: _common_pb2.Array
-    def __init__(self, sub_id: _Optional[int] = ..., count: _Optional[int] = ..., full: _Optional[bool] = ..., nbytes: _Optional[int] = ..., successor_splitters: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
+    empty: bool
+    def __init__(self, sub_id: _Optional[int] = ..., count: _Optional[int] = ..., full: _Optional[bool] = ..., nbytes: _Optional[int] = ..., successor_splitters: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., empty: _Optional[bool] = ...) -> None: ...
+
+class WorkerLoad(_message.Message):
+    __slots__ = ("subwindows", "tuples", "nbytes", "oldest_r_empty", "oldest_s_empty", "newest_r_full", "newest_s_full")
+    SUBWINDOWS_FIELD_NUMBER: _ClassVar[int]
+    TUPLES_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_R_EMPTY_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_S_EMPTY_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_R_FULL_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_S_FULL_FIELD_NUMBER: _ClassVar[int]
+    subwindows: int
+    tuples: int
+    nbytes: int
+    oldest_r_empty: bool
+    oldest_s_empty: bool
+    newest_r_full: bool
+    newest_s_full: bool
+    def __init__(self, subwindows: _Optional[int] = ..., tuples: _Optional[int] = ..., nbytes: _Optional[int] = ..., oldest_r_empty: _Optional[bool] = ..., oldest_s_empty: _Optional[bool] = ..., newest_r_full: _Optional[bool] = ..., newest_s_full: _Optional[bool] = ...) -> None: ...
 
 class Feedback(_message.Message):
-    __slots__ = ("command_id", "error", "code", "results", "status", "seconds")
+    __slots__ = ("command_id", "error", "code", "results", "status", "seconds", "load")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
     command_id: int
     error: str
     code: str
     results: _containers.RepeatedCompositeFieldContainer[ProbeResult]
     status: SubwindowStatus
     seconds: float
-    def __init__(self, command_id: _Optional[int] = ..., error: _Optional[str] = ..., code: _Optional[str] = ..., results: _Optional[_Iterable[_Union[ProbeResult, _Mapping]]] = ..., status: _Optional[_Union[SubwindowStatus, _Mapping]] = ..., seconds: _Optional[float] = ...) -> None: ...
+    load: WorkerLoad
+    def __init__(self, command_id: _Optional[int] = ..., error: _Optional[str] = ..., code: _Optional[str] = ..., results: _Optional[_Iterable[_Union[ProbeResult, _Mapping]]] = ..., status: _Optional[_Union[SubwindowStatus, _Mapping]] = ..., seconds: _Optional[float] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

@@ -1,0 +1,347 @@
+"""The manager as the handshake chain's driver, over node processes (``--topology handshake``).
+
+``HandshakeChain`` has the engine's interface (``push_arrays``, ``flush``,
+``take_results``, ``take_late``, ``status``), so the CLI and the manager
+endpoint use it where they would use :class:`panjoin.manager.engine.JoinEngine`.
+
+    addresses ─ Configure ─► node 0 ... node N-1   (each links to its neighbours)
+    driver ── Link(left) ──► node 0        node N-1 ◄── Link(right) ── driver
+    driver ◄─ Outbox ─────── node 0        node N-1 ─── Outbox ──────► driver
+    every node ── Results ──► leaf FIFO ─► merging network ─► collected pairs
+
+Feeding (section 4.4): :class:`.protocol.Driver` numbers the input, drops late
+tuples, and turns each run of one stream into one message to its end; its
+acknowledgements expire tuples at the far ends as the ends report arrivals.
+Admission control: before each input batch the driver waits while any FIFO of
+the merging network is full, counting a pause. ``flush`` drains the chain
+(every pair meets) and waits until every node's pairs have come through.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+
+import grpc
+import numpy as np
+
+from panjoin.handshake.merge import AdmissionControl, MergingNetwork
+from panjoin.handshake.protocol import LEFT, RIGHT, Driver
+from panjoin.handshake.segment import SEGMENT_KINDS
+from panjoin.handshake.transport import LinkSender, from_proto
+from panjoin.proto.panjoin.v1 import handshake_pb2, handshake_pb2_grpc
+from panjoin.semantics import Predicate, Window, parse_predicate, parse_window
+from panjoin.serving import OPTIONS
+from panjoin.wire import from_array
+
+log = logging.getLogger("panjoin.handshake")
+
+
+class ChainError(RuntimeError):
+    """A node failed or went away; the message says which and why."""
+
+
+class _Stats:
+    def __init__(self):
+        self.tuples_in = 0
+        self.late = 0
+        self.batches = 0
+        self.results = 0
+
+
+class HandshakeChain:
+    def __init__(self, addresses: list[str], window: str | Window, predicate: str | Predicate,
+                 *, allowed_lateness: int = 0, key_dtype: str | None = None,
+                 batch_size: int = 4096, node_fifo: int = 1 << 16, merger_fifo: int = 1 << 16,
+                 max_batch: int = 4096, max_in_flight: int | None = None,
+                 index: str = "nested",
+                 timeout: float = 300.0):
+        if not addresses:
+            raise ValueError("a handshake chain needs at least one node address")
+        self.addresses = list(addresses)
+        self.window = (parse_window(window, allowed_lateness) if isinstance(window, str)
+                       else window)
+        self.pred = parse_predicate(predicate)
+        if batch_size < 1 or node_fifo < 1 or merger_fifo < 1 or max_batch < 1:
+            raise ValueError("batch_size, FIFO sizes and max_batch must be >= 1")
+        self.batch_size = int(batch_size)
+        self.node_fifo, self.merger_fifo, self.max_batch = node_fifo, merger_fifo, max_batch
+        self.timeout = timeout
+        if index not in SEGMENT_KINDS:
+            raise ValueError(f"segment index {index!r}: choose one of {', '.join(SEGMENT_KINDS)}")
+        self.index = index
+        #: fed tuples the entry nodes may have not processed yet (beyond it the driver waits)
+        self.max_in_flight = int(max_in_flight or 4 * self.batch_size)
+        self.credit_waits = 0
+        self.key_dtype = np.dtype(key_dtype) if key_dtype else None
+        self.chain_id = uuid.uuid4().hex[:12]
+        self.driver = Driver(self.window, self.pred)
+        self.net = MergingNetwork(len(addresses), node_fifo, merger_fifo)
+        self.admission = AdmissionControl(self.net)
+        self.stats = _Stats()
+        self.lock = threading.Lock()  # the driver's state
+        self.drained = threading.Condition(self.lock)
+        self.stop = threading.Event()
+        self.received = [0] * len(addresses)  # pairs read from each node
+        self._collected: list[tuple[np.ndarray, np.ndarray]] = []
+        self._collected_lock = threading.Lock()
+        self.collected_total = 0
+        self.threads: list[threading.Thread] = []
+        self.errors: list[str] = []
+        self.started = False
+        self.channels = [grpc.insecure_channel(a, options=OPTIONS) for a in addresses]
+        self.stubs = [handshake_pb2_grpc.HandshakeNodeStub(c) for c in self.channels]
+        self.links: dict[str, LinkSender] = {}
+        if self.key_dtype is not None:
+            self._start()
+
+    # ------------------------------------------------------------------ wiring
+
+    def _start(self) -> None:
+        n = len(self.addresses)
+        try:
+            for i, stub in enumerate(self.stubs):
+                stub.Configure(handshake_pb2.ChainConfig(
+                    chain_id=self.chain_id, position=i, n_nodes=n,
+                    left=self.addresses[i - 1] if i > 0 else "",
+                    right=self.addresses[i + 1] if i < n - 1 else "",
+                    window=str(self.window), predicate=str(self.pred),
+                    allowed_lateness=self.window.lateness, key_dtype=str(self.key_dtype),
+                    result_fifo=self.node_fifo, max_batch=self.max_batch,
+                    index=self.index), timeout=30)
+        except grpc.RpcError as e:
+            raise ChainError(f"configuring the chain failed: {e.details()}") from e
+        self.started = True
+        # the driver sits on node 0's left and on node N-1's right
+        self.links = {LEFT: LinkSender(self.addresses[0], self.chain_id, LEFT),
+                      RIGHT: LinkSender(self.addresses[-1], self.chain_id, RIGHT)}
+        ends = {0, n - 1}
+        for i in ends:
+            self._thread(self._read_outbox, i)
+        for i in range(n):
+            self._thread(self._read_results, i)
+        self._thread(self._pump)
+
+    def _thread(self, fn, *args) -> None:
+        t = threading.Thread(target=fn, args=args, daemon=True, name=f"{fn.__name__}{args}")
+        t.start()
+        self.threads.append(t)
+
+    def _send(self, msgs) -> None:
+        for end, m in msgs:
+            self.links[end].send(m)
+
+    def _read_outbox(self, i: int) -> None:
+        try:
+            for pb in self.stubs[i].Outbox(handshake_pb2.ChainRef(chain_id=self.chain_id)):
+                _, msg = from_proto(pb, str(self.key_dtype))
+                end = LEFT if msg.stream == "S" else RIGHT
+                with self.lock:
+                    self._send(self.driver.receive(end, msg))
+                    self.drained.notify_all()
+        except grpc.RpcError as e:
+            if not self.stop.is_set():
+                self._fail(f"node {i} ({self.addresses[i]}): outbox stream broke: {e.details()}")
+
+    def _read_results(self, i: int) -> None:
+        leaf = self.net.leaves[i]
+        try:
+            for pb in self.stubs[i].Results(handshake_pb2.ChainRef(chain_id=self.chain_id)):
+                r = from_array(pb.r_id, "<i8", "r_id")
+                s = from_array(pb.s_id, "<i8", "s_id")
+                leaf.put(r, s, self.stop)  # waits while the leaf FIFO is full
+                self.received[i] += r.shape[0]
+        except InterruptedError:
+            pass
+        except grpc.RpcError as e:
+            if not self.stop.is_set():
+                self._fail(f"node {i} ({self.addresses[i]}): result stream broke: {e.details()}")
+
+    def _pump(self) -> None:
+        """The merging network's clock: every merger steps, the manager drains the root."""
+        while not self.stop.is_set():
+            moved = self.net.step()
+            r, s = self.net.root.take(1 << 20)
+            if r.size:
+                with self._collected_lock:
+                    self._collected.append((r, s))
+                    self.collected_total += r.shape[0]
+            elif not moved:
+                with self.net.leaves[0].cond:  # idle: wait a little for new pairs
+                    self.net.leaves[0].cond.wait(0.002)
+
+    def _fail(self, why: str) -> None:
+        log.error("%s", why)
+        self.errors.append(why)
+        with self.lock:
+            self.drained.notify_all()
+
+    def _check(self) -> None:
+        if self.errors:
+            raise ChainError("; ".join(self.errors))
+
+    # ------------------------------------------------------------------ the engine interface
+
+    def push(self, events) -> None:
+        self.push_arrays(events.stream, events.id, events.key, events.ts)
+
+    def push_arrays(self, stream, ids, keys, ts, payload=None) -> None:
+        if payload is not None:
+            raise ValueError("the handshake topology does not carry payloads; use the ring "
+                             "topology (the default) to join payloads back onto the pairs")
+        keys = np.asarray(keys)
+        if keys.shape[0] == 0:
+            return
+        if self.key_dtype is None:
+            if keys.dtype not in (np.int64, np.float64):
+                raise TypeError(f"keys must be int64 or float64, got {keys.dtype}")
+            self.key_dtype = keys.dtype
+        if not self.started:
+            self._start()
+        self._check()
+        n = keys.shape[0]
+        for a in range(0, n, self.batch_size):
+            b = min(n, a + self.batch_size)
+            self._admit()
+            with self.lock:
+                late0 = self.driver.n_late
+                self._send(self.driver.feed(np.asarray(stream)[a:b], np.asarray(ids)[a:b],
+                                            keys[a:b], np.asarray(ts)[a:b]))
+                self.stats.late += self.driver.n_late - late0
+            self.stats.tuples_in += b - a
+            self.stats.batches += 1
+
+    def _admit(self) -> None:
+        """Admission control: hold the input while any FIFO is full (one pause per wait),
+        and while the entry nodes have more than ``max_in_flight`` fed tuples unprocessed
+        (a node waiting for room in its result FIFO stops acknowledging)."""
+        deadline = time.monotonic() + self.timeout
+        counted = waited = False
+        while True:
+            full = self.net.any_full()
+            with self.lock:
+                busy = self.driver.in_flight() > self.max_in_flight
+            if not (full or busy):
+                break
+            if full and not counted:
+                self.admission.admit()  # counts the pause
+                counted = True
+            if busy and not waited:
+                self.credit_waits += 1
+                waited = True
+            self._check()
+            if time.monotonic() > deadline:
+                raise ChainError(f"admission control paused for {self.timeout:.0f}s: the "
+                                 "chain or its result FIFOs never drained")
+            time.sleep(0.0005)
+        self.admission.paused = False
+
+    def flush(self) -> None:
+        """Drain: every fed pair meets; returns once all their pairs are collected."""
+        if not self.started:
+            return
+        self._check()
+        deadline = time.monotonic() + self.timeout
+        with self.lock:
+            self._send(self.driver.drain())
+            while not all(self.driver.drained.values()):
+                self._check()
+                if time.monotonic() > deadline:
+                    raise ChainError("drain markers did not come back in time")
+                self.drained.wait(0.05)
+        # every pair has been evaluated and queued in a node FIFO: wait until all are here
+        produced = [st.results for st in self.node_status()]
+        while self.collected_total < sum(produced) or \
+                any(got < want for got, want in zip(self.received, produced, strict=True)):
+            self._check()
+            if time.monotonic() > deadline:
+                raise ChainError(f"results missing after drain: got {self.collected_total} "
+                                 f"of {sum(produced)}")
+            time.sleep(0.002)
+
+    def take_results(self, payloads: bool = False):
+        """The (r_id, s_id) pairs merged so far; ``payloads=True`` adds (None, None), as
+        the chain carries no payloads (the engine's interface)."""
+        with self._collected_lock:
+            parts, self._collected = self._collected, []
+        if not parts:
+            r, s = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        else:
+            r = np.concatenate([a for a, _ in parts])
+            s = np.concatenate([b for _, b in parts])
+        self.stats.results += r.shape[0]
+        return (r, s, None, None) if payloads else (r, s)
+
+    # the backend's interface, for the manager's Status
+    failovers = 0
+
+    def sync(self) -> None:
+        self._check()
+
+    def alive_workers(self) -> list[int]:
+        return list(range(len(self.addresses)))
+
+    def loads(self) -> list:
+        return []
+
+    def take_late(self) -> dict[str, np.ndarray]:
+        with self.lock:
+            return self.driver.take_late()
+
+    def window_tuples(self) -> dict[str, int]:
+        with self.lock:
+            return self.driver.window_tuples()
+
+    def memory_bytes(self) -> int:
+        return 0  # held by the node processes; see node_status()
+
+    def node_status(self) -> list[handshake_pb2.NodeStatus]:
+        out = []
+        for i, stub in enumerate(self.stubs):
+            try:
+                st = stub.Status(handshake_pb2.ChainRef(chain_id=self.chain_id), timeout=30)
+            except grpc.RpcError as e:
+                raise ChainError(f"node {i} ({self.addresses[i]}): {e.details()}") from e
+            if st.error:
+                raise ChainError(f"node {i} ({self.addresses[i]}) failed: {st.error}")
+            out.append(st)
+        return out
+
+    def status(self) -> dict:
+        nodes = self.node_status() if self.started else []
+        return {
+            "topology": "handshake",
+            "tuples_in": self.stats.tuples_in,
+            "late": self.stats.late,
+            "batches": self.stats.batches,
+            "results": self.collected_total,
+            "pauses": self.admission.pauses,
+            "credit_waits": self.credit_waits,
+            "window_tuples": self.window_tuples(),
+            "segments": {"R": [st.segment_r for st in nodes], "S": [st.segment_s for st in nodes]},
+            "stalls": [st.stalls for st in nodes],
+            "fifo_high_water": [f.high_water for f in self.net.fifos()],
+        }
+
+    def close(self) -> None:
+        self.stop.set()
+        for link in self.links.values():
+            link.close()
+        if self.started:
+            for stub in self.stubs:
+                try:
+                    stub.Release(handshake_pb2.ChainRef(chain_id=self.chain_id), timeout=10)
+                except grpc.RpcError:
+                    pass
+        for t in self.threads:
+            t.join(5)
+        for c in self.channels:
+            c.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
