@@ -187,3 +187,52 @@ def test_mixed_key_types_are_rejected():
     j.push(generate(10, seed=0))
     with pytest.raises(TypeError, match="one key type"):
         j.push(generate(10, float_keys=True, seed=0))
+
+
+# --------------------------------------------------------------------------- sorted list
+
+
+@pytest.mark.parametrize("pred", ["eq", "band:3", "bands:-5,-2;4,9", "ne"])
+@pytest.mark.parametrize("mode", [0, 1, 2])
+@pytest.mark.parametrize("dtype", ["int64", "float64"])
+def test_sortedlist_index_matches_nested_loop(pred, mode, dtype):
+    from index_helpers import fill, random_filter
+
+    from panjoin.semantics import probe_bounds
+    from panjoin.subwindow import make_index
+
+    rng = np.random.default_rng(len(pred) * 7 + mode)
+    keys = rng.integers(-30, 30, 400).astype(dtype)
+    if dtype == "float64":
+        keys = keys / 2 + 0.1
+    ixs = [make_index(k, 400, dtype) for k in ("sortedlist", "nested")]
+    fill(ixs, rng, keys, [1, 50, 149, 200])
+    probe = np.sort(rng.integers(-35, 35, 120).astype(dtype))
+    if dtype == "float64":
+        probe = probe / 2 + 0.1
+    flt = random_filter(rng, mode, probe.shape[0])
+    for side in ("R", "S"):
+        lo, hi = probe_bounds(parse_predicate(pred), side, probe)
+        got, want = (sort_pairs(np.stack(ix.probe(lo, hi, flt), axis=1)) for ix in ixs)
+        assert len(want) > 0
+        np.testing.assert_array_equal(got, want)
+    assert ixs[0].nbytes > 0 and len(ixs[0]) == 400
+
+
+@pytest.mark.parametrize("window", ["count:60,45", "time:50,80"])
+@pytest.mark.parametrize("pred", ["eq", "band:900"])
+def test_sortedlist_in_the_engine_matches_reference(window, pred):
+    from panjoin.manager.engine import JoinEngine
+
+    ev = generate(900, "zipf" if pred == "eq" else "uniform", key_max=30_000, rate=10_000,
+                  disorder_ms=20 if window.startswith("time") else 0, seed=4)
+    lateness = 10 if window.startswith("time") else 0
+    ref = _ref(ev, window, pred, lateness)
+    eng = JoinEngine(parse_window(window, lateness), pred, index="sortedlist",
+                     subwindow_size=16, batch_size=37, threads=1)
+    for a in range(0, len(ev), 100):
+        eng.push(ev.slice(a, a + 100))
+    eng.flush()
+    r, s = eng.take_results()
+    assert len(ref.pairs) > 50
+    np.testing.assert_array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
