@@ -236,3 +236,30 @@ def test_sortedlist_in_the_engine_matches_reference(window, pred):
     r, s = eng.take_results()
     assert len(ref.pairs) > 50
     np.testing.assert_array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+
+
+# --------------------------------------------------------------------------- DuckDB
+
+
+DUCK_CASES = [
+    ("count:40,25", "eq", "zipf", 0, 0),
+    ("count:16,64", "bands:-900,-100;200,2500", "increasing", 0, 0),
+    ("count:33,21", "band:1500", "uniform", 0, 0),
+    ("count:30,30", "ne", "uniform", 0, 0),
+    ("time:25,10", "eq", "zipf", 30, 10),
+    ("time:20,35", "band:2000", "uniform", 15, 15),
+]
+
+
+@pytest.mark.parametrize("case", DUCK_CASES, ids=[f"{c[0]}-{c[1]}" for c in DUCK_CASES])
+def test_duckdb_join_matches_reference(case):
+    from panjoin.baselines.duckdb_join import duckdb_join
+
+    window, pred, dist, disorder, lateness = case
+    ev = generate(700, dist, key_max=20_000, rate=20_000, disorder_ms=disorder, seed=9,
+                  r_fraction=0.55)
+    ref = _ref(ev, window, pred, lateness)
+    assert len(ref.pairs) > 0
+    got = duckdb_join(ev, window, pred, allowed_lateness=lateness, pairs=True, threads=1)
+    np.testing.assert_array_equal(got.pairs, ref.pairs)
+    assert duckdb_join(ev, window, pred, allowed_lateness=lateness).count == len(ref.pairs)

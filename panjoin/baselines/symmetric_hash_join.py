@@ -28,7 +28,8 @@ The DESIGN section 2 windows as join filters over integer columns:
 
 Example, time:10,10, eq: r(key 5, ts 0) then s(key 5, ts 4) -> pair; then a
 tuple with ts 30 arrives, so future rows have ts >= 30; ``r.ts > s.ts - 10``
-with s.ts in [30, inf] narrows r.ts to [21, inf], and r (ts 0) is pruned.
+with s.ts in [30, inf] narrows r.ts to [21, inf], and r (ts 0) is pruned; likewise
+``s.ts > r.ts - 10`` with r.ts in [30, inf] prunes s (ts 4), and s (ts 30) stays.
 
     >>> import numpy as np
     >>> from panjoin.events import EventTable
@@ -36,7 +37,7 @@ with s.ts in [30, inf] narrows r.ts to [21, inf], and r (ts 0) is pruned.
     >>> j.push(EventTable(np.array([0, 1, 1], np.uint8), np.array([0, 0, 1]),
     ...                   np.array([5, 5, 6]), np.array([0, 4, 30])))
     >>> [p.tolist() for p in j.take_results()], j.buffered()
-    ([[0], [0]], {'R': 0, 'S': 2})
+    ([[0], [0]], {'R': 0, 'S': 1})
 """
 
 from __future__ import annotations
