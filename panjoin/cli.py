@@ -198,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--windows", default=None,
                    help="comma-separated window sizes per stream, e.g. 64K,1M,8M")
     b.add_argument("--peers", default=None, help="comma-separated subset of the peers")
+    b.add_argument("--workloads", default=None,
+                   help="comma-separated subset of the workloads, e.g. 'band S=64 uniform,eq "
+                        "uniform'")
     b.add_argument("--out", default="benchmarks", help="folder for results/ and plots/")
     _add_common(b)
 
@@ -506,6 +509,8 @@ def run_bench_peers(args) -> int:
         cfg.windows = [_size(w) for w in args.windows.split(",")]
     if args.peers:
         cfg.peers = tuple(p.strip() for p in args.peers.split(","))
+    if args.workloads:
+        cfg.only = tuple(w.strip() for w in args.workloads.split(","))
     tag = "-quick" if args.quick else ""
     out = Path(args.out)
     recs = run_peers(cfg, progress=not args.no_progress,

@@ -91,6 +91,7 @@ class PeerConfig:
     workers: int = 2
     chunk: int = 1 << 16
     seed: int = 0
+    only: tuple = ()  # keep only the workloads with these names (e.g. "band S=64 uniform")
     peers: tuple = ("panjoin-rap", "panjoin-wib", "panjoin-bisort", "panjoin-cluster",
                     "nested-loop", "sorted-list", "shj", "duckdb", "spark")
 
@@ -105,6 +106,12 @@ class PeerConfig:
             out += [Workload("band", s, "uniform", w) for s in self.selectivities]
             out += [Workload("eq", 1, "uniform", w), Workload("eq", 1, "zipf", w),
                     Workload("band", 64, "increasing", w)]
+        if self.only:
+            known = sorted({wl.name for wl in out})
+            bad = [o for o in self.only if o not in known]
+            if bad:
+                raise ValueError(f"unknown workload(s) {bad}; choose from {known}")
+            out = [wl for wl in out if wl.name in self.only]
         return out
 
 
