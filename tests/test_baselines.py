@@ -251,8 +251,9 @@ DUCK_CASES = [
 ]
 
 
+@pytest.mark.parametrize("plan", ["bucket", "range"])
 @pytest.mark.parametrize("case", DUCK_CASES, ids=[f"{c[0]}-{c[1]}" for c in DUCK_CASES])
-def test_duckdb_join_matches_reference(case):
+def test_duckdb_join_matches_reference(case, plan):
     from panjoin.baselines.duckdb_join import duckdb_join
 
     window, pred, dist, disorder, lateness = case
@@ -260,6 +261,18 @@ def test_duckdb_join_matches_reference(case):
                   r_fraction=0.55)
     ref = _ref(ev, window, pred, lateness)
     assert len(ref.pairs) > 0
-    got = duckdb_join(ev, window, pred, allowed_lateness=lateness, pairs=True, threads=1)
+    got = duckdb_join(ev, window, pred, allowed_lateness=lateness, pairs=True, threads=1,
+                      plan=plan)
     np.testing.assert_array_equal(got.pairs, ref.pairs)
-    assert duckdb_join(ev, window, pred, allowed_lateness=lateness).count == len(ref.pairs)
+    assert duckdb_join(ev, window, pred, allowed_lateness=lateness, plan=plan).count == len(
+        ref.pairs)
+
+
+def test_duckdb_bucket_plan_negative_keys_and_fractional_band():
+    from panjoin.baselines.duckdb_join import duckdb_join
+
+    ev = generate(600, "uniform", key_min=-5000, key_max=5000, seed=2)
+    for pred in ("band:37.5", "bands:-300,-251;0.5,9.5", "band:0"):
+        ref = _ref(ev, "count:80,50", pred)
+        got = duckdb_join(ev, "count:80,50", pred, pairs=True)
+        np.testing.assert_array_equal(got.pairs, ref.pairs)

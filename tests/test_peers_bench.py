@@ -9,7 +9,7 @@ def test_peers_bench_small_run(tmp_path):
     cfg = PeerConfig(windows=[512, 1024], measure=512, nested_max=512, sorted_max=1024,
                      selectivities=(1, 64), chunk=256,
                      peers=("panjoin-bisort", "panjoin-rap", "nested-loop", "sorted-list", "shj",
-                            "duckdb", "spark"))
+                            "duckdb", "duckdb-range", "spark"))
     recs = run_peers(cfg, progress=False, out_json=tmp_path / "r.json", plot_dir=tmp_path,
                      tag="-t", log=lambda *_: None)
     assert check_counts(recs) == []
@@ -21,6 +21,8 @@ def test_peers_bench_small_run(tmp_path):
     assert abs(nl.steady_tps - base.steady_tps / 2) < 1e-6 * base.steady_tps
     assert by[("band S=64 uniform", 1024, "shj")].status == "extrapolated"
     assert by[("eq uniform", 1024, "shj")].status == "ok"  # hash on key: no limit
+    assert by[("band S=1 uniform", 1024, "duckdb-range")].status == "extrapolated"
+    assert by[("band S=1 uniform", 512, "duckdb-range")].status == "ok"
     # the peers that ran the whole file found the same, non-trivial result
     counts = {r.results for r in recs if r.workload == "band S=64 uniform" and r.window == 1024
               and r.status == "ok"}

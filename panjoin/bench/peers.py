@@ -15,7 +15,11 @@ sorted-list        the engine with index ``sortedlist`` (a SortedList per subwin
 shj                symmetric hash join with build-side pruning; for band joins it
                    is filter-only (a scan of the pruned buffer), so it is limited
                    and extrapolated like the nested loop
-duckdb             the whole file joined offline in DuckDB (one SQL query)
+duckdb             the whole file joined offline in DuckDB (one SQL query); band joins
+                   rewritten by hand into a bucket equi-join (the fast plan)
+duckdb-range       the same with the band as two range conditions, as first written:
+                   DuckDB plans a piecewise merge join, O(N^2); limited and
+                   extrapolated like the nested loop
 spark              Spark Structured Streaming's stream-stream join (issue 6): run
                    when pyspark and ``spark_conn.peer`` exist, else skipped with the
                    reason printed
@@ -93,7 +97,7 @@ class PeerConfig:
     seed: int = 0
     only: tuple = ()  # keep only the workloads with these names (e.g. "band S=64 uniform")
     peers: tuple = ("panjoin-rap", "panjoin-wib", "panjoin-bisort", "panjoin-cluster",
-                    "nested-loop", "sorted-list", "shj", "duckdb", "spark")
+                    "nested-loop", "sorted-list", "shj", "duckdb", "duckdb-range", "spark")
 
     @classmethod
     def quick(cls) -> PeerConfig:
@@ -250,7 +254,7 @@ class PeerRunner:
 
     def _limit(self, peer: str, wl: Workload) -> int | None:
         """Largest window the peer runs at for this workload (None: no limit)."""
-        if peer == "nested-loop" or (peer == "shj" and wl.pred == "band"):
+        if peer == "nested-loop" or (peer in ("shj", "duckdb-range") and wl.pred == "band"):
             return self.cfg.nested_max
         if peer == "sorted-list":
             return self.cfg.sorted_max
@@ -279,16 +283,19 @@ class PeerRunner:
         elif peer == "shj":
             op = _SHJOp(wl)
             rec.note = "hash on key" if wl.pred == "eq" else "filter-only (no equi key)"
-        elif peer == "duckdb":
+        elif peer in ("duckdb", "duckdb-range"):
             from panjoin.baselines.duckdb_join import duckdb_join
 
+            plan = "range" if peer == "duckdb-range" else "bucket"
             res = duckdb_join(events, f"count:{wl.window},{wl.window}", wl.predicate(),
-                              threads=self.cfg.threads)
+                              threads=self.cfg.threads, plan=plan)
             if bar is not None:
                 bar.update(len(events))
             rec.results, rec.seconds = res.count, res.seconds
             rec.whole_tps = len(events) / res.seconds
-            rec.note = f"offline, {self.cfg.threads} threads"
+            rec.note = f"offline, {self.cfg.threads} threads" + (
+                ", band as bucket equi-join" if plan == "bucket" and wl.pred == "band" else
+                ", band as range conditions" if wl.pred == "band" else "")
             return rec
         elif peer == "spark":
             count, secs = self.spark(events, f"count:{wl.window},{wl.window}", wl.predicate())
@@ -339,8 +346,10 @@ class PeerRunner:
         f = b.window / wl.window  # a scan costs W per probe tuple
         return PeerResult(wl.name, wl.window, peer, "extrapolated",
                           f"from W={b.window} x {f:.3g} (cost linear in W)",
-                          steady_tps=b.steady_tps * f, whole_tps=b.whole_tps * f,
-                          memory_bytes=int(b.memory_bytes * wl.window / b.window))
+                          steady_tps=None if b.steady_tps is None else b.steady_tps * f,
+                          whole_tps=b.whole_tps * f,
+                          memory_bytes=None if b.memory_bytes is None
+                          else int(b.memory_bytes * wl.window / b.window))
 
 
 def _fill(rec: PeerResult, out: dict) -> PeerResult:
@@ -457,7 +466,8 @@ def plot(records: list[PeerResult], out_dir: Path, tag: str) -> list[Path]:
 def warm_up(cfg: PeerConfig, log=print) -> None:
     """Compile every Numba kernel once (small windows, untimed), so no run pays for JIT."""
     small = PeerConfig(windows=[1024], measure=1024, threads=cfg.threads, chunk=512,
-                       peers=tuple(p for p in cfg.peers if p not in ("panjoin-cluster", "spark")))
+                       peers=tuple(p for p in cfg.peers
+                                   if p not in ("panjoin-cluster", "spark", "duckdb-range")))
     r = PeerRunner(small, progress=False, log=lambda *_: None)
     for wl in small.workloads():
         r.run_workload(wl)
