@@ -91,6 +91,7 @@ class PeerConfig:
     nested_max: int = 1 << 16
     sorted_max: int = 1 << 20
     budget_s: float = 120.0  # a peer slower than this at one window skips the larger ones
+    repeat: int = 2  # interleaved rounds per workload; each peer's best round counts
     threads: int = 2
     workers: int = 2
     chunk: int = 1 << 16
@@ -306,34 +307,50 @@ class PeerRunner:
         return _fill(rec, _stream(op, events, fill, chunk, bar))
 
     def run_workload(self, wl: Workload) -> list[PeerResult]:
+        """Every peer on one workload, ``repeat`` interleaved rounds (all peers, then all
+        again), keeping each peer's best round: the machine's load varies during a run,
+        and interleaving exposes every peer to the same spells of it."""
         from tqdm import tqdm
 
         measure = self.cfg.measure or wl.window
         events = events_for(wl, measure, self.cfg.seed)
         fill = 2 * wl.window
-        out = []
+        best: dict[str, PeerResult] = {}
+        timed: list[str] = []
         for peer in self.cfg.peers:
             if peer == "spark" and self.spark is None:
                 self._say_once(f"spark: skipped: {self.spark_reason}")
-                out.append(PeerResult(wl.name, wl.window, peer, "skipped", self.spark_reason))
-                continue
-            limit = self._limit(peer, wl)
-            if limit is not None and wl.window > limit:
-                out.append(self._extrapolate(peer, wl, limit))
-                continue
-            if (peer, wl.name) in self.slow:
-                out.append(PeerResult(wl.name, wl.window, peer, "skipped",
-                                      f"over the {self.cfg.budget_s:g} s budget at a smaller W"))
-                continue
-            with tqdm(total=len(events), unit="tuples", unit_scale=True, leave=False,
-                      disable=not self.progress, desc=f"{peer} {wl.name} W={wl.window}") as bar:
-                try:
-                    rec = self.run_peer(peer, wl, events, fill, bar)
-                except Exception as e:  # a failing peer is reported, the others still run
-                    rec = PeerResult(wl.name, wl.window, peer, "failed", f"{type(e).__name__}: {e}")
-            if rec.seconds is not None and rec.seconds > self.cfg.budget_s:
-                self.slow.add((peer, wl.name))
-            out.append(rec)
+                best[peer] = PeerResult(wl.name, wl.window, peer, "skipped", self.spark_reason)
+            elif (limit := self._limit(peer, wl)) is not None and wl.window > limit:
+                best[peer] = self._extrapolate(peer, wl, limit)
+            elif (peer, wl.name) in self.slow:
+                best[peer] = PeerResult(wl.name, wl.window, peer, "skipped",
+                                        f"over the {self.cfg.budget_s:g} s budget at a smaller W")
+            else:
+                timed.append(peer)
+        for rnd in range(max(1, self.cfg.repeat)):
+            for peer in timed:
+                if rnd and (best[peer].status != "ok" or
+                            (best[peer].seconds or 0) > self.cfg.budget_s / 2):
+                    continue  # one round is all a failing or slow peer gets
+                with tqdm(total=len(events), unit="tuples", unit_scale=True, leave=False,
+                          disable=not self.progress,
+                          desc=f"{peer} {wl.name} W={wl.window} #{rnd + 1}") as bar:
+                    try:
+                        rec = self.run_peer(peer, wl, events, fill, bar)
+                    except Exception as e:  # a failing peer is reported, the others run
+                        rec = PeerResult(wl.name, wl.window, peer, "failed",
+                                         f"{type(e).__name__}: {e}")
+                if rec.seconds is not None and rec.seconds > self.cfg.budget_s:
+                    self.slow.add((peer, wl.name))
+                old = best.get(peer)
+                if old is None or _rate(rec) > _rate(old):
+                    if old is not None and rec.results != old.results:
+                        rec.status, rec.note = "failed", (
+                            f"result count changed between rounds: {old.results} then "
+                            f"{rec.results}")
+                    best[peer] = rec
+        out = [best[p] for p in self.cfg.peers]
         self.records += out
         return out
 
@@ -350,6 +367,10 @@ class PeerRunner:
                           whole_tps=b.whole_tps * f,
                           memory_bytes=None if b.memory_bytes is None
                           else int(b.memory_bytes * wl.window / b.window))
+
+
+def _rate(r: PeerResult) -> float:
+    return r.steady_tps or r.whole_tps or 0.0
 
 
 def _fill(rec: PeerResult, out: dict) -> PeerResult:
@@ -465,7 +486,7 @@ def plot(records: list[PeerResult], out_dir: Path, tag: str) -> list[Path]:
 
 def warm_up(cfg: PeerConfig, log=print) -> None:
     """Compile every Numba kernel once (small windows, untimed), so no run pays for JIT."""
-    small = PeerConfig(windows=[1024], measure=1024, threads=cfg.threads, chunk=512,
+    small = PeerConfig(windows=[1024], measure=1024, threads=cfg.threads, chunk=512, repeat=1,
                        peers=tuple(p for p in cfg.peers
                                    if p not in ("panjoin-cluster", "spark", "duckdb-range")))
     r = PeerRunner(small, progress=False, log=lambda *_: None)
