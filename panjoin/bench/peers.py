@@ -444,12 +444,17 @@ def plot(records: list[PeerResult], out_dir: Path, tag: str) -> list[Path]:
 
     paths = []
     peers = sorted({r.peer for r in records if rate(r)})
+    whole = {r.peer for r in records if r.whole_tps and not r.steady_tps}
+
+    def label(p):
+        return f"{p} (whole file)" if p in whole else p
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for p in peers:
         pts = sorted((r.window, rate(r), r.status) for r in records
                      if r.peer == p and r.workload == "band S=64 uniform" and rate(r))
         if pts:
-            ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], marker="o", label=p,
+            ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], marker="o", label=label(p),
                     linestyle="--" if any(s == "extrapolated" for *_, s in pts) else "-")
     ax.set(xscale="log", yscale="log", xlabel="window size W per stream (tuples)",
            ylabel="input tuples/s", title="Band join, S = 64, uniform keys (dashed: extrapolated)")
@@ -471,7 +476,7 @@ def plot(records: list[PeerResult], out_dir: Path, tag: str) -> list[Path]:
                 pts.append((s, rate(r), r.status))
         pts.sort()
         if pts:
-            ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], marker="o", label=p,
+            ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], marker="o", label=label(p),
                     linestyle="--" if any(s == "extrapolated" for *_, s in pts) else "-")
     ax.set(xscale="log", yscale="log", xlabel="selectivity S (matches per probe tuple)",
            ylabel="input tuples/s", title=f"Band join, W = {wmax} per stream, uniform keys")
