@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,bench,opencl,spark]'
+	$(BIN)/python -m pip install -q -e '.[test,bench,opencl,spark,peers]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -212,6 +212,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "expands on its mirror of each main array (default: %(default)s)")
     _add_common(b)
 
+    b = bsub.add_parser("peers", help="PanJoin against its peers on the same data (issue 7)",
+                        description="Nested loop, sorted list, symmetric hash join, DuckDB, "
+                                    "Spark (when installed) and PanJoin (each index and the "
+                                    "local cluster) on the same event files; prints a table, "
+                                    "writes benchmarks/results/peers*.json and "
+                                    "benchmarks/plots/peers_*.png.")
+    b.add_argument("--quick", action="store_true", help="small windows (a few minutes)")
+    b.add_argument("--windows", default=None,
+                   help="comma-separated window sizes per stream, e.g. 64K,1M,8M")
+    b.add_argument("--peers", default=None, help="comma-separated subset of the peers")
+    b.add_argument("--workloads", default=None,
+                   help="comma-separated subset of the workloads, e.g. 'band S=64 uniform,eq "
+                        "uniform'")
+    b.add_argument("--out", default="benchmarks", help="folder for results/ and plots/")
+    _add_common(b)
+
     p = sub.add_parser("demo", help="the main job on the embedded default (what `make demo` runs)")
     p.add_argument("--n", type=_size, default=3 << 20, help="tuples in all (default: 3M)")
     p.add_argument("--index", default="bisort", choices=["rap", "wib", "bisort", "nested"])
@@ -441,6 +457,8 @@ def run_gen(args) -> int:
 def run_bench(args) -> int:
     if args.bench == "system":
         return run_bench_system(args)
+    if args.bench == "peers":
+        return run_bench_peers(args)
     from panjoin.bench.index import IndexPoint, run_point
 
     point = IndexPoint(index=args.index, op=args.op, nsub=args.nsub, partitions=args.partitions,
@@ -552,6 +570,31 @@ def run_bench_system(args) -> int:
           f"in-process: {local:,.0f} tuples/s")
     print(f"tuples/s: {cluster:.6g}  overhead-vs-in-process: {local / cluster:.3f}")
     return 0
+
+
+def run_bench_peers(args) -> int:
+    from pathlib import Path
+
+    from panjoin.bench.peers import PeerConfig, check_counts, run_peers, table
+
+    cfg = PeerConfig.quick() if args.quick else PeerConfig()
+    if args.windows:
+        cfg.windows = [_size(w) for w in args.windows.split(",")]
+    if args.peers:
+        cfg.peers = tuple(p.strip() for p in args.peers.split(","))
+    if args.workloads:
+        cfg.only = tuple(w.strip() for w in args.workloads.split(","))
+    tag = "-quick" if args.quick else ""
+    out = Path(args.out)
+    recs = run_peers(cfg, progress=not args.no_progress,
+                     out_json=out / "results" / f"peers{tag}.json", plot_dir=out / "plots",
+                     tag=tag)
+    print(table(recs))
+    problems = check_counts(recs)
+    for p in problems:
+        print(f"COUNT MISMATCH: {p}")
+    print("result counts: " + ("MISMATCH" if problems else "all peers that ran agree"))
+    return 1 if problems else 0
 
 
 def run_demo(args) -> int:

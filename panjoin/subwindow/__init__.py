@@ -6,6 +6,8 @@
 - ``wib``     WiB+-Tree: small sorted internal nodes, wide unsorted leaves in an LLAT
 - ``bisort``  BI-Sort: sorted main array + insertion buffer + index array
 - ``nested``  nested loop, the baseline
+- ``sortedlist``  a ``sortedcontainers.SortedList`` (panjoin/baselines/sorted_list.py), the
+  peer a Python programmer would write first
 - ``bisort-opencl``  BI-Sort with its main array on an OpenCL device (``opencl/``;
   pyopencl is imported only when one is made)
 """
@@ -21,6 +23,7 @@ _CLASSES = {
     "wib": ("panjoin.subwindow.wib_tree", "WiBTree"),
     "bisort": ("panjoin.subwindow.bi_sort", "BISort"),
     "nested": ("panjoin.subwindow.nested_loop", "NestedLoop"),
+    "sortedlist": ("panjoin.baselines.sorted_list", "SortedListIndex"),
     "bisort-opencl": ("opencl.bisort", "OpenCLBISort"),
 }
 INDEX_KINDS = tuple(_CLASSES)

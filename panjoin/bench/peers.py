@@ -1,0 +1,533 @@
+"""The peer benchmark (issue 7): PanJoin against the joins people use today, on the same data.
+
+Every workload is one generated event file of ``N = 2W + M`` tuples (count
+windows of W per stream; the first 2W tuples fill both windows) and every peer
+joins that same file in the same run:
+
+=================  ==========================================================
+panjoin-<index>    the in-process engine with each PanJoin index (rap, wib, bisort)
+panjoin-cluster    the same engine over a local cluster of worker processes (bisort)
+nested-loop        the engine with index ``nested`` (handshake join / SplitJoin /
+                   ScaleJoin scan their subwindows): only up to ``nested_max``;
+                   beyond it its rate is EXTRAPOLATED as rate(W0) * W0 / W (a scan
+                   costs W per probe tuple), and flagged so
+sorted-list        the engine with index ``sortedlist`` (a SortedList per subwindow)
+shj                symmetric hash join with build-side pruning; for band joins it
+                   is filter-only (a scan of the pruned buffer), so it is limited
+                   and extrapolated like the nested loop
+duckdb             the whole file joined offline in DuckDB (one SQL query); band joins
+                   rewritten by hand into a bucket equi-join (the fast plan)
+duckdb-range       the same with the band as two range conditions, as first written:
+                   DuckDB plans a piecewise merge join, O(N^2); limited and
+                   extrapolated like the nested loop
+spark              Spark Structured Streaming's stream-stream join (issue 6): run
+                   when pyspark and ``spark_conn.peer`` exist, else skipped with the
+                   reason printed
+=================  ==========================================================
+
+Streaming peers report the *steady* rate (the M tuples after the fill, windows
+full, expiry running) and the *whole-file* rate (N / total time); DuckDB only
+has the whole-file rate, so its ratio is taken against PanJoin's whole-file
+rate. Every peer that ran the whole file must report the same result count,
+else the run fails (after printing the table).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from panjoin.generate import band_for_selectivity, generate
+
+KEY_MAX = 1 << 40
+PANJOIN_INDEXES = ("rap", "wib", "bisort")
+
+
+@dataclass(frozen=True)
+class Workload:
+    pred: str  # "band" or "eq"
+    selectivity: float  # band: S; eq: about 1 match per tuple (uniform) or what zipf gives
+    dist: str
+    window: int
+
+    @property
+    def name(self) -> str:
+        p = f"band S={self.selectivity:g}" if self.pred == "band" else "eq"
+        return f"{p} {self.dist}"
+
+    def predicate(self) -> str:
+        if self.pred == "eq":
+            return "eq"
+        return f"band:{int(band_for_selectivity(self.selectivity, self.window, 0, KEY_MAX))}"
+
+    def key_max(self) -> int:
+        # eq on uniform keys: W distinct values give about one match per probe tuple
+        return self.window if (self.pred == "eq" and self.dist == "uniform") else KEY_MAX
+
+
+@dataclass
+class PeerResult:
+    workload: str
+    window: int
+    peer: str
+    status: str = "ok"  # ok | extrapolated | skipped | failed
+    note: str = ""
+    results: int | None = None
+    steady_tps: float | None = None
+    whole_tps: float | None = None
+    seconds: float | None = None
+    memory_bytes: int | None = None
+
+
+@dataclass
+class PeerConfig:
+    windows: list[int] = field(default_factory=lambda: [1 << 16, 1 << 18, 1 << 20, 1 << 23])
+    measure: int | None = None  # M; default W
+    selectivities: tuple = (1, 64, 1024)
+    nested_max: int = 1 << 16
+    sorted_max: int = 1 << 20
+    budget_s: float = 120.0  # a peer slower than this at one window skips the larger ones
+    repeat: int = 2  # interleaved rounds per workload; each peer's best round counts
+    threads: int = 2
+    workers: int = 2
+    chunk: int = 1 << 16
+    seed: int = 0
+    only: tuple = ()  # keep only the workloads with these names (e.g. "band S=64 uniform")
+    peers: tuple = ("panjoin-rap", "panjoin-wib", "panjoin-bisort", "panjoin-cluster",
+                    "nested-loop", "sorted-list", "shj", "duckdb", "duckdb-range", "spark")
+
+    @classmethod
+    def quick(cls) -> PeerConfig:
+        return cls(windows=[1 << 14, 1 << 16], nested_max=1 << 14, sorted_max=1 << 16,
+                   budget_s=60.0, chunk=1 << 14)
+
+    def workloads(self) -> list[Workload]:
+        out = []
+        for w in self.windows:
+            out += [Workload("band", s, "uniform", w) for s in self.selectivities]
+            out += [Workload("eq", 1, "uniform", w), Workload("eq", 1, "zipf", w),
+                    Workload("band", 64, "increasing", w)]
+        if self.only:
+            known = sorted({wl.name for wl in out})
+            bad = [o for o in self.only if o not in known]
+            if bad:
+                raise ValueError(f"unknown workload(s) {bad}; choose from {known}")
+            out = [wl for wl in out if wl.name in self.only]
+        return out
+
+
+def events_for(wl: Workload, measure: int, seed: int):
+    return generate(2 * wl.window + measure, wl.dist, key_min=0, key_max=wl.key_max(),
+                    seed=seed)
+
+
+# --------------------------------------------------------------------------- streaming peers
+
+
+class _EngineOp:
+    def __init__(self, wl: Workload, index: str, threads: int, backend=None, n_workers=1):
+        from panjoin.manager.engine import JoinEngine
+
+        # NBat: the paper's 32K, but at most W/8 so that small windows still see many batches
+        self.eng = JoinEngine(f"count:{wl.window},{wl.window}", wl.predicate(), index=index,
+                              threads=threads, backend=backend, n_workers=n_workers,
+                              batch_size=min(1 << 15, max(256, wl.window // 8)))
+
+    def push(self, ev) -> int:
+        self.eng.push(ev)
+        return len(self.eng.take_results()[0])
+
+    def finish(self) -> int:
+        self.eng.flush()
+        return len(self.eng.take_results()[0])
+
+    def memory(self) -> int:
+        return self.eng.memory_bytes()
+
+
+class _SHJOp:
+    def __init__(self, wl: Workload):
+        from panjoin.baselines.symmetric_hash_join import SymmetricHashJoin
+
+        self.j = SymmetricHashJoin(f"count:{wl.window},{wl.window}", wl.predicate())
+
+    def push(self, ev) -> int:
+        self.j.push(ev)
+        return len(self.j.take_results()[0])
+
+    def finish(self) -> int:
+        return 0
+
+    def memory(self) -> int:
+        return self.j.peak_bytes
+
+
+def _stream(op, events, fill: int, chunk: int, bar=None) -> dict:
+    """Push the whole file in chunks; time the fill and the measured part apart."""
+    n = len(events)
+    count, mem = 0, 0
+    t0 = time.perf_counter()
+    t_fill = None
+    for a in range(0, n, chunk):
+        if a >= fill and t_fill is None:
+            t_fill = time.perf_counter()
+        b = min(n, a + chunk)
+        count += op.push(events.slice(a, b))
+        mem = max(mem, op.memory())
+        if bar is not None:
+            bar.update(b - a)
+    count += op.finish()
+    mem = max(mem, op.memory())
+    t1 = time.perf_counter()
+    t_fill = t1 if t_fill is None else t_fill
+    return dict(results=count, steady_tps=(n - fill) / max(t1 - t_fill, 1e-9),
+                whole_tps=n / (t1 - t0), seconds=t1 - t0, memory_bytes=int(mem))
+
+
+def _spark_peer():
+    """The issue-6 hook: ``spark_conn.peer.spark_stream_join(events, window, predicate)
+    -> (result count, seconds)``; None and the reason when it is not there."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        return None, ("pyspark is not installed (Spark Structured Streaming's stream-stream "
+                      "join is issue 6, branch spark)")
+    try:
+        from spark_conn.peer import spark_stream_join
+    except ImportError as e:
+        return None, f"spark_conn.peer.spark_stream_join is not available ({e})"
+    return spark_stream_join, ""
+
+
+# --------------------------------------------------------------------------- one workload
+
+
+class PeerRunner:
+    """Runs every peer on every workload; keeps the cluster's workers for the whole run."""
+
+    def __init__(self, cfg: PeerConfig, progress: bool = True, log=print):
+        self.cfg = cfg
+        self.progress = progress
+        self.log = log
+        self.records: list[PeerResult] = []
+        self.workers = []
+        self.slow: set[tuple[str, str]] = set()  # (peer, workload name) over budget
+        self.spark, self.spark_reason = _spark_peer()
+        self.said: set[str] = set()
+
+    def _say_once(self, msg: str) -> None:
+        if msg not in self.said:
+            self.said.add(msg)
+            self.log(msg)
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.stop()
+        self.workers = []
+
+    def _addresses(self) -> list[str]:
+        if not self.workers:
+            from panjoin.launch import start_workers
+            from panjoin.manager.grpc_backend import GrpcBackend
+
+            for attempt in range(2):
+                self.workers = start_workers(self.cfg.workers, threads=1)
+                # a tiny join first: each worker loads (or compiles) its kernels untimed,
+                # which on a loaded machine can outlast the manager's command timeout
+                backend = GrpcBackend([w.address for w in self.workers])
+                try:
+                    wl = Workload("band", 64, "uniform", 1024)
+                    _stream(_EngineOp(wl, "bisort", 1, backend, self.cfg.workers),
+                            events_for(wl, 1024, 0), 2048, 512)
+                    break
+                except Exception as e:
+                    self.log(f"cluster warm-up failed ({e}); restarting the workers")
+                    self.close()
+                    if attempt:
+                        raise
+                finally:
+                    backend.close()
+        return [w.address for w in self.workers]
+
+    def _limit(self, peer: str, wl: Workload) -> int | None:
+        """Largest window the peer runs at for this workload (None: no limit)."""
+        if peer == "nested-loop" or (peer in ("shj", "duckdb-range") and wl.pred == "band"):
+            return self.cfg.nested_max
+        if peer == "sorted-list":
+            return self.cfg.sorted_max
+        return None
+
+    def run_peer(self, peer: str, wl: Workload, events, fill: int, bar=None) -> PeerResult:
+        rec = PeerResult(wl.name, wl.window, peer)
+        chunk = min(self.cfg.chunk, max(1, wl.window // 4))  # the fill ends on a chunk edge
+        if peer.startswith("panjoin-") and peer != "panjoin-cluster":
+            op = _EngineOp(wl, peer.split("-", 1)[1], self.cfg.threads)
+        elif peer == "panjoin-cluster":
+            from panjoin.manager.grpc_backend import GrpcBackend
+
+            backend = GrpcBackend(self._addresses())
+            try:
+                op = _EngineOp(wl, "bisort", self.cfg.threads, backend, self.cfg.workers)
+                out = _stream(op, events, fill, chunk, bar)
+            finally:
+                backend.close()
+            rec.note = f"{self.cfg.workers} workers, bisort"
+            return _fill(rec, out)
+        elif peer == "nested-loop":
+            op = _EngineOp(wl, "nested", self.cfg.threads)
+        elif peer == "sorted-list":
+            op = _EngineOp(wl, "sortedlist", self.cfg.threads)
+        elif peer == "shj":
+            op = _SHJOp(wl)
+            rec.note = "hash on key" if wl.pred == "eq" else "filter-only (no equi key)"
+        elif peer in ("duckdb", "duckdb-range"):
+            from panjoin.baselines.duckdb_join import duckdb_join
+
+            plan = "range" if peer == "duckdb-range" else "bucket"
+            res = duckdb_join(events, f"count:{wl.window},{wl.window}", wl.predicate(),
+                              threads=self.cfg.threads, plan=plan)
+            if bar is not None:
+                bar.update(len(events))
+            rec.results, rec.seconds = res.count, res.seconds
+            rec.whole_tps = len(events) / res.seconds
+            rec.note = f"offline, {self.cfg.threads} threads" + (
+                ", band as bucket equi-join" if plan == "bucket" and wl.pred == "band" else
+                ", band as range conditions" if wl.pred == "band" else "")
+            return rec
+        elif peer == "spark":
+            count, secs = self.spark(events, f"count:{wl.window},{wl.window}", wl.predicate())
+            rec.results, rec.seconds, rec.whole_tps = count, secs, len(events) / secs
+            return rec
+        else:
+            raise ValueError(f"unknown peer {peer!r}; choose from {', '.join(self.cfg.peers)}")
+        return _fill(rec, _stream(op, events, fill, chunk, bar))
+
+    def run_workload(self, wl: Workload) -> list[PeerResult]:
+        """Every peer on one workload, ``repeat`` interleaved rounds (all peers, then all
+        again), keeping each peer's best round: the machine's load varies during a run,
+        and interleaving exposes every peer to the same spells of it."""
+        from tqdm import tqdm
+
+        measure = self.cfg.measure or wl.window
+        events = events_for(wl, measure, self.cfg.seed)
+        fill = 2 * wl.window
+        best: dict[str, PeerResult] = {}
+        timed: list[str] = []
+        for peer in self.cfg.peers:
+            if peer == "spark" and self.spark is None:
+                self._say_once(f"spark: skipped: {self.spark_reason}")
+                best[peer] = PeerResult(wl.name, wl.window, peer, "skipped", self.spark_reason)
+            elif (limit := self._limit(peer, wl)) is not None and wl.window > limit:
+                best[peer] = self._extrapolate(peer, wl, limit)
+            elif (peer, wl.name) in self.slow:
+                best[peer] = PeerResult(wl.name, wl.window, peer, "skipped",
+                                        f"over the {self.cfg.budget_s:g} s budget at a smaller W")
+            else:
+                timed.append(peer)
+        for rnd in range(max(1, self.cfg.repeat)):
+            for peer in timed:
+                if rnd and (best[peer].status != "ok" or
+                            (best[peer].seconds or 0) > self.cfg.budget_s / 2):
+                    continue  # one round is all a failing or slow peer gets
+                with tqdm(total=len(events), unit="tuples", unit_scale=True, leave=False,
+                          disable=not self.progress,
+                          desc=f"{peer} {wl.name} W={wl.window} #{rnd + 1}") as bar:
+                    try:
+                        rec = self.run_peer(peer, wl, events, fill, bar)
+                    except Exception as e:  # a failing peer is reported, the others run
+                        rec = PeerResult(wl.name, wl.window, peer, "failed",
+                                         f"{type(e).__name__}: {e}")
+                if rec.seconds is not None and rec.seconds > self.cfg.budget_s:
+                    self.slow.add((peer, wl.name))
+                old = best.get(peer)
+                if old is None or _rate(rec) > _rate(old):
+                    if old is not None and rec.results != old.results:
+                        rec.status, rec.note = "failed", (
+                            f"result count changed between rounds: {old.results} then "
+                            f"{rec.results}")
+                    best[peer] = rec
+        out = [best[p] for p in self.cfg.peers]
+        self.records += out
+        return out
+
+    def _extrapolate(self, peer: str, wl: Workload, limit: int) -> PeerResult:
+        base = [r for r in self.records if r.peer == peer and r.workload == wl.name
+                and r.status == "ok" and r.window <= limit]
+        if not base:
+            return PeerResult(wl.name, wl.window, peer, "skipped", f"only run at W <= {limit}")
+        b = max(base, key=lambda r: r.window)
+        f = b.window / wl.window  # a scan costs W per probe tuple
+        return PeerResult(wl.name, wl.window, peer, "extrapolated",
+                          f"from W={b.window} x {f:.3g} (cost linear in W)",
+                          steady_tps=None if b.steady_tps is None else b.steady_tps * f,
+                          whole_tps=b.whole_tps * f,
+                          memory_bytes=None if b.memory_bytes is None
+                          else int(b.memory_bytes * wl.window / b.window))
+
+
+def _rate(r: PeerResult) -> float:
+    return r.steady_tps or r.whole_tps or 0.0
+
+
+def _fill(rec: PeerResult, out: dict) -> PeerResult:
+    for k, v in out.items():
+        setattr(rec, k, v)
+    return rec
+
+
+# --------------------------------------------------------------------------- checks and report
+
+
+def check_counts(records: list[PeerResult]) -> list[str]:
+    """Every peer that ran the whole file of a workload reports the same result count."""
+    problems = []
+    groups: dict[tuple, dict[str, int]] = {}
+    for r in records:
+        if r.status == "ok" and r.results is not None:
+            groups.setdefault((r.workload, r.window), {})[r.peer] = r.results
+    for (wl, w), counts in groups.items():
+        if len(set(counts.values())) > 1:
+            problems.append(f"{wl} W={w}: result counts differ: {counts}")
+    return problems
+
+
+def ratios(records: list[PeerResult]) -> dict[tuple, dict]:
+    """PanJoin's best in-process index per workload, steady and whole-file."""
+    best: dict[tuple, dict] = {}
+    for r in records:
+        if r.peer.startswith("panjoin-") and r.peer != "panjoin-cluster" and r.status == "ok":
+            b = best.setdefault((r.workload, r.window), {"steady": 0.0, "whole": 0.0, "peer": ""})
+            if r.steady_tps > b["steady"]:
+                b["steady"], b["peer"] = r.steady_tps, r.peer
+            b["whole"] = max(b["whole"], r.whole_tps)
+    return best
+
+
+def _g(x) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def table(records: list[PeerResult]) -> str:
+    """Markdown table: rates, memory, and PanJoin-best / peer (steady; whole-file for DuckDB)."""
+    best = ratios(records)
+    lines = ["| workload | W | peer | steady tuples/s | whole-file tuples/s | memory MB | "
+             "PanJoin best / peer | results | note |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---|"]
+    for r in records:
+        b = best.get((r.workload, r.window))
+        ratio = None
+        if b and r.steady_tps:
+            ratio = b["steady"] / r.steady_tps
+        elif b and r.whole_tps:
+            ratio = b["whole"] / r.whole_tps
+        mem = None if r.memory_bytes is None else r.memory_bytes / 2**20
+        note = r.note if r.status == "ok" else f"{r.status}: {r.note}"
+        lines.append(f"| {r.workload} | {r.window} | {r.peer} | {_g(r.steady_tps)} | "
+                     f"{_g(r.whole_tps)} | {_g(mem)} | {_g(ratio)} | "
+                     f"{'' if r.results is None else r.results} | {note} |")
+    return "\n".join(lines)
+
+
+def plot(records: list[PeerResult], out_dir: Path, tag: str) -> list[Path]:
+    """Throughput vs window size (band S=64 uniform) and vs selectivity (largest W), log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def rate(r):
+        return r.steady_tps or r.whole_tps
+
+    paths = []
+    peers = sorted({r.peer for r in records if rate(r)})
+    whole = {r.peer for r in records if r.whole_tps and not r.steady_tps}
+
+    def label(p):
+        return f"{p} (whole file)" if p in whole else p
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for p in peers:
+        pts = sorted((r.window, rate(r), r.status) for r in records
+                     if r.peer == p and r.workload == "band S=64 uniform" and rate(r))
+        if pts:
+            ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], marker="o", label=label(p),
+                    linestyle="--" if any(s == "extrapolated" for *_, s in pts) else "-")
+    ax.set(xscale="log", yscale="log", xlabel="window size W per stream (tuples)",
+           ylabel="input tuples/s", title="Band join, S = 64, uniform keys (dashed: extrapolated)")
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    paths.append(out_dir / f"peers_window{tag}.png")
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    wmax = max(r.window for r in records)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for p in peers:
+        pts = []
+        for r in records:
+            if r.peer == p and r.window == wmax and r.workload.startswith("band S=") \
+                    and r.workload.endswith(" uniform") and rate(r):
+                s = float(r.workload.split("=")[1].split()[0])
+                pts.append((s, rate(r), r.status))
+        pts.sort()
+        if pts:
+            ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], marker="o", label=label(p),
+                    linestyle="--" if any(s == "extrapolated" for *_, s in pts) else "-")
+    ax.set(xscale="log", yscale="log", xlabel="selectivity S (matches per probe tuple)",
+           ylabel="input tuples/s", title=f"Band join, W = {wmax} per stream, uniform keys")
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    paths.append(out_dir / f"peers_selectivity{tag}.png")
+    fig.tight_layout()
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def warm_up(cfg: PeerConfig, log=print) -> None:
+    """Compile every Numba kernel once (small windows, untimed), so no run pays for JIT."""
+    small = PeerConfig(windows=[1024], measure=1024, threads=cfg.threads, chunk=512, repeat=1,
+                       peers=tuple(p for p in cfg.peers
+                                   if p not in ("panjoin-cluster", "spark", "duckdb-range")))
+    r = PeerRunner(small, progress=False, log=lambda *_: None)
+    for wl in small.workloads():
+        r.run_workload(wl)
+    del log
+
+
+def run_peers(cfg: PeerConfig, progress: bool = True, out_json: Path | None = None,
+              plot_dir: Path | None = None, tag: str = "", log=print) -> list[PeerResult]:
+    from tqdm import tqdm
+
+    log("warming up (JIT compile of every kernel, untimed)")
+    warm_up(cfg, log)
+    runner = PeerRunner(cfg, progress, log)
+    try:
+        wls = cfg.workloads()
+        for wl in tqdm(wls, desc="workloads", disable=not progress):
+            runner.run_workload(wl)
+    finally:
+        runner.close()
+    recs = runner.records
+    if out_json is not None:
+        out_json.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"config": {k: (list(v) if isinstance(v, tuple) else v)
+                           for k, v in asdict(cfg).items()},
+                "count_check": check_counts(recs) or "all peers that ran agree"}
+        out_json.write_text(json.dumps({"meta": meta, "records": [asdict(r) for r in recs]},
+                                       indent=1, default=_jsonable))
+    if plot_dir is not None:
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        plot(recs, plot_dir, tag)
+    return recs
+
+
+def _jsonable(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(type(x))
