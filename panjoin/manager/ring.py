@@ -100,9 +100,6 @@ class Subwindow:
             return np.zeros(0, np.int64)
         return self._id_buf[:self.count]
 
-    def ids_of(self, seq: np.ndarray) -> np.ndarray:
-        return self.ids()[seq - self.seq_start]
-
     def payloads(self):
         """The payloads in seq order as one pyarrow array, or None when the join has none."""
         if not self.payload_chunks:
