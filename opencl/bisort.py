@@ -48,7 +48,7 @@ import numpy as np
 from opencl.device import runtime
 from panjoin.config import BISORT_BUFFER
 from panjoin.semantics import I64_MAX, I64_MIN, _int_band, probe_bounds, stored_bands
-from panjoin.subwindow.base import SubwindowIndex, WindowFilter
+from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter
 from panjoin.subwindow.bi_sort import RangeResult
 from panjoin.subwindow.kernels import window as W
 
@@ -162,9 +162,9 @@ class OpenCLBISort(SubwindowIndex):
 
     # ------------------------------------------------------------------ insertion engine
 
-    def insert(self, keys, ts, seq):
+    def insert(self, keys, ts, seq, key2=None):
         """Insert a sorted batch: O(K) into the buffer, else a merge on the device."""
-        keys, ts, seq = self._check_insert(keys, ts, seq)
+        keys, ts, seq = self._check_insert(keys, ts, seq, key2)
         k = keys.shape[0]
         if k == 0:
             return
@@ -333,14 +333,14 @@ class OpenCLBISort(SubwindowIndex):
         self.queue.finish()
         return out
 
-    def probe(self, lo, hi, flt: WindowFilter | None = None):
+    def probe(self, lo, hi, flt: WindowFilter | None = None, res: Residual | None = None):
         """Matching ``(probe_idx, seq)`` pairs, as :meth:`BISort.probe`."""
         lo, hi, flt = self._check_probe(lo, hi, flt)
         if lo.shape[1] == 0 or len(self) == 0:
             z = np.zeros(0, dtype=i64)
             return z, z.copy()
         p, q, _, _, _ = self._probe(lo, hi, flt, 0)
-        return p, q
+        return self._keep_residual(p, q, res, lo.shape[1])
 
     def probe_ranges(self, lo, hi, flt: WindowFilter | None = None) -> RangeResult:
         """Main-array ranges (unfiltered) plus buffer pairs (filtered), as the Numba one."""

@@ -8,6 +8,8 @@ per tuple, in ARRIVAL order, and these columns::
     key      int64 or float64, finite             the join field
     ts       int64, milliseconds                  event time (time windows, lateness)
     payload  string or bytes, optional, nullable  opaque; the join never looks at it
+    key2     float64, optional, finite            second attribute, for a residual condition
+                                                  (e.g. predicate 'band:10&band2:10')
 
 Other columns are ignored. In memory the same sequence is an :class:`EventTable`:
 numpy columns (``stream`` as uint8, 0 = R, 1 = S) plus the payload as a pyarrow
@@ -92,7 +94,7 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
 REQUIRED = ("stream", "id", "key", "ts")
-COLUMNS = REQUIRED + ("payload",)
+COLUMNS = REQUIRED + ("payload", "key2")
 STREAM_TAGS = ("R", "S")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 CSV_SUFFIXES = (".csv",)
@@ -202,6 +204,8 @@ class EventTable:
     key: np.ndarray  # int64 or float64
     ts: np.ndarray  # int64, ms
     payload: pa.Array | None = None  # string/binary, or None
+    #: float64 second attribute for a residual condition (``band:10&band2:10``), or None
+    key2: np.ndarray | None = None
 
     def __post_init__(self):
         s = np.asarray(self.stream)
@@ -224,6 +228,13 @@ class EventTable:
         else:
             raise TypeError(f"EventTable.key must be int64 or float64, got dtype {k.dtype}")
         self.key = k
+        if self.key2 is not None:
+            k2 = np.asarray(self.key2)
+            if k2.ndim != 1:
+                raise ValueError(f"EventTable.key2 must be 1-D, got shape {k2.shape}")
+            if k2.dtype.kind not in "fiu" and k2.size:
+                raise TypeError(f"EventTable.key2 must hold numbers, got dtype {k2.dtype}")
+            self.key2 = k2.astype(np.float64, copy=False)
         if self.payload is not None:
             p = self.payload
             if isinstance(p, pa.ChunkedArray):
@@ -240,6 +251,8 @@ class EventTable:
         }
         if self.payload is not None:
             lengths["payload"] = len(self.payload)
+        if self.key2 is not None:
+            lengths["key2"] = len(self.key2)
         if len(set(lengths.values())) != 1:
             raise ValueError(f"EventTable columns differ in length: {lengths}")
 
@@ -261,6 +274,7 @@ class EventTable:
             self.key[start:stop],
             self.ts[start:stop],
             payload,
+            None if self.key2 is None else self.key2[start:stop],
         )
 
     def take(self, idx: np.ndarray) -> EventTable:
@@ -270,7 +284,8 @@ class EventTable:
             idx = np.flatnonzero(idx)
         idx = idx.astype(np.int64, copy=False)
         payload = None if self.payload is None else self.payload.take(pa.array(idx))
-        return EventTable(self.stream[idx], self.id[idx], self.key[idx], self.ts[idx], payload)
+        return EventTable(self.stream[idx], self.id[idx], self.key[idx], self.ts[idx], payload,
+                          None if self.key2 is None else self.key2[idx])
 
     def counts(self) -> tuple[int, int]:
         """``(#R, #S)``."""
@@ -288,12 +303,16 @@ class EventTable:
         payload = None
         if all(with_payload):
             payload = _combine(pa.chunked_array([t.payload for t in tables]))
+        with_key2 = [t.key2 is not None for t in tables]
+        if any(with_key2) and not all(with_key2):
+            raise ValueError("EventTable.concat: some tables have a key2 and some do not")
         return cls(
             np.concatenate([t.stream for t in tables]),
             np.concatenate([t.id for t in tables]),
             np.concatenate([t.key for t in tables]),
             np.concatenate([t.ts for t in tables]),
             payload,
+            np.concatenate([t.key2 for t in tables]) if all(with_key2) else None,
         )
 
     def equals(self, other: EventTable) -> bool:
@@ -308,6 +327,10 @@ class EventTable:
         )
         if not same or (self.payload is None) != (other.payload is None):
             return False
+        if (self.key2 is None) != (other.key2 is None) or (
+                self.key2 is not None
+                and not np.array_equal(self.key2.view(np.int64), other.key2.view(np.int64))):
+            return False
         return self.payload is None or self.payload.equals(other.payload)
 
     def to_arrow(self) -> pa.Table:
@@ -321,6 +344,8 @@ class EventTable:
         }
         if self.payload is not None:
             cols["payload"] = self.payload
+        if self.key2 is not None:
+            cols["key2"] = pa.array(self.key2)
         return pa.table(cols)
 
     @classmethod
@@ -343,9 +368,12 @@ class EventTable:
         payload = None
         if "payload" in cols:
             payload = _payload_column(cols["payload"], source)
+        key2 = None
+        if "key2" in cols:
+            key2 = np.require(_key2_column(cols["key2"], source), requirements="W")
         # arrow hands out read-only views; callers may sort or edit in place
         ids, key, ts = (np.require(a, requirements="W") for a in (ids, key, ts))
-        out = cls(stream, ids, key, ts, payload)
+        out = cls(stream, ids, key, ts, payload, key2)
         out.validate(source)
         return out
 
@@ -373,6 +401,12 @@ class EventTable:
                     row=bad + 1,
                     column="key",
                 )
+        if self.key2 is not None:
+            bad = _first(~np.isfinite(self.key2))
+            if bad is not None:
+                raise _fail(source, f"column 'key2' is {self.key2[bad]}",
+                            "key2 values must be finite numbers; fix or drop the row",
+                            row=bad + 1, column="key2")
         _check_unique_ids(self.stream, self.id, source)
 
 
@@ -573,6 +607,25 @@ def _key_column(arr: pa.Array, source) -> np.ndarray:
     if pa.types.is_floating(t):
         return _np(arr).astype(np.float64, copy=False)  # finiteness: validate()
     raise _type_error(arr, "key", source, "int64 or float64")
+
+
+def _key2_column(arr, source) -> np.ndarray:
+    """The optional key2 column as float64 (integers converted); nulls are an error."""
+    if arr.null_count:
+        i = _first(_np(pc.is_null(arr)))
+        raise _fail(source, "column 'key2' is empty (null)",
+                    "give every row a key2 or drop the column", row=i + 1, column="key2")
+    t = arr.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        try:
+            arr = pc.cast(arr, pa.float64())
+        except pa.ArrowInvalid:
+            raise _fail(source, "column 'key2' holds text that is not a number",
+                        "key2 values must be numbers", column="key2") from None
+        t = arr.type
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
+        raise _type_error(arr, "key2", source, "float64")
+    return _np(pc.cast(arr, pa.float64()))
 
 
 def _payload_column(arr, source) -> pa.Array:
@@ -793,6 +846,8 @@ def _read_csv(path: str, source) -> EventTable:
         typed[c] = cols[c] if cols[c].type == pa.int64() else _csv_int(cols[c], c, source)
     if "payload" in cols:
         typed["payload"] = cols["payload"]
+    if "key2" in cols:
+        typed["key2"] = cols["key2"]  # text: _key2_column parses it
     return EventTable.from_arrow(pa.table(typed), source)
 
 
@@ -951,6 +1006,9 @@ def write_events(table: EventTable, path) -> None:
             at = at.set_column(
                 at.column_names.index("key"), "key", _csv_text_key(_combine(at.column("key")))
             )
+        if "key2" in at.column_names:  # shortest round-trip digits keep every double exact
+            at = at.set_column(at.column_names.index("key2"), "key2",
+                               _csv_text_key(_combine(at.column("key2"))))
         if "payload" in at.column_names:
             p = _combine(at.column("payload"))
             if pa.types.is_binary(p.type) or pa.types.is_large_binary(p.type):

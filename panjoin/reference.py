@@ -10,6 +10,9 @@ the spec parser:
   it (both streams) minus the allowed lateness; non-late r and s join iff
   ``r.ts - TS < s.ts < r.ts + TR``, whatever the arrival order.
 
+A residual condition (``pred.residual``, e.g. ``band:10&band2:10``) is checked the
+same way on ``key2`` (float64), for every candidate pair the key condition passes.
+
 Keys are compared exactly: int64 differences in Python integers, float64
 differences exactly (Fractions near a band edge). Quadratic: keep inputs small.
 
@@ -70,6 +73,14 @@ def _key_match(probe_key, stored: np.ndarray, pred: Predicate, probe_is_r: bool)
     return ~inside if pred.negated else inside
 
 
+def _match(i, cand, keys, key2, pred: Predicate, probe_is_r: bool) -> np.ndarray:
+    """Mask over stored positions ``cand`` matching probe position ``i``: key, then residual."""
+    m = _key_match(keys[i], keys[cand], pred, probe_is_r)
+    if pred.residual is not None:
+        m &= _key_match(key2[i], key2[cand], pred.residual, probe_is_r)
+    return m
+
+
 def reference_join(
     stream: np.ndarray,
     ids: np.ndarray,
@@ -77,8 +88,14 @@ def reference_join(
     ts: np.ndarray,
     window: Window,
     pred: Predicate,
+    key2: np.ndarray | None = None,
 ) -> ReferenceResult:
-    """Join an arrival-ordered event sequence. ``stream`` holds 0 for R, 1 for S."""
+    """Join an arrival-ordered event sequence. ``stream`` holds 0 for R, 1 for S;
+    ``key2`` (float64) is needed iff ``pred`` has a residual condition."""
+    if pred.residual is not None:
+        if key2 is None:
+            raise ValueError(f"predicate {pred} has a residual on key2: pass key2")
+        key2 = np.asarray(key2, dtype=np.float64)
     stream = np.asarray(stream)
     ids = np.asarray(ids, dtype=np.int64)
     keys = np.asarray(keys)
@@ -94,7 +111,7 @@ def reference_join(
             w = window.s if x == 0 else window.r  # size of the opposite window
             cand = np.array(opp[-w:], dtype=np.int64)
             if cand.size:
-                m = _key_match(keys[i], keys[cand], pred, probe_is_r=(x == 0))
+                m = _match(i, cand, keys, key2, pred, probe_is_r=(x == 0))
                 hit = ids[cand[m]]
                 mine = np.full(hit.shape, ids[i])
                 out_r.append(mine if x == 0 else hit)
@@ -117,7 +134,7 @@ def reference_join(
             # r.ts - TS < s.ts < r.ts + TR
             near = s_idx[(s_ts > ts[i] - window.s) & (s_ts < ts[i] + window.r)]
             if near.size:
-                m = _key_match(keys[i], keys[near], pred, probe_is_r=True)
+                m = _match(i, near, keys, key2, pred, probe_is_r=True)
                 hit = ids[near[m]]
                 out_r.append(np.full(hit.shape, ids[i]))
                 out_s.append(hit)

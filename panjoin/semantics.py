@@ -10,6 +10,8 @@ One parser for every spec the CLI, config files and the gRPC API accept::
     ((-10, 10),)
     >>> parse_predicate("bands:-5,5;20,35").bands
     ((-5, 5), (20, 35))
+    >>> parse_predicate("band:10&band2:10").residual.bands
+    ((-10, 10),)
 
 A predicate is a union of closed *bands* on ``s.key - r.key``: ``eq`` is the
 band [0, 0], ``band:E`` is [-E, E], ``bands:A,B;C,D`` is [A, B] or [C, D]
@@ -20,6 +22,16 @@ stored keys inside ``k + [A, B]`` (probing from R) or ``k - [B, A]`` (from S).
 intervals, exactly: int64 sums that overflow are detected rather than wrapped,
 and float64 bounds are nudged by one ulp until ``stored - probe`` compares
 exactly with the band edge, so both probe directions agree pair for pair.
+
+A predicate may carry a *residual* condition on a second attribute, ``key2``
+(float64, :attr:`panjoin.events.EventTable.key2`): the same band forms with a
+``2`` appended, joined to the key condition by ``&``, e.g. ``band:10&band2:10``
+(|r.key - s.key| <= 10 and |r.key2 - s.key2| <= 10, the handshake paper's 2-D
+band join), ``eq&bands2:0,5`` or ``band:3&eq2``. The key condition picks the
+candidates through an index; the residual is checked on each candidate where
+the pairs are produced, so pairs failing it are never materialised.
+:func:`probe_bounds` on ``pred.residual`` gives its per-probe-tuple intervals
+on ``stored.key2``, exactly like the key's.
 """
 
 from __future__ import annotations
@@ -129,6 +141,8 @@ class Predicate:
 
     kind: str
     bands: tuple[tuple[float, float], ...]
+    #: condition on ``s.key2 - r.key2`` (a Predicate of kind eq/band/bands), or None
+    residual: Predicate | None = None
 
     @property
     def negated(self) -> bool:
@@ -141,10 +155,22 @@ class Predicate:
 
     def __str__(self) -> str:
         if self.kind in ("eq", "ne"):
-            return self.kind
-        if self.kind == "band":
-            return f"band:{_fmt(self.bands[0][1])}"
-        return "bands:" + ";".join(f"{_fmt(a)},{_fmt(b)}" for a, b in self.bands)
+            text = self.kind
+        elif self.kind == "band":
+            text = f"band:{_fmt(self.bands[0][1])}"
+        else:
+            text = "bands:" + ";".join(f"{_fmt(a)},{_fmt(b)}" for a, b in self.bands)
+        if self.residual is not None:
+            kind2, _, rest2 = str(self.residual).partition(":")
+            text += f"&{kind2}2" + (f":{rest2}" if rest2 else "")
+        return text
+
+    @property
+    def primary(self) -> Predicate:
+        """The key condition alone (what the indexes look up)."""
+        if self.residual is None:
+            return self
+        return Predicate(self.kind, self.bands)
 
     def max_width(self) -> float:
         """Widest band, used to estimate selectivity."""
@@ -170,11 +196,37 @@ def _parse_num(text: str, what: str) -> float:
     return value
 
 
+RESIDUAL_HINT = ("a residual on key2 is 'eq2', 'band2:E' or 'bands2:A,B;C,D' after '&', "
+                 "e.g. 'band:10&band2:10'")
+
+
 def parse_predicate(spec: str | Predicate) -> Predicate:
-    """Parse ``eq``, ``ne``, ``band:E`` or ``bands:A,B;C,D`` (s.key - r.key in [A,B] or [C,D])."""
+    """Parse ``eq``, ``ne``, ``band:E`` or ``bands:A,B;C,D`` (s.key - r.key in [A,B] or [C,D]),
+    optionally followed by ``&`` and a residual on key2: ``eq2``, ``band2:E``, ``bands2:...``."""
     if isinstance(spec, Predicate):
         return spec
     text = str(spec).strip()
+    if "&" in text:
+        first, _, second = text.partition("&")
+        if "&" in second:
+            raise SpecError(f"predicate {text!r}: at most one residual condition; "
+                            + RESIDUAL_HINT)
+        kind2, colon, rest2 = second.strip().partition(":")
+        kind2 = kind2.strip().lower()
+        if kind2 not in ("eq2", "band2", "bands2"):
+            raise SpecError(f"predicate {text!r}: {second.strip()!r} is no residual; "
+                            + RESIDUAL_HINT)
+        try:
+            res = _parse_one(kind2[:-1] + colon + rest2)
+        except SpecError as e:
+            raise SpecError(f"predicate {text!r}: residual: {e}; {RESIDUAL_HINT}") from None
+        prim = _parse_one(first)
+        return Predicate(prim.kind, prim.bands, res)
+    return _parse_one(text)
+
+
+def _parse_one(text: str) -> Predicate:
+    text = text.strip()
     kind, _, rest = text.partition(":")
     kind = kind.strip().lower()
     hint = "expected 'eq', 'ne', 'band:E' or 'bands:A,B;C,D', e.g. 'band:10' or 'bands:-5,5;20,35'"
@@ -385,3 +437,17 @@ def _int_bounds(pred, probe_stream, keys, nb, n):
     lo[empty] = I64_MAX
     hi[empty] = I64_MIN
     return lo, hi
+
+
+def residual_bounds(pred: Predicate, probe_stream: str,
+                    key2) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per probe tuple, the closed intervals on ``stored.key2`` of ``pred``'s residual
+    (``probe_bounds`` of the residual over the probe tuples' float64 key2), or None when
+    the predicate has none. Example, band:10&band2:1 probing from R with key2 [2.5]:
+    ``lo [[1.5]], hi [[3.5]]``."""
+    if pred.residual is None:
+        return None
+    if key2 is None:
+        raise SpecError(f"predicate {pred} has a residual on key2, but the tuples carry no "
+                        "key2: give the events a key2 column (EventTable.key2)")
+    return probe_bounds(pred.residual, probe_stream, np.asarray(key2, dtype=np.float64))

@@ -23,7 +23,7 @@ import sys
 import numpy as np
 from sortedcontainers import SortedList
 
-from panjoin.subwindow.base import SubwindowIndex, WindowFilter
+from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter
 
 # a stored (key, seq, ts): the tuple, its three numbers, one list pointer
 _BYTES_PER_TUPLE = sys.getsizeof((1, 2, 3)) + 3 * sys.getsizeof(2**40) + 8
@@ -37,11 +37,11 @@ class SortedListIndex(SubwindowIndex):
         super().__init__(capacity, key_dtype, max(1, partitions), threads)
         self.sl = SortedList()
 
-    def insert(self, keys, ts, seq):
-        keys, ts, seq = self._check_insert(keys, ts, seq)
+    def insert(self, keys, ts, seq, key2=None):
+        keys, ts, seq = self._check_insert(keys, ts, seq, key2)
         self.sl.update(zip(keys.tolist(), seq.tolist(), ts.tolist(), strict=True))
 
-    def probe(self, lo, hi, flt: WindowFilter | None = None):
+    def probe(self, lo, hi, flt: WindowFilter | None = None, res: Residual | None = None):
         lo, hi, flt = self._check_probe(lo, hi, flt)
         out_p: list[int] = []
         out_seq: list[int] = []
@@ -60,7 +60,7 @@ class SortedListIndex(SubwindowIndex):
         p = np.array(out_p, dtype=np.int64)
         s = np.array(out_seq, dtype=np.int64)
         keep = flt.mask(p, s, np.array(out_ts, dtype=np.int64))
-        return p[keep], s[keep]
+        return self._keep_residual(p[keep], s[keep], res, lo.shape[1])
 
     def __len__(self):
         return len(self.sl)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from panjoin.subwindow import SubwindowIndex, WindowFilter, make_index
+from panjoin.subwindow import Residual, SubwindowIndex, WindowFilter, make_index
 
 
 @dataclass
@@ -68,23 +68,26 @@ class LocalBackend:
         except KeyError:
             raise KeyError(f"unknown subwindow {sub_id}") from None
 
-    def insert(self, sub_id: int, keys: np.ndarray, ts: np.ndarray, seq: np.ndarray) -> None:
+    def insert(self, sub_id: int, keys: np.ndarray, ts: np.ndarray, seq: np.ndarray,
+               key2: np.ndarray | None = None) -> None:
         t0 = time.perf_counter()
-        self._get(sub_id).insert(keys, ts, seq)
+        self._get(sub_id).insert(keys, ts, seq, key2)
         self.stats.insert_s += time.perf_counter() - t0
         self.stats.inserts += 1
 
-    def probe(self, sub_id: int, lo: np.ndarray, hi: np.ndarray,
-              flt: WindowFilter) -> tuple[np.ndarray, np.ndarray]:
+    def probe(self, sub_id: int, lo: np.ndarray, hi: np.ndarray, flt: WindowFilter,
+              res: Residual | None = None) -> tuple[np.ndarray, np.ndarray]:
         t0 = time.perf_counter()
-        out = self._get(sub_id).probe(lo, hi, flt)
+        out = self._get(sub_id).probe(lo, hi, flt, res)
         self.stats.probe_s += time.perf_counter() - t0
         self.stats.probes += 1
         return out
 
-    def probe_many(self, targets, lo, hi) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Probe several subwindows with one batch: ``targets`` = [(sub_id, filter), ...]."""
-        return [self.probe(sub_id, lo, hi, flt) for sub_id, flt in targets]
+    def probe_many(self, targets, lo, hi, res: Residual | None = None
+                   ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Probe several subwindows with one batch: ``targets`` = [(sub_id, filter), ...];
+        ``res``: the batch's residual intervals on key2, if the predicate has one."""
+        return [self.probe(sub_id, lo, hi, flt, res) for sub_id, flt in targets]
 
     def expire(self, sub_id: int) -> None:
         self.subs.pop(sub_id, None)

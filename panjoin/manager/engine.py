@@ -58,8 +58,15 @@ import pyarrow as pa
 from panjoin.config import DEFAULT_BATCH, default_threads
 from panjoin.manager.backend import CreateSpec, LocalBackend
 from panjoin.manager.ring import SubwindowRing
-from panjoin.semantics import Predicate, Window, parse_predicate, parse_window, probe_bounds
-from panjoin.subwindow import INDEX_KINDS, WindowFilter
+from panjoin.semantics import (
+    Predicate,
+    Window,
+    parse_predicate,
+    parse_window,
+    probe_bounds,
+    residual_bounds,
+)
+from panjoin.subwindow import INDEX_KINDS, Residual, WindowFilter
 from panjoin.subwindow.kernels import window as W
 from panjoin.wire import PAYLOAD_TYPE
 
@@ -97,16 +104,17 @@ def default_partitions(subwindow_size: int) -> int:
 class _Buffer:
     """The collect buffer of one stream (step 1): chunks of column arrays in arrival order."""
 
-    __slots__ = ("chunks", "payloads", "n", "first_opp", "min_ts")
+    __slots__ = ("chunks", "payloads", "key2s", "n", "first_opp", "min_ts")
 
     def __init__(self):
         self.chunks: list[tuple[np.ndarray, ...]] = []
         self.payloads: list[pa.Array] = []
+        self.key2s: list[np.ndarray] = []
         self.n = 0
         self.first_opp = -1
         self.min_ts = np.iinfo(np.int64).max
 
-    def append(self, key, ev, seq, ids, opp, payload=None):
+    def append(self, key, ev, seq, ids, opp, payload=None, key2=None):
         if key.size == 0:
             return
         if self.n == 0:
@@ -114,15 +122,18 @@ class _Buffer:
         self.chunks.append((key, ev, seq, ids, opp))
         if payload is not None:
             self.payloads.append(payload)
+        if key2 is not None:
+            self.key2s.append(key2)
         self.n += int(key.size)
         self.min_ts = min(self.min_ts, int(ev.min()))
 
     def take(self):
-        """(key, ts, seq, id, opp, payload or None), all in arrival order."""
+        """(key, ts, seq, id, opp, payload or None, key2 or None), all in arrival order."""
         cols = tuple(np.concatenate(c) for c in zip(*self.chunks, strict=True))
         pay = pa.concat_arrays(self.payloads) if self.payloads else None
+        key2 = np.concatenate(self.key2s) if self.key2s else None
         self.__init__()
-        return (*cols, pay)
+        return (*cols, pay, key2)
 
 
 def as_payload(payload, n: int) -> pa.Array | None:
@@ -223,14 +234,16 @@ class JoinEngine:
         """Push an arrival-ordered :class:`panjoin.events.EventTable` (or anything with
         ``stream``, ``id``, ``key``, ``ts`` arrays, and optionally ``payload``)."""
         self.push_arrays(events.stream, events.id, events.key, events.ts,
-                         getattr(events, "payload", None))
+                         getattr(events, "payload", None), getattr(events, "key2", None))
 
-    def push_arrays(self, stream, ids, keys, ts, payload=None) -> None:
+    def push_arrays(self, stream, ids, keys, ts, payload=None, key2=None) -> None:
         """Push tuples in arrival order; ``stream`` holds 0 for R and 1 for S.
 
         ``payload`` (strings or bytes, one per tuple) is kept by the manager and joined
         back onto the results (:meth:`take_results` with ``payloads=True``); a join has
-        payloads on every push or on none."""
+        payloads on every push or on none. ``key2`` (float64, one per tuple) is needed
+        iff the predicate has a residual condition (e.g. ``band:10&band2:10``); the
+        workers keep it beside their subwindows and check the residual while probing."""
         t0 = time.perf_counter()
         stream = np.asarray(stream, dtype=np.uint8)
         ids = np.asarray(ids, dtype=_I64)
@@ -239,6 +252,17 @@ class JoinEngine:
         n = stream.shape[0]
         if not (ids.shape == keys.shape == ts.shape == (n,)):
             raise ValueError("stream, id, key and ts must be 1-d arrays of one length")
+        if self.pred.residual is not None:
+            if key2 is None:
+                raise ValueError(f"predicate {self.pred} has a residual on key2: push key2 "
+                                 "(EventTable.key2, a float64 per tuple)")
+            key2 = np.asarray(key2, dtype=np.float64)
+            if key2.shape != (n,):
+                raise ValueError("key2 must be a 1-d array with one value per tuple")
+            if not np.isfinite(key2).all():
+                raise ValueError("key2 values must be finite numbers")
+        else:
+            key2 = None  # no residual: the join never looks at key2
         if n == 0:
             return
         if payload is not None and self.payload_text is None:
@@ -281,6 +305,8 @@ class JoinEngine:
                         self.late_ids[name].append(ids[lm])
                         self.stats.late += int(lm.sum())
             stream, ids, keys, ts = stream[keep], ids[keep], keys[keep], ts[keep]
+            if key2 is not None:
+                key2 = key2[keep]
             if payload is not None and not keep.all():
                 payload = payload.filter(pa.array(keep))
         k = stream.shape[0]
@@ -301,9 +327,9 @@ class JoinEngine:
                 if e < best_e:
                     best_e, best_x = e, name
             if best_x is None:
-                self._append(pos, k, is_r, keys, ts, seq, ids, opp, payload)
+                self._append(pos, k, is_r, keys, ts, seq, ids, opp, payload, key2)
                 break
-            self._append(pos, best_e + 1, is_r, keys, ts, seq, ids, opp, payload)
+            self._append(pos, best_e + 1, is_r, keys, ts, seq, ids, opp, payload, key2)
             self._process(best_x)
             pos = best_e + 1
         # cuts that became due exactly at the chunk's end
@@ -345,7 +371,7 @@ class JoinEngine:
             e = min(e, max(j, pos))
         return e
 
-    def _append(self, a, b, is_r, keys, ts, seq, ids, opp, payload) -> None:
+    def _append(self, a, b, is_r, keys, ts, seq, ids, opp, payload, key2=None) -> None:
         if b <= a:
             return
         sl = slice(a, b)
@@ -360,7 +386,8 @@ class JoinEngine:
                     self.buf_since[name] = time.monotonic()
                 p = pay.filter(pa.array(mask)) if pay is not None else None
                 self.buffers[name].append(keys[sl][mask], ts[sl][mask], seq[sl][mask],
-                                          ids[sl][mask], opp[sl][mask], p)
+                                          ids[sl][mask], opp[sl][mask], p,
+                                          key2[sl][mask] if key2 is not None else None)
                 self.total[name] += int(mask.sum())
 
     def tick(self, now: float | None = None) -> None:
@@ -385,26 +412,29 @@ class JoinEngine:
     def _process(self, x: str) -> None:
         if self.buffers[x].n == 0:
             return
-        key, ev, seq, ids, opp, pay = self.buffers[x].take()
+        key, ev, seq, ids, opp, pay, key2 = self.buffers[x].take()
         self.buf_since[x] = None
         self.stats.batches += 1
         y = "S" if x == "R" else "R"
         tscol = opp if self.window.kind == "count" else ev
         order = np.argsort(key, kind="stable")  # step 2: one sort serves probe and insert
-        self._probe(x, y, key, ev, seq, ids, opp, pay, order)
-        self._insert(x, key, tscol, seq, ids, ev, pay, order)
+        self._probe(x, y, key, ev, seq, ids, opp, pay, order, key2)
+        self._insert(x, key, tscol, seq, ids, ev, pay, order, key2)
         self._expire(y)
         self._expire(x)
         while len(self._inflight) > self.pipeline:
             self._collect_one()
 
-    def _probe(self, x, y, key, ev, seq, ids, opp, pay, order) -> None:
+    def _probe(self, x, y, key, ev, seq, ids, opp, pay, order, key2=None) -> None:
         ring = self.rings[y]
         if not any(s.count for s in ring):
             return
         t0 = time.perf_counter()
         skey = key[order]
         lo, hi = probe_bounds(self.pred, x, skey)
+        res = None
+        if self.pred.residual is not None:  # checked by the index while it probes
+            res = Residual(*residual_bounds(self.pred, x, key2[order]))
         wy, wx = self.window.size(y), self.window.size(x)
         if self.window.kind == "count":
             o = opp[order]
@@ -442,7 +472,8 @@ class JoinEngine:
             return
         # one round of probes over every worker at once (steps 3 and 4 of the paper);
         # its answers are mapped in step 5, once collected
-        answers = self.backend.probe_many([(sub.sub_id, flt) for sub, flt in targets], lo, hi)
+        answers = self.backend.probe_many([(sub.sub_id, flt) for sub, flt in targets], lo, hi,
+                                          res)
         stores = [(sub.seq_start, sub.ids(), sub.payloads()) for sub, _ in targets]
         spay = pay.take(pa.array(order)) if pay is not None else None
         self._inflight.append(_InFlight(answers, x, sid, spay, stores))
@@ -470,7 +501,7 @@ class JoinEngine:
         while self._inflight:
             self._collect_one()
 
-    def _insert(self, x, key, tscol, seq, ids, ev, pay, order) -> None:
+    def _insert(self, x, key, tscol, seq, ids, ev, pay, order, key2=None) -> None:
         ring = self.rings[x]
         n = key.shape[0]
         a = 0
@@ -490,7 +521,8 @@ class JoinEngine:
                 o = order
             else:  # the batch's sorted order restricted to this part: still sorted, O(n)
                 o = order[(order >= a) & (order < b)]
-            self.backend.insert(sub.sub_id, key[o], tscol[o], seq[o])
+            self.backend.insert(sub.sub_id, key[o], tscol[o], seq[o],
+                                key2[o] if key2 is not None else None)
             sub.add(seq[part], ids[part], tscol[part],
                     pay.slice(a, b - a) if pay is not None else None)
             sub.ev_min = min(sub.ev_min, int(ev[part].min()))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 
-from panjoin.subwindow.base import SubwindowIndex, WindowFilter
+from panjoin.subwindow.base import Residual, ResidualError, SubwindowIndex, WindowFilter
 
 _CLASSES = {
     "rap": ("panjoin.subwindow.rap_table", "RaPTable"),
@@ -46,4 +46,5 @@ def make_index(kind: str, capacity: int, key_dtype="int64", partitions: int = 10
                predecessor=predecessor, **opts)
 
 
-__all__ = ["INDEX_KINDS", "SubwindowIndex", "WindowFilter", "index_class", "make_index"]
+__all__ = ["INDEX_KINDS", "Residual", "ResidualError", "SubwindowIndex", "WindowFilter",
+           "index_class", "make_index"]

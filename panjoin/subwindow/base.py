@@ -11,6 +11,13 @@ manager maps back to the user's id and payload). Commands, as in the paper:
   (``lo > hi`` means empty; see :func:`panjoin.semantics.probe_bounds`), and a
   :class:`WindowFilter`; returns matching ``(probe_index, stored_seq)`` pairs,
   each exactly once, in no particular order;
+- residual (optional): ``insert(..., key2=...)`` stores each tuple's float64
+  ``key2``, and ``probe(..., res=Residual(lo2, hi2))`` returns only the pairs
+  whose stored key2 lies in one of the probe tuple's residual intervals
+  (:mod:`panjoin.subwindow.kernels.residual`). Every index keeps key2 by arrival
+  position (a subwindow's seqs are one contiguous run) and filters the pairs it
+  emits in a Numba pass; BI-Sort fuses the check into its probe kernel. An index
+  that cannot do it raises :class:`ResidualError` rather than ignore it;
 - expire: the manager drops the whole (oldest) subwindow object;
 - ``check()``: asserts every invariant of the structure (tests call it after
   every operation);
@@ -26,6 +33,40 @@ from typing import ClassVar
 import numpy as np
 
 from panjoin.subwindow.kernels import window as W
+from panjoin.subwindow.kernels.residual import residual_keep
+
+
+class ResidualError(ValueError):
+    """A residual condition (key2) that this index or call cannot apply; says what to do."""
+
+
+@dataclass
+class Residual:
+    """Per-probe-tuple closed intervals on stored ``key2``, shape ``(n_bands2, n)``
+    (float64; ``lo > hi`` empty), from :func:`panjoin.semantics.residual_bounds`."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+
+    def __post_init__(self):
+        lo = np.ascontiguousarray(self.lo, dtype=np.float64)
+        hi = np.ascontiguousarray(self.hi, dtype=np.float64)
+        if lo.ndim == 1:
+            lo, hi = lo[None, :], hi[None, :]
+        if lo.shape != hi.shape or lo.ndim != 2:
+            raise ResidualError(f"residual bounds lo {lo.shape} and hi {hi.shape} must be "
+                                "(n_bands2, n) arrays of one shape")
+        self.lo, self.hi = lo, hi
+
+    def take(self, idx: np.ndarray) -> Residual:
+        return Residual(self.lo[:, idx], self.hi[:, idx])
+
+    def mask(self, probe_idx: np.ndarray, k2: np.ndarray) -> np.ndarray:
+        """Vectorised check over candidate pairs (probe index, stored key2)."""
+        ok = np.zeros(probe_idx.shape, dtype=bool)
+        for b in range(self.lo.shape[0]):
+            ok |= (self.lo[b, probe_idx] <= k2) & (k2 <= self.hi[b, probe_idx])
+        return ok
 
 
 @dataclass
@@ -82,15 +123,23 @@ class SubwindowIndex(ABC):
         self.partitions = int(partitions)
         self.threads = max(1, int(threads))
 
+    #: key2 by arrival position (``seq - _k2base``), allocated by the first insert with key2
+    _k2: np.ndarray | None = None
+    _k2base: int = 0
+
     @abstractmethod
-    def insert(self, keys: np.ndarray, ts: np.ndarray, seq: np.ndarray) -> None:
-        """Insert a batch sorted by key; ``len(self) + len(keys) <= capacity``."""
+    def insert(self, keys: np.ndarray, ts: np.ndarray, seq: np.ndarray,
+               key2: np.ndarray | None = None) -> None:
+        """Insert a batch sorted by key; ``len(self) + len(keys) <= capacity``; ``key2``
+        (float64, optional, all inserts or none) for residual conditions."""
 
     @abstractmethod
     def probe(
-        self, lo: np.ndarray, hi: np.ndarray, flt: WindowFilter | None = None
+        self, lo: np.ndarray, hi: np.ndarray, flt: WindowFilter | None = None,
+        res: Residual | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Matching ``(probe_index, stored_seq)`` int64 arrays for a sorted probe batch."""
+        """Matching ``(probe_index, stored_seq)`` int64 arrays for a sorted probe batch;
+        with ``res``, only the pairs whose stored key2 passes the residual."""
 
     @abstractmethod
     def __len__(self) -> int: ...
@@ -107,7 +156,7 @@ class SubwindowIndex(ABC):
     def full(self) -> bool:
         return len(self) >= self.capacity
 
-    def _check_insert(self, keys, ts, seq):
+    def _check_insert(self, keys, ts, seq, key2=None):
         keys = np.ascontiguousarray(keys)
         if keys.dtype != self.key_dtype:
             raise TypeError(f"{self.kind}: keys are {keys.dtype}, subwindow holds {self.key_dtype}")
@@ -120,7 +169,61 @@ class SubwindowIndex(ABC):
                 f"{self.kind}: inserting {keys.shape[0]} tuples into a subwindow holding "
                 f"{len(self)} of {self.capacity}"
             )
+        self._store_key2(seq, key2, keys.shape[0])
         return keys, ts, seq
+
+    def _store_key2(self, seq: np.ndarray, key2, n: int) -> None:
+        """Keep key2 by arrival position: ``_k2[seq - base]``, base = the first seq stored."""
+        if key2 is None:
+            if len(self) == 0:
+                self._k2 = None
+            if self._k2 is not None and n:
+                raise ResidualError(f"{self.kind}: this subwindow stores key2; insert every "
+                                    "batch with key2")
+            return
+        key2 = np.ascontiguousarray(key2, dtype=np.float64)
+        if key2.shape != seq.shape:
+            raise ValueError(f"{self.kind}: key2 must have one value per tuple")
+        if n == 0:
+            return
+        if len(self) == 0:  # nothing stored yet (a failed insert may have left a base)
+            self._k2 = None
+        if self._k2 is None:
+            if len(self):
+                raise ResidualError(f"{self.kind}: this subwindow holds tuples without key2; "
+                                    "insert every batch with key2 or none")
+            self._k2 = np.zeros(self.capacity, dtype=np.float64)
+            self._k2base = int(seq.min())
+        pos = seq - self._k2base
+        if int(pos.min()) < 0 or int(pos.max()) >= self.capacity:
+            raise ResidualError(
+                f"{self.kind}: key2 is kept by arrival position, so a subwindow's seqs must "
+                f"lie in [{self._k2base}, {self._k2base + self.capacity}) (its first seq + "
+                f"capacity); got {int(seq.min())}..{int(seq.max())}")
+        self._k2[pos] = key2
+
+    def _check_residual(self, res: Residual | None, n: int) -> Residual | None:
+        if res is None:
+            return None
+        if not isinstance(res, Residual):
+            res = Residual(*res)
+        if res.lo.shape[1] != n:
+            raise ResidualError(f"{self.kind}: residual bounds are for {res.lo.shape[1]} "
+                                f"probe tuples, the batch has {n}")
+        if self._k2 is None and len(self):
+            raise ResidualError(f"{self.kind}: a residual needs key2, but this subwindow was "
+                                "filled without it; insert with key2")
+        return res
+
+    def _keep_residual(self, pidx, seq, res: Residual | None, n: int):
+        """The generic post-filter: drop emitted pairs whose stored key2 fails ``res``
+        (``n``: probe tuples in the batch)."""
+        res = self._check_residual(res, n)
+        if res is None or pidx.shape[0] == 0:
+            return pidx, seq
+        return residual_keep(np.ascontiguousarray(pidx, dtype=np.int64),
+                             np.ascontiguousarray(seq, dtype=np.int64), self._k2,
+                             self._k2base, res.lo, res.hi)
 
     def _check_probe(self, lo, hi, flt):
         lo = np.ascontiguousarray(lo, dtype=self.key_dtype)

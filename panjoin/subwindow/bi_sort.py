@@ -25,6 +25,13 @@ cheap to search by an index array::
   (``probe_ranges``), which the manager expands against its mirror of the main
   array (``main_columns``).
 - expire: the manager drops the whole (oldest) subwindow.
+- residual (``key2``, e.g. ``band:10&band2:10``): key2 is kept by arrival position
+  (as every index does) and, with ``residual_layout="permuted"`` (the default),
+  also permuted with the main array (``mk2[p]`` beside ``mkeys[p]``; after a merge
+  only the rows from the first moved one on are refreshed). The probe checks it
+  inside the kernel while it walks a candidate range
+  (:func:`panjoin.subwindow.kernels.residual.bisort_probe_residual`), so failing
+  candidates are never written; ``"gather"`` reads ``k2pos[seq - base]`` instead.
 
 Worked trace, P = 3, B = 4, a dozen keys::
 
@@ -64,14 +71,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from panjoin.config import BISORT_BUFFER
-from panjoin.subwindow.base import SubwindowIndex, WindowFilter
+from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter
 from panjoin.subwindow.kernels.bisort import (
     build_index,
+    first_moved,
     merge_back,
     merge_piece,
     merge_plan,
     probe_kernel,
 )
+from panjoin.subwindow.kernels.residual import bisort_probe_residual
 
 #: smallest merge (main + run tuples) worth splitting over threads
 PAR_MERGE_MIN = 1 << 16
@@ -142,6 +151,11 @@ class BISort(SubwindowIndex):
         # a buffer beyond the capacity could never fill
         self.buffer_size = min(buffer, self.capacity)
         self.par_merge_min = int(opts.get("par_merge_min", PAR_MERGE_MIN))
+        layout = opts.get("residual_layout", "permuted")
+        if layout not in ("permuted", "gather"):
+            raise ValueError(f"bisort: residual_layout is 'permuted' or 'gather', not {layout!r}")
+        self.residual_layout = layout
+        self.mk2: np.ndarray | None = None  # key2 of main rows (permuted layout), lazily
         kd = self.key_dtype
         self.mkeys = np.empty(self.capacity, dtype=kd)
         self.mts = np.empty(self.capacity, dtype=np.int64)
@@ -158,9 +172,9 @@ class BISort(SubwindowIndex):
 
     # ------------------------------------------------------------------ insert
 
-    def insert(self, keys, ts, seq):
+    def insert(self, keys, ts, seq, key2=None):
         """Insert a sorted batch. O(K) into the buffer, else O(moved + K) per merge."""
-        keys, ts, seq = self._check_insert(keys, ts, seq)
+        keys, ts, seq = self._check_insert(keys, ts, seq, key2)
         k = keys.shape[0]
         if k == 0:
             return
@@ -187,13 +201,24 @@ class BISort(SubwindowIndex):
         self.nbuf = 0
 
     def _merge(self, rk, rt, rs, r):
+        # rows below the first main key > the run's smallest stay in place (stable merge)
+        f = int(first_moved(self.mkeys, self.m, rk[0])) if self._k2 is not None else 0
+        self._merge_cols(rk, rt, rs, r)
+        if self._k2 is not None and self.residual_layout == "permuted":
+            if self.mk2 is None:
+                self.mk2 = np.empty(self.capacity, dtype=np.float64)
+                f = 0
+            end = self.m + r
+            self.mk2[f:end] = self._k2[self.mseq[f:end] - self._k2base]
+        self.m += r
+        self._rebuild_index()
+
+    def _merge_cols(self, rk, rt, rs, r):
         parts = self.threads
         if parts > 1 and self.m + r >= self.par_merge_min:
             self._merge_parallel(rk, rt, rs, r, parts)
         else:
             merge_back(self.mkeys, self.mts, self.mseq, self.m, rk, rt, rs, r)
-        self.m += r
-        self._rebuild_index()
 
     def _merge_parallel(self, rk, rt, rs, r, parts):
         """The merge cut into ``parts`` pieces run by threads (see ``merge_plan``)."""
@@ -228,13 +253,22 @@ class BISort(SubwindowIndex):
         parts = max(1, min(self.threads, lo.shape[1] // PROBE_CHUNK_MIN))
         return c0, c1, c2, parts
 
-    def probe(self, lo, hi, flt: WindowFilter | None = None):
-        """Matching ``(probe_idx, seq)`` pairs. O(n log(M/n) + results + n B) per batch."""
+    def probe(self, lo, hi, flt: WindowFilter | None = None, res: Residual | None = None):
+        """Matching ``(probe_idx, seq)`` pairs. O(n log(M/n) + results + n B) per batch;
+        with a residual ``res``, O(n log(M/n) + candidates + n B), writing only results."""
         lo, hi, flt = self._check_probe(lo, hi, flt)
         if lo.shape[1] == 0 or len(self) == 0:
             z = np.zeros(0, dtype=np.int64)
             return z, z.copy()
         c0, c1, c2, parts = self._probe_args(lo, hi, flt)
+        res = self._check_residual(res, lo.shape[1])
+        if res is not None:
+            permuted = self.residual_layout == "permuted" and self.mk2 is not None
+            mk2 = self.mk2 if permuted else self._k2
+            return bisort_probe_residual(
+                self.mkeys, self.mts, self.mseq, mk2, self.m, self.index, self.nidx, self.step,
+                self.bkeys, self.bts, self.bseq, self.nbuf, self._k2, self._k2base, lo, hi,
+                flt.mode, c0, c1, c2, res.lo, res.hi, parts, permuted)
         p, q, _, _, _ = probe_kernel(
             self.mkeys, self.mts, self.mseq, self.m, self.index, self.nidx, self.step,
             self.bkeys, self.bts, self.bseq, self.nbuf, lo, hi, flt.mode, c0, c1, c2, parts,
@@ -265,7 +299,8 @@ class BISort(SubwindowIndex):
     @property
     def nbytes(self):
         return sum(a.nbytes for a in (self.mkeys, self.mts, self.mseq, self.bkeys, self.bts,
-                                      self.bseq, self.index))
+                                      self.bseq, self.index, self._k2, self.mk2)
+                   if a is not None)
 
     def memory_ratio(self) -> float:
         """``nbytes`` over the raw key + ts + seq bytes at capacity (24 per tuple)."""
@@ -293,6 +328,10 @@ class BISort(SubwindowIndex):
         # every stored tuple once: seq values unique over main array and buffer
         seqs = np.concatenate([self.mseq[:m], self.bseq[:self.nbuf]])
         assert np.unique(seqs).shape[0] == seqs.shape[0], "duplicate seq\n" + state()
+        # key2 permuted with the main array agrees with key2 by arrival position
+        if self.mk2 is not None and self._k2 is not None and m:
+            want = self._k2[self.mseq[:m] - self._k2base]
+            assert np.array_equal(self.mk2[:m], want), "stale main key2\n" + state()
 
 
 __all__ = ["BISort", "RangeResult"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from panjoin.subwindow.base import SubwindowIndex, WindowFilter
+from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter
 from panjoin.subwindow.kernels.nested import nested_probe
 
 
@@ -25,21 +25,22 @@ class NestedLoop(SubwindowIndex):
         self.seq = np.empty(self.capacity, dtype=np.int64)
         self.n = 0
 
-    def insert(self, keys, ts, seq):
-        keys, ts, seq = self._check_insert(keys, ts, seq)
+    def insert(self, keys, ts, seq, key2=None):
+        keys, ts, seq = self._check_insert(keys, ts, seq, key2)
         m = keys.shape[0]
         self.keys[self.n : self.n + m] = keys
         self.ts[self.n : self.n + m] = ts
         self.seq[self.n : self.n + m] = seq
         self.n += m
 
-    def probe(self, lo, hi, flt: WindowFilter | None = None):
+    def probe(self, lo, hi, flt: WindowFilter | None = None, res: Residual | None = None):
         lo, hi, flt = self._check_probe(lo, hi, flt)
         if lo.shape[1] == 0 or self.n == 0:
             z = np.zeros(0, dtype=np.int64)
             return z, z.copy()
         c0, c1, c2 = flt.arrays(lo.shape[1])
-        return nested_probe(self.keys, self.ts, self.seq, self.n, lo, hi, flt.mode, c0, c1, c2)
+        p, q = nested_probe(self.keys, self.ts, self.seq, self.n, lo, hi, flt.mode, c0, c1, c2)
+        return self._keep_residual(p, q, res, lo.shape[1])
 
     def __len__(self):
         return self.n

@@ -65,7 +65,7 @@ from __future__ import annotations
 import numpy as np
 
 from panjoin.config import LLAT_SIGMA
-from panjoin.subwindow.base import SubwindowIndex, WindowFilter
+from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter
 from panjoin.subwindow.kernels.rap import (
     adjust_splitters,
     first_unsorted,
@@ -191,9 +191,9 @@ class RaPTable(SubwindowIndex):
         mx = decode(self.mx, self.key_dtype)
         return adjust_splitters(self.count, mn, mx, self.n, P)
 
-    def insert(self, keys, ts, seq):
+    def insert(self, keys, ts, seq, key2=None):
         """Insert a batch sorted by key. O(m + runs * log(P / runs)) for m tuples."""
-        keys, ts, seq = self._check_insert(keys, ts, seq)
+        keys, ts, seq = self._check_insert(keys, ts, seq, key2)
         m = keys.shape[0]
         if m == 0:
             return
@@ -213,7 +213,7 @@ class RaPTable(SubwindowIndex):
         self.n += m
         self._cum = None
 
-    def probe(self, lo, hi, flt: WindowFilter | None = None):
+    def probe(self, lo, hi, flt: WindowFilter | None = None, res: Residual | None = None):
         """Every (probe index, stored seq) with lo <= key <= hi for a sorted probe batch."""
         lo, hi, flt = self._check_probe(lo, hi, flt)
         m = lo.shape[1]
@@ -226,8 +226,9 @@ class RaPTable(SubwindowIndex):
             self._cum = cum
         c0, c1, c2 = flt.arrays(m)
         L = self.llat
-        return rap_probe(self._spl, self._cum, L.keys, L.ts, L.seq, L.head, L.tail, L.nxt,
+        p, q = rap_probe(self._spl, self._cum, L.keys, L.ts, L.seq, L.head, L.tail, L.nxt,
                          L.cap, encode(lo), encode(hi), flt.mode, c0, c1, c2, self.threads)
+        return self._keep_residual(p, q, res, m)
 
     def __len__(self):
         return self.n

@@ -90,7 +90,7 @@ import mmap
 import numpy as np
 
 from panjoin.config import LLAT_SIGMA, WIB_FANOUT
-from panjoin.subwindow.base import SubwindowIndex, WindowFilter
+from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter
 from panjoin.subwindow.kernels import wib as K
 from panjoin.subwindow.llat import LLAT
 
@@ -270,9 +270,9 @@ class WiBTree(SubwindowIndex):
 
     # ------------------------------------------------------------------ commands
 
-    def insert(self, keys, ts, seq):
+    def insert(self, keys, ts, seq, key2=None):
         """Insert a batch sorted by key: O(m) appends, O(log_F leaves) per jump, O(W) per split."""
-        keys, ts, seq = self._check_insert(keys, ts, seq)
+        keys, ts, seq = self._check_insert(keys, ts, seq, key2)
         m = keys.shape[0]
         if m == 0:
             return
@@ -287,7 +287,7 @@ class WiBTree(SubwindowIndex):
         if st != K.OK:  # the bounds above say this cannot happen: a bug, not bad input
             raise RuntimeError(f"wib: {_ERRORS.get(st, st)}")
 
-    def probe(self, lo, hi, flt: WindowFilter | None = None):
+    def probe(self, lo, hi, flt: WindowFilter | None = None, res: Residual | None = None):
         """Every (probe index, stored seq) with lo <= key <= hi for a sorted probe batch."""
         lo, hi, flt = self._check_probe(lo, hi, flt)
         m = lo.shape[1]
@@ -304,7 +304,7 @@ class WiBTree(SubwindowIndex):
                           self.meta[K.HEIGHT], self.width, lo, hi, flt.mode, c0, c1, c2,
                           parts, slab)
         self._hint = out[0].shape[0] / m
-        return out
+        return self._keep_residual(out[0], out[1], res, m)
 
     def __len__(self):
         return int(self.meta[K.SIZE])

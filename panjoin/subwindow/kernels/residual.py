@@ -1,0 +1,126 @@
+"""Residual-condition kernels: a second attribute ``key2`` checked where the pairs are produced.
+
+A predicate such as ``band:10&band2:10`` (the handshake paper's 2-D band join) is
+looked up by its key condition; each candidate the index finds must then also
+have ``lo2[b, i] <= stored.key2 <= hi2[b, i]`` for some residual band ``b`` of its
+probe tuple ``i`` (:func:`panjoin.semantics.residual_bounds`). Done here, a
+candidate that fails is never written to an output array, let alone sent.
+
+Two ways to hold ``key2`` beside an index:
+
+- by arrival position: ``k2pos[seq - base]`` (every index, where a subwindow's
+  seqs are a contiguous run starting at ``base``). ``residual_keep`` filters the
+  pairs an index emitted (the generic post-filter);
+- permuted with BI-Sort's sorted main array (``mk2[p]`` beside ``mk[p]``), so the
+  fused probe ``bisort_probe_residual`` reads key2 sequentially over a candidate
+  range; ``permuted=False`` gathers ``k2pos[ms[p] - base]`` instead (the benchmark
+  compares both).
+
+Example, band:10&band2:1 probing from R: r with key 50 and key2 2.5 gives
+``[lo, hi] = [40, 60]`` and ``[lo2, hi2] = [1.5, 3.5]``. Main keys
+``[41 45 59 70]`` with key2 ``[9.0 2.0 3.5 2.0]``: the key range is rows [0, 3);
+row 0 fails key2 (9.0), rows 1 and 2 pass: two pairs written, one candidate
+dropped in the kernel.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from panjoin.config import NJIT, NJIT_PAR
+from panjoin.subwindow.kernels.bisort import locate_chunk
+from panjoin.subwindow.kernels.search import chunk_bounds
+from panjoin.subwindow.kernels.window import in_window
+
+
+@njit(inline="always", **NJIT)
+def res_ok(lo2, hi2, i, k2):
+    """Stored key2 ``k2`` inside one of probe tuple i's residual intervals."""
+    for b in range(lo2.shape[0]):
+        if k2 >= lo2[b, i] and k2 <= hi2[b, i]:
+            return True
+    return False
+
+
+@njit(**NJIT)
+def residual_keep(pidx, seq, k2pos, base, lo2, hi2):
+    """The pairs ``(pidx, seq)`` whose stored key2 ``k2pos[seq - base]`` passes, compacted."""
+    n = pidx.shape[0]
+    op = np.empty(n, dtype=np.int64)
+    os_ = np.empty(n, dtype=np.int64)
+    k = 0
+    for j in range(n):
+        i = pidx[j]
+        if res_ok(lo2, hi2, i, k2pos[seq[j] - base]):
+            op[k] = i
+            os_[k] = seq[j]
+            k += 1
+    return op[:k], os_[:k]
+
+
+@njit(inline="always", **NJIT)
+def _main_k2(mk2, ms, k2pos, base, p, permuted):
+    if permuted:
+        return mk2[p]
+    return k2pos[ms[p] - base]
+
+
+@njit(**NJIT_PAR)
+def bisort_probe_residual(mk, mt, ms, mk2, m, idx, nidx, step, bk, bt, bs, nbuf, k2pos, base,
+                          lo, hi, mode, c0, c1, c2, lo2, hi2, parts, permuted):
+    """BI-Sort's probe (``probe_kernel`` with pairs) with the residual fused in.
+
+    Pass 1 locates every band's main-array range and counts the candidates passing
+    both the residual and the window condition; a prefix sum gives each probe tuple
+    its output slots; pass 2 writes them. Returns ``(probe_idx, seq)``.
+    """
+    nb, n = lo.shape
+    st = np.empty((nb, n), dtype=np.int64)
+    en = np.empty((nb, n), dtype=np.int64)
+    counts = np.zeros(n + 1, dtype=np.int64)
+    cb = chunk_bounds(n, parts)
+    for t in prange(parts):
+        i0 = cb[t]
+        i1 = cb[t + 1]
+        locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
+        for i in range(i0, i1):
+            c = 0
+            for b in range(nb):
+                l = lo[b, i]
+                h = hi[b, i]
+                if l > h:
+                    continue
+                for p in range(st[b, i], en[b, i]):
+                    if res_ok(lo2, hi2, i, _main_k2(mk2, ms, k2pos, base, p, permuted)) \
+                            and in_window(mode, c0[i], c1[i], c2[i], ms[p], mt[p]):
+                        c += 1
+                for p in range(nbuf):
+                    k = bk[p]
+                    if k >= l and k <= h and res_ok(lo2, hi2, i, k2pos[bs[p] - base]) \
+                            and in_window(mode, c0[i], c1[i], c2[i], bs[p], bt[p]):
+                        c += 1
+            counts[i + 1] = c
+    offs = np.cumsum(counts)
+    out_probe = np.empty(offs[n], dtype=np.int64)
+    out_seq = np.empty(offs[n], dtype=np.int64)
+    for t in prange(parts):
+        for i in range(cb[t], cb[t + 1]):
+            pos = offs[i]
+            for b in range(nb):
+                l = lo[b, i]
+                h = hi[b, i]
+                if l > h:
+                    continue
+                for p in range(st[b, i], en[b, i]):
+                    if res_ok(lo2, hi2, i, _main_k2(mk2, ms, k2pos, base, p, permuted)) \
+                            and in_window(mode, c0[i], c1[i], c2[i], ms[p], mt[p]):
+                        out_seq[pos] = ms[p]
+                        pos += 1
+                for p in range(nbuf):
+                    k = bk[p]
+                    if k >= l and k <= h and res_ok(lo2, hi2, i, k2pos[bs[p] - base]) \
+                            and in_window(mode, c0[i], c1[i], c2[i], bs[p], bt[p]):
+                        out_seq[pos] = bs[p]
+                        pos += 1
+            for x in range(offs[i], pos):
+                out_probe[x] = i
+    return out_probe, out_seq
