@@ -49,7 +49,9 @@ def _add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
     g.add_argument("--window", required=required, metavar="SPEC",
                    help="count:WR,WS (tuples) or time:TR,TS (ms of event time)")
     g.add_argument("--predicate", required=required, metavar="SPEC",
-                   help="eq | ne | band:E (|r.key-s.key|<=E) | bands:A,B;C,D (s.key-r.key in ...)")
+                   help="eq | ne | band:E (|r.key-s.key|<=E) | bands:A,B;C,D (s.key-r.key in ...);"
+                        " append &band2:E, &bands2:A,B or &eq2 for a residual on the events'"
+                        " key2 column, e.g. band:10&band2:10")
     g.add_argument("--index", default="bisort",
                    choices=["rap", "wib", "bisort", "nested", "bisort-opencl"],
                    help=INDEX_HELP + " (default: %(default)s)")
@@ -318,6 +320,10 @@ def run_replay(args) -> int:
     if args.with_payload and args.topology == "handshake":
         raise SystemExit("panjoin replay: error: the handshake topology carries no payloads; "
                          "drop --with-payload or use --topology ring")
+    if pred.residual is not None and events.key2 is None:
+        raise SystemExit(f"panjoin replay: error: predicate {pred} has a residual on key2, "
+                         f"but {args.events} has no key2 column; add one or drop the '&...2' "
+                         "part of --predicate")
     if not args.with_payload:
         events.payload = None  # not asked for: the manager need not keep them
     if args.cluster:

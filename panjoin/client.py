@@ -83,6 +83,8 @@ class Client:
                     ts=to_array(np.asarray(ch.ts, np.int64)),
                     flush=flush_last and i == len(chunks) - 1)
                 to_payloads(getattr(ch, "payload", None), msg.payload)
+                if getattr(ch, "key2", None) is not None:
+                    msg.key2.CopyFrom(to_array(np.asarray(ch.key2, np.float64)))
                 yield msg
 
         for out in self.stub.Join(inputs()):

@@ -356,7 +356,9 @@ class Pipeline:
     def __init__(self, cfg: PipelineConfig):
         self.cfg = cfg
         self.window = parse_window(cfg.window, cfg.allowed_lateness)
-        parse_predicate(cfg.predicate)  # fail before Spark starts
+        if parse_predicate(cfg.predicate).residual is not None:  # fail before Spark starts
+            raise ValueError(f"predicate {cfg.predicate!r}: the Kafka records carry no key2, "
+                             "so a residual condition ('&band2:...') cannot be used here")
         self.dir = os.path.join(cfg.checkpoint, "panjoin")
         os.makedirs(self.dir, exist_ok=True)
         self.log_path = os.path.join(self.dir, "join.log")

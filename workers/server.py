@@ -23,7 +23,7 @@ import numpy as np
 from panjoin.manager.backend import CreateSpec, LocalBackend
 from panjoin.proto.panjoin.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from panjoin.serving import start_server
-from panjoin.subwindow import INDEX_KINDS, WindowFilter
+from panjoin.subwindow import INDEX_KINDS, Residual, WindowFilter
 from panjoin.wire import WireError, from_array, to_array
 
 log = logging.getLogger("panjoin.worker")
@@ -174,9 +174,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         seq = from_array(c.seq, "<i8", "seq")
         if not (keys.shape == ts.shape == seq.shape):
             raise _Bad("INVALID_ARGUMENT", "keys, ts and seq differ in length")
+        key2 = None
+        if c.HasField("key2"):
+            key2 = from_array(c.key2, "<f8", "key2")
+            if key2.shape != keys.shape:
+                raise _Bad("INVALID_ARGUMENT", "key2 must have one value per key")
         if keys.size > 1 and np.any(keys[1:] < keys[:-1]):
             raise _Bad("INVALID_ARGUMENT", "insert batch is not sorted by key")
-        backend.insert(c.sub_id, keys, ts, seq)
+        backend.insert(c.sub_id, keys, ts, seq, key2)
         st = worker_pb2.SubwindowStatus(sub_id=c.sub_id, count=len(ix), full=ix.full,
                                         nbytes=ix.nbytes)
         if ix.full and hasattr(ix, "successor_splitters"):
@@ -207,8 +212,21 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 raise _Bad("INVALID_ARGUMENT", "c0, c1, c2 must have one value per probe tuple")
             full = WindowFilter(int(c.filter_mode), *cols)
         none = WindowFilter.none(n)
+        res = None
+        if c.HasField("lo2") or c.HasField("hi2"):
+            lo2 = from_array(c.lo2, "<f8", "lo2")
+            hi2 = from_array(c.hi2, "<f8", "hi2")
+            if lo2.ndim == 1:
+                lo2, hi2 = lo2[None, :], hi2[None, :]
+            if lo2.shape != hi2.shape or lo2.shape[1] != n:
+                raise _Bad("INVALID_ARGUMENT",
+                           "lo2 and hi2 must both be (n_bands2, n) for n probe tuples")
+            res = Residual(lo2, hi2)
         out = []
         ranges = c.format == worker_pb2.RESULT_FORMAT_RANGES
+        if ranges and res is not None:
+            raise _Bad("INVALID_ARGUMENT", "a residual (lo2, hi2) needs RESULT_FORMAT_PAIRS: "
+                       "ranges would return candidates the residual rejects")
         if ranges and any(not hasattr(ix, "probe_ranges") for ix in ixs):
             raise _Bad("INVALID_ARGUMENT", "RESULT_FORMAT_RANGES needs BI-Sort subwindows")
         for i, sub_id in enumerate(c.sub_ids):
@@ -220,7 +238,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     seq=to_array(rr.buf_seq), start=to_array(rr.start), end=to_array(rr.end),
                     range_probe_idx=to_array(rr.probe_idx)))
                 continue
-            pidx, seq = backend.probe(sub_id, lo, hi, flt)
+            pidx, seq = backend.probe(sub_id, lo, hi, flt, res)
             out.append(worker_pb2.ProbeResult(sub_id=sub_id, probe_idx=to_array(pidx),
                                               seq=to_array(seq)))
         return out

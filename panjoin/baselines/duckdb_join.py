@@ -115,6 +115,9 @@ def duckdb_join(events, window, predicate, *, allowed_lateness: int = 0, pairs: 
 
     w = parse_window(window, allowed_lateness)
     p = parse_predicate(predicate)
+    if p.residual is not None:
+        raise ValueError(f"the DuckDB peer has no residual (key2) condition: {p}; "
+                         "use the engine, or drop the '&...2' part")
     own = con is None
     con = duckdb.connect() if own else con
     try:

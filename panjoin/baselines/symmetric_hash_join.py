@@ -197,6 +197,9 @@ class SymmetricHashJoin:
                  allowed_lateness: int = 0, prune: bool = True):
         self.window = parse_window(window, allowed_lateness)
         self.pred = parse_predicate(predicate)
+        if self.pred.residual is not None:
+            raise ValueError(f"the symmetric hash join baseline has no residual (key2) "
+                             f"condition: {self.pred}; use the engine, or drop the '&...2' part")
         self.equi = self.pred.kind == "eq"
         self.prune_enabled = prune
         self.names = ["ts"] if self.window.kind == "time" else ["seq", "opp"]

@@ -185,9 +185,11 @@ class HandshakeChain:
     # ------------------------------------------------------------------ the engine interface
 
     def push(self, events) -> None:
-        self.push_arrays(events.stream, events.id, events.key, events.ts)
+        self.push_arrays(events.stream, events.id, events.key, events.ts,
+                         key2=getattr(events, "key2", None))
 
-    def push_arrays(self, stream, ids, keys, ts, payload=None) -> None:
+    def push_arrays(self, stream, ids, keys, ts, payload=None, key2=None) -> None:
+        """Feed arrival-ordered tuples; ``key2`` iff the predicate has a residual."""
         if payload is not None:
             raise ValueError("the handshake topology does not carry payloads; use the ring "
                              "topology (the default) to join payloads back onto the pairs")
@@ -198,6 +200,10 @@ class HandshakeChain:
             if keys.dtype not in (np.int64, np.float64):
                 raise TypeError(f"keys must be int64 or float64, got {keys.dtype}")
             self.key_dtype = keys.dtype
+        if self.pred.residual is not None and key2 is None:
+            raise ValueError(f"predicate {self.pred} has a residual on key2: push key2 "
+                             "(EventTable.key2, a float64 per tuple)")
+        k2 = np.asarray(key2, np.float64) if self.pred.residual is not None else None
         if not self.started:
             self._start()
         self._check()
@@ -208,7 +214,8 @@ class HandshakeChain:
             with self.lock:
                 late0 = self.driver.n_late
                 self._send(self.driver.feed(np.asarray(stream)[a:b], np.asarray(ids)[a:b],
-                                            keys[a:b], np.asarray(ts)[a:b]))
+                                            keys[a:b], np.asarray(ts)[a:b],
+                                            k2[a:b] if k2 is not None else None))
                 self.stats.late += self.driver.n_late - late0
             self.stats.tuples_in += b - a
             self.stats.batches += 1

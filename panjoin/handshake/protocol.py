@@ -374,7 +374,17 @@ class Driver:
         # entry credit: tuples fed into the entry node and acknowledged by it (processed)
         self.entered = {"R": 0, "S": 0}
 
-    def feed(self, stream, ids, keys, ts) -> list[tuple[str, Msg]]:
+    def feed(self, stream, ids, keys, ts, key2=None) -> list[tuple[str, Msg]]:
+        """``key2`` (float64 per tuple) is needed iff the predicate has a residual."""
+        if self.pred.residual is not None:
+            if key2 is None:
+                raise ValueError(f"predicate {self.pred} has a residual on key2: feed key2 "
+                                 "(EventTable.key2, a float64 per tuple)")
+            key2 = np.asarray(key2, np.float64)
+            if key2.shape != np.shape(stream) or not np.isfinite(key2).all():
+                raise ValueError("key2 must hold one finite number per tuple")
+        else:
+            key2 = None  # no residual: tuples travel with zeros
         stream = np.asarray(stream, np.uint8)
         ids = np.asarray(ids, np.int64)
         keys = np.asarray(keys)
@@ -412,6 +422,8 @@ class Driver:
                         self.n_late += int(lm.sum())
                 keep = ~late
                 stream, ids, keys, ts = stream[keep], ids[keep], keys[keep], ts[keep]
+                if key2 is not None:
+                    key2 = key2[keep]
                 n = stream.shape[0]
         if n == 0:
             return []
@@ -427,7 +439,8 @@ class Driver:
         # within a stream matters (the nodes check the window per pair)
         for x, m in (("R", is_r), ("S", ~is_r)):
             if m.any():
-                t = Tuples(ids[m], keys[m], ts[m], seq[m], opp[m])
+                t = Tuples(ids[m], keys[m], ts[m], seq[m], opp[m],
+                           key2[m] if key2 is not None else None)
                 self.fed[x].add(t.ts)
                 out.append((LEFT if x == "R" else RIGHT, Msg(TUPLES, x, tuples=t)))
         out += self.expire()

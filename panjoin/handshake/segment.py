@@ -1,7 +1,7 @@
 """One node's segment of one stream window, and the immediate scan against it.
 
 A segment holds tuples of one stream in arrival order (oldest first), as
-columns ``id, key, ts, seq, opp``: ``seq`` is the tuple's arrival number in its
+columns ``id, key, ts, seq, opp, key2``: ``seq`` is the tuple's arrival number in its
 stream, ``opp`` the number of opposite-stream tuples that arrived before it
 (count windows), ``ts`` its event time. Tuples leave only from the oldest end
 (forwarded to the next node, or expired by the driver), and enter only at the
@@ -17,7 +17,10 @@ tuple entering a node is compared with every tuple of the opposite segment
 with the window condition of DESIGN section 2 checked per pair, so that pairs
 the driver has not yet expired, but which are outside each other's window,
 are not reported. Predicates come from :mod:`panjoin.semantics`
-(``probe_bounds``), exactly as for every other operator.
+(``probe_bounds``), exactly as for every other operator. A residual condition on
+``key2`` (``band:10&band2:10``, ``residual_bounds``) is evaluated in the same scan,
+after the key condition, as the paper's nested loop evaluates its whole predicate
+per pair; ``key2`` (float64) travels with each tuple, zeros where there is none.
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from panjoin.handshake.kernels import scan_segment
-from panjoin.semantics import Predicate, Window, probe_bounds
+from panjoin.semantics import Predicate, Window, probe_bounds, residual_bounds
 from panjoin.subwindow.kernels import window as W
 
-COLUMNS = ("id", "key", "ts", "seq", "opp")
+COLUMNS = ("id", "key", "ts", "seq", "opp", "key2")
 
 
 @dataclass
@@ -42,6 +45,11 @@ class Tuples:
     ts: np.ndarray
     seq: np.ndarray
     opp: np.ndarray
+    key2: np.ndarray | None = None  # float64; None: no second attribute (zeros)
+
+    def __post_init__(self):
+        if self.key2 is None:
+            self.key2 = np.zeros(self.id.shape[0], np.float64)
 
     def __len__(self) -> int:
         return int(self.id.shape[0])
@@ -52,7 +60,7 @@ class Tuples:
     @staticmethod
     def empty(key_dtype) -> Tuples:
         z = np.zeros(0, np.int64)
-        return Tuples(z, np.zeros(0, key_dtype), z, z, z)
+        return Tuples(z, np.zeros(0, key_dtype), z, z, z, np.zeros(0, np.float64))
 
     @staticmethod
     def concat(parts: list[Tuples]) -> Tuples:
@@ -80,8 +88,8 @@ class Segment:
         self.sseq = np.zeros(0, np.int64)  # their seqs
         self.key_dtype = np.dtype(key_dtype)
         cap = max(1, capacity)
-        self._cols = {c: np.empty(cap, self.key_dtype if c == "key" else np.int64)
-                      for c in COLUMNS}
+        dtypes = {"key": self.key_dtype, "key2": np.float64}
+        self._cols = {c: np.empty(cap, dtypes.get(c, np.int64)) for c in COLUMNS}
         self.head = 0
         self.tail = 0
 
@@ -164,17 +172,20 @@ def scan(probe: Tuples, probe_stream: str, stored: Segment, window: Window,
     if len(probe) == 0 or len(stored) == 0:
         return z, z
     lo, hi = probe_bounds(pred, probe_stream, probe.key)
+    res = residual_bounds(pred, probe_stream, probe.key2)
     mode, c0, c1, c2 = window_filter(window, probe_stream, probe)
     tscol = stored.col("opp") if window.kind == "count" else stored.col("ts")
     if stored.index == "sorted":
-        return _scan_sorted(probe, stored, lo, hi, mode, c0, c1, c2, tscol)
+        return _scan_sorted(probe, stored, lo, hi, mode, c0, c1, c2, tscol, res)
+    lo2, hi2 = res if res is not None else (np.zeros((0, len(probe))), np.zeros((0, len(probe))))
     pidx, pos = scan_segment(stored.col("key"), tscol, stored.col("seq"), lo, hi, mode,
                              np.ascontiguousarray(c0), np.ascontiguousarray(c1),
-                             np.ascontiguousarray(c2))
+                             np.ascontiguousarray(c2), stored.col("key2"), lo2, hi2,
+                             res is not None)
     return probe.id[pidx], stored.col("id")[pos]
 
 
-def _scan_sorted(probe, stored, lo, hi, mode, c0, c1, c2, tscol):
+def _scan_sorted(probe, stored, lo, hi, mode, c0, c1, c2, tscol, res=None):
     """The scan over the sorted key index: candidate ranges by binary search, then the
     window condition on each candidate (as :meth:`WindowFilter.mask` does)."""
     pis, poss = [], []
@@ -202,4 +213,10 @@ def _scan_sorted(probe, stored, lo, hi, mode, c0, c1, c2, tscol):
         ok = np.where(seq < c1[pi], seq >= c0[pi], ts <= c2[pi])
     else:
         ok = np.ones(pi.shape, bool)
+    if res is not None:  # the residual on key2, for the candidates the key index found
+        k2 = stored.col("key2")[pos]
+        inside = np.zeros(pi.shape, bool)
+        for b in range(res[0].shape[0]):
+            inside |= (res[0][b, pi] <= k2) & (k2 <= res[1][b, pi])
+        ok &= inside
     return probe.id[pi[ok]], stored.col("id")[pos[ok]]

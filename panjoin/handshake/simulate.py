@@ -183,10 +183,13 @@ class Simulation:
             if self.steps > 50_000_000:
                 raise RuntimeError("simulation does not terminate")
 
-    def feed_all(self, stream, ids, keys, ts) -> None:
-        """Feed the input, running the chain as it goes, until quiescent (no drain)."""
+    def feed_all(self, stream, ids, keys, ts, key2=None) -> None:
+        """Feed the input, running the chain as it goes, until quiescent (no drain);
+        ``key2`` for a predicate with a residual condition."""
         self._input = (np.asarray(stream, np.uint8), np.asarray(ids, np.int64),
                        np.asarray(keys), np.asarray(ts, np.int64))
+        if key2 is not None:
+            self._input += (np.asarray(key2, np.float64),)
         self._pos = 0
         self._run_until_quiet(lambda: self._pos >= self._input[0].shape[0])
 
@@ -200,8 +203,8 @@ class Simulation:
         # balancing invariant, so it is no longer checked (balancing evens them out as
         # the windows slide)
 
-    def run(self, stream, ids, keys, ts) -> np.ndarray:
-        self.feed_all(stream, ids, keys, ts)
+    def run(self, stream, ids, keys, ts, key2=None) -> np.ndarray:
+        self.feed_all(stream, ids, keys, ts, key2)
         self.drain()
         return self.take_pairs()
 

@@ -43,7 +43,7 @@ def to_proto(msg: Msg, side: str, chain_id: str = "") -> handshake_pb2.ChainMess
                                      received=msg.received)
     if msg.tuples is not None:
         t = msg.tuples
-        for name in ("id", "key", "ts", "seq", "opp"):
+        for name in ("id", "key", "ts", "seq", "opp", "key2"):
             getattr(out, name).CopyFrom(to_array(getattr(t, name)))
     return out
 
@@ -62,8 +62,12 @@ def from_proto(m: handshake_pb2.ChainMessage, key_dtype: str) -> tuple[str, Msg]
         key = from_array(m.key, KEY_WIRE[key_dtype], "key")
         if not all(c.shape == key.shape for c in cols.values()):
             raise ValueError("ChainMessage: id, key, ts, seq and opp must have one length")
+        key2 = from_array(m.key2, "<f8", "key2") if m.HasField("key2") else None
+        if key2 is not None and key2.shape != key.shape:
+            raise ValueError("ChainMessage: key2 must have one value per tuple")
         msg.tuples = Tuples(cols["id"].copy(), key.copy(), cols["ts"].copy(),
-                            cols["seq"].copy(), cols["opp"].copy())
+                            cols["seq"].copy(), cols["opp"].copy(),
+                            key2.copy() if key2 is not None else None)
     return SIDE_NAMES[m.side], msg
 
 

@@ -392,9 +392,11 @@ class GrpcBackend:
         self._send_recorded(spec.sub_id, "create", msg, order)
         self.stats.creates += 1
 
-    def insert(self, sub_id: int, keys, ts, seq) -> None:
+    def insert(self, sub_id: int, keys, ts, seq, key2=None) -> None:
         ins = worker_pb2.Insert(sub_id=sub_id, keys=to_array(keys), ts=to_array(ts),
                                 seq=to_array(seq))
+        if key2 is not None:  # for a residual condition, checked by the worker's probe
+            ins.key2.CopyFrom(to_array(np.asarray(key2, dtype=np.float64)))
         order = next(self.order)
         self.copies[sub_id][1].append((order, ins))
         self._send_recorded(sub_id, "insert", ins, order)
@@ -404,12 +406,17 @@ class GrpcBackend:
         self._collect()
         self.stats.inserts += 1
 
-    def probe_many(self, targets, lo, hi) -> ProbeRound:
-        """One Probe command per worker, sent to all workers at once; returns at once."""
+    def probe_many(self, targets, lo, hi, res=None) -> ProbeRound:
+        """One Probe command per worker, sent to all workers at once; returns at once.
+        ``res`` (:class:`panjoin.subwindow.Residual`): the residual intervals on key2,
+        which the workers check while probing."""
         self._collect()
         full = next((f for _, f in targets if f.mode), None)
         base = worker_pb2.Probe(lo=to_array(lo), hi=to_array(hi),
                                 filter_mode=full.mode if full else 0)
+        if res is not None:
+            base.lo2.CopyFrom(to_array(res.lo))
+            base.hi2.CopyFrom(to_array(res.hi))
         if full is not None:
             c0, c1, c2 = full.arrays(lo.shape[-1])
             base.c0.CopyFrom(to_array(c0))
@@ -430,7 +437,8 @@ class GrpcBackend:
         for w, mine in by_worker.items():
             msg = worker_pb2.Probe()
             msg.CopyFrom(base)
-            if all(targets[i][0] in self.mirrors for i in mine):
+            if not base.HasField("lo2") and all(targets[i][0] in self.mirrors for i in mine):
+                # ranges: the manager expands them; with a residual the workers filter
                 msg.format = worker_pb2.RESULT_FORMAT_RANGES
             msg.sub_ids.extend(targets[i][0] for i in mine)
             msg.filtered.extend(bool(targets[i][1].mode) for i in mine)

@@ -144,7 +144,8 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             if stream.size and stream.max() > 1:
                 raise WireError("stream must be 0 (R) or 1 (S)")
             payload = from_payloads(msg.payload, ids.size)
-            j.engine.push_arrays(stream, ids, keys, ts, payload)
+            key2 = from_array(msg.key2, "<f8", "key2") if msg.HasField("key2") else None
+            j.engine.push_arrays(stream, ids, keys, ts, payload, key2)
             if msg.flush:
                 j.engine.flush()
         except (WireError, ValueError, TypeError) as e:

@@ -69,7 +69,7 @@ class ChainRef(_message.Message):
     def __init__(self, chain_id: _Optional[str] = ...) -> None: ...
 
 class ChainMessage(_message.Message):
-    __slots__ = ("chain_id", "side", "kind", "stream", "n", "size", "received", "id", "key", "ts", "seq", "opp")
+    __slots__ = ("chain_id", "side", "kind", "stream", "n", "size", "received", "id", "key", "ts", "seq", "opp", "key2")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     SIDE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,7 @@ class ChainMessage(_message.Message):
     TS_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     OPP_FIELD_NUMBER: _ClassVar[int]
+    KEY2_FIELD_NUMBER: _ClassVar[int]
     chain_id: str
     side: Side
     kind: Kind
@@ -94,7 +95,8 @@ class ChainMessage(_message.Message):
     ts: _common_pb2.Array
     seq: _common_pb2.Array
     opp: _common_pb2.Array
-    def __init__(self, chain_id: _Optional[str] = ..., side: _Optional[_Union[Side, str]] = ..., kind: _Optional[_Union[Kind, str]] = ..., stream: _Optional[_Union[_common_pb2.Stream, str]] = ..., n: _Optional[int] = ..., size: _Optional[int] = ..., received: _Optional[int] = ..., id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., opp: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
+    key2: _common_pb2.Array
+    def __init__(self, chain_id: _Optional[str] = ..., side: _Optional[_Union[Side, str]] = ..., kind: _Optional[_Union[Kind, str]] = ..., stream: _Optional[_Union[_common_pb2.Stream, str]] = ..., n: _Optional[int] = ..., size: _Optional[int] = ..., received: _Optional[int] = ..., id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., opp: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
 
 class LinkSummary(_message.Message):
     __slots__ = ("messages",)

@@ -58,19 +58,21 @@ class Create(_message.Message):
     def __init__(self, sub_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Stream, str]] = ..., index: _Optional[str] = ..., capacity: _Optional[int] = ..., key_dtype: _Optional[str] = ..., partitions: _Optional[int] = ..., splitters: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Insert(_message.Message):
-    __slots__ = ("sub_id", "keys", "ts", "seq")
+    __slots__ = ("sub_id", "keys", "ts", "seq", "key2")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     TS_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
+    KEY2_FIELD_NUMBER: _ClassVar[int]
     sub_id: int
     keys: _common_pb2.Array
     ts: _common_pb2.Array
     seq: _common_pb2.Array
-    def __init__(self, sub_id: _Optional[int] = ..., keys: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
+    key2: _common_pb2.Array
+    def __init__(self, sub_id: _Optional[int] = ..., keys: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
 
 class Probe(_message.Message):
-    __slots__ = ("sub_ids", "filtered", "lo", "hi", "filter_mode", "c0", "c1", "c2", "format")
+    __slots__ = ("sub_ids", "filtered", "lo", "hi", "filter_mode", "c0", "c1", "c2", "format", "lo2", "hi2")
     SUB_IDS_FIELD_NUMBER: _ClassVar[int]
     FILTERED_FIELD_NUMBER: _ClassVar[int]
     LO_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +82,8 @@ class Probe(_message.Message):
     C1_FIELD_NUMBER: _ClassVar[int]
     C2_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
+    LO2_FIELD_NUMBER: _ClassVar[int]
+    HI2_FIELD_NUMBER: _ClassVar[int]
     sub_ids: _containers.RepeatedScalarFieldContainer[int]
     filtered: _containers.RepeatedScalarFieldContainer[bool]
     lo: _common_pb2.Array
@@ -89,7 +93,9 @@ class Probe(_message.Message):
     c1: _common_pb2.Array
     c2: _common_pb2.Array
     format: ResultFormat
-    def __init__(self, sub_ids: _Optional[_Iterable[int]] = ..., filtered: _Optional[_Iterable[bool]] = ..., lo: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., hi: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., filter_mode: _Optional[int] = ..., c0: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., c1: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., c2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., format: _Optional[_Union[ResultFormat, str]] = ...) -> None: ...
+    lo2: _common_pb2.Array
+    hi2: _common_pb2.Array
+    def __init__(self, sub_ids: _Optional[_Iterable[int]] = ..., filtered: _Optional[_Iterable[bool]] = ..., lo: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., hi: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., filter_mode: _Optional[int] = ..., c0: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., c1: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., c2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., format: _Optional[_Union[ResultFormat, str]] = ..., lo2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., hi2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
 
 class Expire(_message.Message):
     __slots__ = ("sub_id",)
