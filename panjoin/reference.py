@@ -46,7 +46,8 @@ def _key_match(probe_key, stored: np.ndarray, pred: Predicate, probe_is_r: bool)
     if stored.size == 0:
         return np.zeros(0, dtype=bool)
     if stored.dtype == np.float64:
-        d = stored - probe_key if probe_is_r else probe_key - stored
+        with np.errstate(over="ignore"):  # beyond float64: +-inf, still on the right side
+            d = stored - probe_key if probe_is_r else probe_key - stored
         # exact: a float difference near an edge is re-checked in rational arithmetic
         inside = np.zeros(stored.shape, dtype=bool)
         near = np.zeros(stored.shape, dtype=bool)
