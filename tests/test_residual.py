@@ -375,3 +375,39 @@ def test_handshake_chain_of_processes():
     finally:
         for n in nodes:
             n.stop()
+
+
+@pytest.mark.parametrize("n_nodes", [1, 3])
+def test_handshake_bulk_fill(n_nodes):
+    """Bulk fill puts the first tuples straight into the segments, balanced: afterwards
+    the chain gives every reference pair except those among loaded tuples that sit on
+    one node or have crossed already (S on a node left of R's)."""
+    nodes = start_workers(n_nodes, role="handshake-node")
+    try:
+        t = stream("uniform", n=1500)
+        window, pred, fill = "count:300,250", "band:2&band2:0.5", 700
+        w, p = parse_window(window), parse_predicate(pred)
+        with HandshakeChain([n.address for n in nodes], w, p, batch_size=97,
+                            max_batch=40) as ch:
+            ch.bulk_fill(t.slice(0, fill))
+            for a in range(fill, len(t), 250):
+                ch.push(t.slice(a, a + 250))
+            ch.flush()
+            r, s = ch.take_results()
+            with pytest.raises(ValueError, match="empty chain"):
+                ch.bulk_fill(t.slice(0, 10))
+        want = ref_pairs(t, window, pred)
+        node = {}  # loaded id -> node: runs of sizes q+1.. then q, oldest first
+        for i, x in enumerate("RS"):
+            ids = t.id[:fill][t.stream[:fill] == i]
+            q, rem = divmod(len(ids), n_nodes)
+            run = np.repeat(np.arange(n_nodes), [q + (k < rem) for k in range(n_nodes)])
+            node[x] = dict(zip(ids.tolist(), (n_nodes - 1 - run if x == "R" else run).tolist(),
+                               strict=True))
+        keep = np.array([not (a in node["R"] and b in node["S"] and node["S"][b] <= node["R"][a])
+                         for a, b in want.tolist()])
+        assert 0 < keep.sum() < len(want)
+        assert_same(sort_pairs(np.stack([r, s], axis=1)), want[keep])
+    finally:
+        for n in nodes:
+            n.stop()

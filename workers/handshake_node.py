@@ -75,8 +75,11 @@ class ChainNode:
                 except queue.Empty:
                     continue
                 with self.lock:
-                    out = self.node.process(side, msg)
-                    out += self.node.forward()
+                    if side == "load":  # a bulk fill (Load), queued before any input
+                        out = self.node.load(*msg)
+                    else:
+                        out = self.node.process(side, msg)
+                        out += self.node.forward()
                     r, s = self.node.take_results()
                 if r.size:
                     # results first: once a message leaves, its pairs are already queued
@@ -172,6 +175,24 @@ class HandshakeNodeServicer(handshake_pb2_grpc.HandshakeNodeServicer):
 
     def Status(self, request, context):
         return self._get(request.chain_id, context).status()
+
+    def Load(self, request, context):
+        c = self._get(request.chain_id, context)
+        try:
+            _, r = from_proto(request.r, c.key_dtype)
+            _, s = from_proto(request.s, c.key_dtype)
+        except (WireError, ValueError) as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if r.tuples is None or s.tuples is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Load needs KIND_TUPLES r and s")
+        with c.lock:
+            nd = c.node
+            if nd.stats.tuples_in or nd.recv_r or nd.recv_s or len(nd.R) or len(nd.S):
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              "Load only into an empty chain, before any input")
+        # through the inbox, so the protocol loop sees it before any later message
+        c.inbox.put(("load", (r.tuples, s.tuples, request.left_s, request.right_r)))
+        return c.status()
 
     def Release(self, request, context):
         c = self._get(request.chain_id, context)

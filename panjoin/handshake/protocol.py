@@ -303,6 +303,20 @@ class Node:
                 self._send(out, side, Msg(REPORT))
         return out
 
+    def load(self, r: Tuples, s: Tuples, left_s: int, right_r: int) -> list[tuple[str, Msg]]:
+        """Bulk fill before any input: tuples straight into the segments, unscanned, as if
+        they had arrived and been balanced (R oldest at node N-1, S oldest at node 0;
+        ``left_s`` / ``right_r``: what the neighbours got). Returns ``forward()``'s messages
+        (the end nodes announce what they hold to the driver)."""
+        # (a neighbour, loaded first, may have sent a balancing report already)
+        if self.stats.tuples_in or self.recv_r or self.recv_s or len(self.R) or len(self.S):
+            raise ValueError(f"node {self.pos}: load only into an empty chain, before any input")
+        self.R.append(r)
+        self.S.append(s)
+        self.left.size, self.right.size = int(left_s), int(right_r)
+        self.told = {LEFT: self._report(LEFT), RIGHT: self._report(RIGHT)}
+        return self.forward()
+
     def take_results(self) -> tuple[np.ndarray, np.ndarray]:
         if not self.results:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -445,6 +459,42 @@ class Driver:
                 out.append((LEFT if x == "R" else RIGHT, Msg(TUPLES, x, tuples=t)))
         out += self.expire()
         return out
+
+    def preload(self, stream, ids, keys, ts, key2, n_nodes: int) -> list[tuple[Tuples, Tuples]]:
+        """Bulk fill (count windows, before any input): number the tuples as ``feed`` does
+        and cut each stream into ``n_nodes`` runs, ``[(R run, S run)]`` per node: node k
+        gets the k-th newest R run and the k-th oldest S run, as balancing would leave them.
+        The nodes take them with :meth:`Node.load`; the driver counts them as entered."""
+        if self.window.kind != "count":
+            raise ValueError("bulk fill is for count windows; feed time windows normally")
+        if any(self.total.values()):
+            raise ValueError("bulk fill only into an empty chain, before any input")
+        stream = np.asarray(stream, np.uint8)
+        ids, ts = np.asarray(ids, np.int64), np.asarray(ts, np.int64)
+        keys = np.asarray(keys)
+        if self.key_dtype is None:
+            self.key_dtype = keys.dtype
+        if self.pred.residual is not None and key2 is None:
+            raise ValueError(f"predicate {self.pred} has a residual on key2: load key2")
+        k2 = np.asarray(key2, np.float64) if key2 is not None else np.zeros(len(stream))
+        is_r = stream == 0
+        cr, cs = np.cumsum(is_r, dtype=np.int64), np.cumsum(~is_r, dtype=np.int64)
+        seq = np.where(is_r, cr - 1, cs - 1)
+        opp = np.where(is_r, cs, cr)
+        runs = {}
+        for x, m in (("R", is_r), ("S", ~is_r)):
+            t = Tuples(ids[m], keys[m], ts[m], seq[m], opp[m], k2[m])
+            self.total[x] = self.entered[x] = len(t)
+            self.fed[x].add(t.ts)
+            # run sizes differ by at most one, the larger ones on the side a stream flows
+            # to (S: left, R: right), so that no node finds itself above its neighbour
+            # and forwarding starts only with the input
+            q, rem = divmod(len(t), n_nodes)
+            sizes = [q + (i < rem) for i in range(n_nodes)]  # oldest run first
+            cuts = np.concatenate([[0], np.cumsum(sizes)])
+            parts = [t.take(slice(cuts[i], cuts[i + 1])) for i in range(n_nodes)]
+            runs[x] = parts[::-1] if x == "R" else parts  # oldest R at node N-1
+        return list(zip(runs["R"], runs["S"], strict=True))
 
     def receive(self, end: str, msg: Msg) -> list[tuple[str, Msg]]:
         if msg.kind == ARRIVED:

@@ -34,6 +34,20 @@ KIND_REPORT: Kind
 KIND_ARRIVED: Kind
 KIND_DRAINED: Kind
 
+class LoadRequest(_message.Message):
+    __slots__ = ("chain_id", "r", "s", "left_s", "right_r")
+    CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
+    R_FIELD_NUMBER: _ClassVar[int]
+    S_FIELD_NUMBER: _ClassVar[int]
+    LEFT_S_FIELD_NUMBER: _ClassVar[int]
+    RIGHT_R_FIELD_NUMBER: _ClassVar[int]
+    chain_id: str
+    r: ChainMessage
+    s: ChainMessage
+    left_s: int
+    right_r: int
+    def __init__(self, chain_id: _Optional[str] = ..., r: _Optional[_Union[ChainMessage, _Mapping]] = ..., s: _Optional[_Union[ChainMessage, _Mapping]] = ..., left_s: _Optional[int] = ..., right_r: _Optional[int] = ...) -> None: ...
+
 class ChainConfig(_message.Message):
     __slots__ = ("chain_id", "position", "n_nodes", "right", "left", "index", "window", "predicate", "allowed_lateness", "key_dtype", "result_fifo", "max_batch")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]

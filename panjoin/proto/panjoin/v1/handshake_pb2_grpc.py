@@ -65,6 +65,11 @@ class HandshakeNodeStub:
                 request_serializer=panjoin_dot_v1_dot_handshake__pb2.ChainRef.SerializeToString,
                 response_deserializer=panjoin_dot_v1_dot_handshake__pb2.NodeStatus.FromString,
                 _registered_method=True)
+        self.Load = channel.unary_unary(
+                '/panjoin.v1.HandshakeNode/Load',
+                request_serializer=panjoin_dot_v1_dot_handshake__pb2.LoadRequest.SerializeToString,
+                response_deserializer=panjoin_dot_v1_dot_handshake__pb2.NodeStatus.FromString,
+                _registered_method=True)
 
 
 class HandshakeNodeServicer:
@@ -113,6 +118,15 @@ class HandshakeNodeServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Load(self, request, context):
+        """Bulk fill (benchmarks): put tuples straight into this node's segments, without
+        scanning (their pairs among themselves are not produced), before any input is fed.
+        FAILED_PRECONDITION once the chain has processed a message.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HandshakeNodeServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -144,6 +158,11 @@ def add_HandshakeNodeServicer_to_server(servicer, server):
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
                     request_deserializer=panjoin_dot_v1_dot_handshake__pb2.ChainRef.FromString,
+                    response_serializer=panjoin_dot_v1_dot_handshake__pb2.NodeStatus.SerializeToString,
+            ),
+            'Load': grpc.unary_unary_rpc_method_handler(
+                    servicer.Load,
+                    request_deserializer=panjoin_dot_v1_dot_handshake__pb2.LoadRequest.FromString,
                     response_serializer=panjoin_dot_v1_dot_handshake__pb2.NodeStatus.SerializeToString,
             ),
     }
@@ -308,6 +327,33 @@ class HandshakeNode:
             target,
             '/panjoin.v1.HandshakeNode/Release',
             panjoin_dot_v1_dot_handshake__pb2.ChainRef.SerializeToString,
+            panjoin_dot_v1_dot_handshake__pb2.NodeStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Load(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/panjoin.v1.HandshakeNode/Load',
+            panjoin_dot_v1_dot_handshake__pb2.LoadRequest.SerializeToString,
             panjoin_dot_v1_dot_handshake__pb2.NodeStatus.FromString,
             options,
             channel_credentials,
