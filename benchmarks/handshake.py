@@ -6,23 +6,30 @@ the two-dimensional band join
 
     WHERE r.x BETWEEN s.a - 10 AND s.a + 10 AND r.y BETWEEN s.b - 10 AND s.b + 10
 
-over count windows of W tuples per stream. Both topologies join on the x band
-(the key) and apply the y condition as a residual filter to the result pairs.
+over count windows of W tuples per stream, as the predicate ``band:10&band2:10``:
+key = x (a), key2 = y (b). Both topologies evaluate the y condition where the pairs
+are produced (the residual): the chain's nested loop checks both conditions per
+pair, the ring's BI-Sort probe finds the x-band candidates and checks y on each
+inside its kernel, so only the ~1 in 250,000 qualifying pairs are ever written.
 
 - handshake: a chain of 1, 2 and 4 node processes (nested-loop segments, the
-  paper's immediate scan), driven by the manager (:class:`HandshakeChain`);
+  paper's immediate scan), driven by the manager (:class:`HandshakeChain`). The
+  windows are filled by :meth:`HandshakeChain.bulk_fill` (the tuples go straight
+  into the balanced segments: a nested-loop fill would cost about W^2 = 10^12
+  comparisons at W = 1M), then ``measure`` tuples are fed and the clock stops when
+  the chain is quiet again (every node idle: the work those tuples caused, their
+  forwarding included, is done). No drain: draining moves whole windows across
+  each other, which is not steady-state work;
 - ring: :class:`JoinEngine` with BI-Sort subwindows on 2 worker processes
-  (``GrpcBackend``), and in-process for reference at the small window.
+  (``GrpcBackend``) and in-process (one thread). Windows filled by pushing 2W
+  tuples (untimed), then ``measure`` tuples timed, ending with a flush.
 
-Each run first fills both windows (2W tuples, untimed), then times the next
-``measure`` tuples, ending with a flush (every pair found): sustained input
-tuples/s with full windows. A nested-loop chain does W comparisons per input
-tuple, so its rate at 1M-tuple windows follows from the rates measured at
-smaller W (rate x W is its comparison rate; the table reports it), whereas the
-BI-Sort ring is measured at W = 1M directly.
+Cross-check: the 1-node chain produces every pair of a tuple when it enters, so its
+pairs involving a measured tuple equal the ring's; the script asserts it, and that
+every pair of every run satisfies the y condition.
 
-    python -m benchmarks.handshake --quick     # chain W 4K, 16K; ring W 16K, 1M (~15 min here)
-    python -m benchmarks.handshake             # chain W 4K, 16K, 64K; ring W 16K, 1M, 2M
+    python -m benchmarks.handshake --quick     # W 16K and 1M (about 10 min here)
+    python -m benchmarks.handshake             # W 16K, 1M and 2M (ring), longer segments
 """
 
 from __future__ import annotations
@@ -45,8 +52,11 @@ HERE = Path(__file__).parent
 BAND = 10
 
 
+PREDICATE = f"band:{BAND}&band2:{BAND}"
+
+
 class Workload:
-    """The section 5.2 tuples; ``events`` carries (stream, id, key, ts) with key = x or a."""
+    """The section 5.2 tuples; ``events`` carries key = x (R) or a (S) and key2 = y or b."""
 
     def __init__(self, n: int, seed: int = 0):
         rng = np.random.default_rng(seed)
@@ -66,131 +76,179 @@ class Workload:
         key = np.empty(n, np.int64)
         key[stream == 0] = self.x
         key[stream == 1] = self.a
-        self.events = EventTable(stream=stream, id=ids, key=key, ts=np.arange(n, dtype=np.int64))
+        key2 = np.empty(n, np.float64)  # float32 values, exact in float64
+        key2[stream == 0] = self.y
+        key2[stream == 1] = self.b
+        self.events = EventTable(stream=stream, id=ids, key=key, ts=np.arange(n, dtype=np.int64),
+                                 key2=key2)
+        # arrival position of each id, per stream
+        self.pos = (np.flatnonzero(stream == 0), np.flatnonzero(stream == 1))
 
-    def residual(self, r: np.ndarray, s: np.ndarray) -> int:
-        """Pairs that also satisfy r.y BETWEEN s.b - 10 AND s.b + 10."""
-        return int((np.abs(self.y[r].astype(np.float64) - self.b[s]) <= BAND).sum())
+    def check(self, r: np.ndarray, s: np.ndarray) -> None:
+        """Every pair satisfies both conditions (the residual was applied, not skipped)."""
+        assert np.all(np.abs(self.x[r] - self.a[s]) <= BAND), "a pair fails the x band"
+        assert np.all(np.abs(self.y[r].astype(np.float64) - self.b[s]) <= BAND), \
+            "a pair fails the y condition"
+
+    def measured(self, r: np.ndarray, s: np.ndarray, start: int, stop: int) -> int:
+        """Pairs whose later tuple arrived at a position in [start, stop)."""
+        later = np.maximum(self.pos[0][r], self.pos[1][s])
+        return int(((later >= start) & (later < stop)).sum())
 
 
-def _timed(eng, wl: Workload, window: int, measure: int, step: int,
-           count_fill: bool = True) -> tuple[float, int]:
-    ev = wl.events
-    fill = 2 * window
-    hits = 0  # result pairs passing the y condition, fill included (a cross-check)
-    for a in range(0, fill, step):
-        eng.push(ev.slice(a, min(fill, a + step)))
-        pairs = eng.take_results()
-        if count_fill:
-            hits += wl.residual(*pairs)
-    t0 = time.perf_counter()
-    for a in range(fill, fill + measure, step):
-        eng.push(ev.slice(a, min(fill + measure, a + step)))
-        hits += wl.residual(*eng.take_results())
-    eng.flush()
-    hits += wl.residual(*eng.take_results())
-    return measure / (time.perf_counter() - t0), hits
+def _quiet(ch, poll: float = 0.02) -> float:
+    """Wait until no node of the chain has processed a message for two polls; returns
+    the time of the last change seen."""
+    last, seen = None, time.perf_counter()
+    while True:
+        st = ch.node_status()
+        cur = tuple((n.messages, n.tuples_in, n.forwarded) for n in st)
+        now = time.perf_counter()
+        if cur == last:
+            if now - seen >= 2 * poll:
+                return seen
+        else:
+            last, seen = cur, now
+        time.sleep(poll)
 
 
 def run_chain(wl: Workload, nodes: list[str], window: int, measure: int) -> dict:
-    with HandshakeChain(nodes, f"count:{window},{window}", f"band:{BAND}", key_dtype="int64",
+    ev = wl.events
+    fill = 2 * window
+    with HandshakeChain(nodes, f"count:{window},{window}", PREDICATE, key_dtype="int64",
                         batch_size=1024, max_batch=4096, max_in_flight=8192) as ch:
-        rate, hits = _timed(ch, wl, window, measure, 8192)
+        t0 = time.perf_counter()
+        ch.bulk_fill(ev.slice(0, fill))
+        _quiet(ch)
+        fill_s = time.perf_counter() - t0
+        r0 = sum(n.results for n in ch.node_status())
+        ch.take_results()
+        hits, pairs = 0, 0
+        t0 = time.perf_counter()
+        for a in range(fill, fill + measure, 8192):
+            ch.push(ev.slice(a, min(fill + measure, a + 8192)))
+        t1 = _quiet(ch)
+        produced = sum(n.results for n in ch.node_status()) - r0
+        while ch.collected_total - r0 < produced:  # the pairs' way to the manager
+            time.sleep(0.01)
+        r, s = ch.take_results()
+        wl.check(r, s)
+        hits, pairs = wl.measured(r, s, fill, fill + measure), int(r.size)
         st = ch.status()
+        scanned = sum(n.scanned_pairs for n in ch.node_status())
+    rate = measure / (t1 - t0)
     return {"topology": "handshake", "nodes": len(nodes), "window": window, "measure": measure,
-            "tuples_per_s": rate, "comparisons_per_s": rate * window, "results": hits,
-            "pauses": st["pauses"], "segments_S": st["segments"]["S"]}
+            "tuples_per_s": rate, "comparisons_per_s": scanned / (t1 - t0),
+            "comparisons_per_tuple": scanned / measure, "results": hits, "pairs": pairs,
+            "fill_s": fill_s, "pauses": st["pauses"], "segments_S": st["segments"]["S"]}
 
 
-def run_ring(wl: Workload, workers: list[str] | None, window: int, measure: int) -> dict:
+def run_ring(wl: Workload, workers: list[str] | None, window: int, measure: int,
+             threads: int = 1, check_at: tuple[int, ...] = ()) -> dict:
     from panjoin.manager.grpc_backend import GrpcBackend
 
+    ev = wl.events
+    fill = 2 * window
     backend = GrpcBackend(workers) if workers else None
     try:
-        # the x band alone matches about 21/10000 of the window (2,100 pairs per tuple at
-        # W = 1M): batches of 8K keep each batch's pairs to a few hundred MB
-        eng = JoinEngine(f"count:{window},{window}", f"band:{BAND}", index="bisort",
+        eng = JoinEngine(f"count:{window},{window}", PREDICATE, index="bisort",
                          batch_size=8192, backend=backend, n_workers=len(workers or [1]),
-                         threads=1)
-        rate, hits = _timed(eng, wl, window, measure, 8192, count_fill=window <= 1 << 16)
+                         threads=threads)
+        t0 = time.perf_counter()
+        for a in range(0, fill, 8192):
+            eng.push(ev.slice(a, min(fill, a + 8192)))
+            eng.take_results()
+        fill_s = time.perf_counter() - t0
+        parts = []
+        t0 = time.perf_counter()
+        for a in range(fill, fill + measure, 8192):
+            eng.push(ev.slice(a, min(fill + measure, a + 8192)))
+            parts.append(eng.take_results())
+        eng.flush()
+        parts.append(eng.take_results())
+        dt = time.perf_counter() - t0
+        r = np.concatenate([p[0] for p in parts])
+        s = np.concatenate([p[1] for p in parts])
+        wl.check(r, s)
     finally:
         if backend is not None:
             backend.close()
     return {"topology": "ring-bisort", "workers": len(workers) if workers else 0,
-            "window": window, "measure": measure, "tuples_per_s": rate, "results": hits}
+            "threads": threads, "window": window, "measure": measure,
+            "tuples_per_s": measure / dt,
+            "results_by_segment": {m: wl.measured(r, s, fill, fill + m) for m in check_at},
+            "pairs": int(r.size), "fill_s": fill_s}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small windows, a few minutes")
+    ap.add_argument("--quick", action="store_true", help="W 16K and 1M, short segments")
     ap.add_argument("--out", default=None, help="JSON results (default: benchmarks/results/)")
-    ap.add_argument("--ring-workers", action="store_true",
-                    help="also run the ring on 2 worker processes at W >= 1M (slow: every "
-                         "x-band pair crosses gRPC)")
     args = ap.parse_args(argv)
     K, M = 1 << 10, 1 << 20
-    chain_windows = [4 * K, 16 * K] if args.quick else [4 * K, 16 * K, 64 * K]
+    chain_windows = [16 * K, 1 * M]
     ring_windows = [16 * K, 1 * M] if args.quick else [16 * K, 1 * M, 2 * M]
     chain_nodes = [1, 2, 4]
+
+    def chain_measure(w):  # about 2^32 comparisons (2^33 without --quick)
+        return max(2048, min(32 * K, (1 << (32 if args.quick else 33)) // w))
+
+    def ring_measure(w):
+        return max(chain_measure(w), min(w, 64 * K if args.quick else 256 * K))
+
     rows = []
-    biggest = max(2 * w + w for w in ring_windows)
+    biggest = max([2 * w + chain_measure(w) for w in chain_windows]
+                  + [2 * w + ring_measure(w) for w in ring_windows])
     wl = Workload(biggest)
-    print(f"workload: {biggest:,} tuples generated", flush=True)
+    print(f"workload: {biggest:,} tuples generated; predicate {PREDICATE}", flush=True)
     procs = start_workers(max(chain_nodes), role="handshake-node")
     try:
         for w in chain_windows:
-            measure = max(2048, min(32 * K, (1 << 28) // w))  # about 2^28 comparisons
             for n in chain_nodes:
-                row = run_chain(wl, [p.address for p in procs[:n]], w, measure)
+                row = run_chain(wl, [p.address for p in procs[:n]], w, chain_measure(w))
                 rows.append(row)
-                print(f"handshake  nodes {n}  W {w:>9,}  {row['tuples_per_s']:>12,.0f} tuples/s"
+                print(f"handshake  nodes {n}  W {w:>9,}  {row['tuples_per_s']:>12,.1f} tuples/s"
                       f"  ({row['comparisons_per_s']:.3g} comparisons/s, "
-                      f"pauses {row['pauses']})", flush=True)
+                      f"{row['comparisons_per_tuple']:.3g} per tuple; {row['measure']:,} "
+                      f"measured, fill {row['fill_s']:.1f} s)", flush=True)
     finally:
         for p in procs:
             p.stop()
     workers = start_workers(2)
     try:
         for w in ring_windows:
-            # at 1M+ the x band alone yields ~2,100 pairs per tuple; shipping them from the
-            # workers takes longer than this machine allows, so there the ring runs in-process
-            two = ([p.address for p in workers],) if (w <= 16 * K or args.ring_workers) else ()
-            for ws in two + (None,):
-                measure = w if w <= 16 * K else (64 * K if args.quick else 256 * K)
-                row = run_ring(wl, ws, w, measure)
+            for ws in ([p.address for p in workers], None):
+                row = run_ring(wl, ws, w, ring_measure(w), check_at=(chain_measure(w),))
                 rows.append(row)
                 print(f"ring       {'2 workers ' if ws else 'in-process'}  W {w:>9,}  "
-                      f"{row['tuples_per_s']:>12,.0f} tuples/s", flush=True)
+                      f"{row['tuples_per_s']:>12,.0f} tuples/s  ({row['measure']:,} measured, "
+                      f"fill {row['fill_s']:.1f} s)", flush=True)
     finally:
         for p in workers:
             p.stop()
-    # the same input and window through both topologies gives the same pairs
+    # the 1-node chain and the rings give the same pairs for the measured tuples
     for r in rows:
-        if r["topology"] == "handshake":
-            twin = [q for q in rows if q["topology"] == "ring-bisort" and q["window"] == r["window"]
-                    and q["measure"] == r["measure"]]
-            for q in twin:
-                assert q["results"] == r["results"], (r, q)
-                r["checked_against_ring"] = True
-    # the ratio at W = 1M: the ring measured, the chain from its comparison rate
-    best = {}
-    for r in rows:
-        if r["topology"] == "handshake":
-            best[r["nodes"]] = max(best.get(r["nodes"], 0), r["comparisons_per_s"])
-    ring1m = max(r["tuples_per_s"] for r in rows
-                 if r["topology"] == "ring-bisort" and r["window"] == 1 * M)
-    print("\nat W = 1M per stream (ring measured; chain = its best comparisons/s / 1M):")
+        if r["topology"] == "handshake" and r["nodes"] == 1:
+            for q in rows:
+                if q["topology"] == "ring-bisort" and q["window"] == r["window"]:
+                    assert q["results_by_segment"][r["measure"]] == r["results"], (r, q)
+                    r["checked_against_ring"] = q["checked_against_chain"] = True
     summary = {}
-    for n, cps in sorted(best.items()):
-        chain1m = cps / (1 * M)
-        summary[n] = {"chain_tuples_per_s_at_1M": chain1m, "ring_over_chain": ring1m / chain1m}
-        print(f"  chain {n} node(s): {chain1m:,.1f} tuples/s   ring / chain = "
-              f"{ring1m / chain1m:,.0f}x")
+    print("\nratios, ring / chain, tuples/s measured at the same W:")
+    for w in chain_windows:
+        for q in (q for q in rows if q["topology"] == "ring-bisort" and q["window"] == w):
+            for r in (r for r in rows if r["topology"] == "handshake" and r["window"] == w):
+                ratio = q["tuples_per_s"] / r["tuples_per_s"]
+                key = f"W={w} ring-{q['workers'] or 'in-process'} / chain-{r['nodes']}"
+                summary[key] = ratio
+                print(f"  W {w:>9,}  ring {'2 workers' if q['workers'] else 'in-process'}"
+                      f" / chain {r['nodes']} node(s): {ratio:,.0f}x")
     out = Path(args.out) if args.out else HERE / "results" / (
         "handshake-quick.json" if args.quick else "handshake.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": platform.platform(), "python": sys.version.split()[0],
-                               "rows": rows, "at_1M": summary}, indent=1))
+                               "predicate": PREDICATE, "rows": rows, "ratios": summary},
+                              indent=1))
     print(f"wrote {out}")
     return 0
 

@@ -29,7 +29,7 @@ from numba import njit, prange
 from panjoin.config import NJIT, NJIT_PAR
 from panjoin.subwindow.kernels.bisort import locate_chunk
 from panjoin.subwindow.kernels.search import chunk_bounds
-from panjoin.subwindow.kernels.window import in_window
+from panjoin.subwindow.kernels.window import NONE, in_window
 
 
 @njit(inline="always", **NJIT)
@@ -57,11 +57,58 @@ def residual_keep(pidx, seq, k2pos, base, lo2, hi2):
     return op[:k], os_[:k]
 
 
+#: candidates per block of the fill pass's branch-free pre-check
+BLOCK = 32
+
+
 @njit(inline="always", **NJIT)
-def _main_k2(mk2, ms, k2pos, base, p, permuted):
+def _k2_at(mk2, ms, k2pos, base, p, permuted):
     if permuted:
         return mk2[p]
     return k2pos[ms[p] - base]
+
+
+@njit(inline="always", **NJIT)
+def _range_count(mk2, mt, ms, k2pos, base, permuted, s, e, l2, h2, mode, c0, c1, c2):
+    """Main rows [s, e) with key2 in [l2, h2] and inside the window: a branch-free
+    (vectorised) count when the window is off and key2 is permuted."""
+    c = 0
+    if permuted and mode == NONE:
+        for p in range(s, e):
+            x = mk2[p]
+            c += (x >= l2) & (x <= h2)
+        return c
+    for p in range(s, e):
+        x = _k2_at(mk2, ms, k2pos, base, p, permuted)
+        if x >= l2 and x <= h2 and in_window(mode, c0, c1, c2, ms[p], mt[p]):
+            c += 1
+    return c
+
+
+@njit(inline="always", **NJIT)
+def _range_fill(mk2, mt, ms, k2pos, base, permuted, s, e, l2, h2, mode, c0, c1, c2,
+                out_seq, pos, stop):
+    """Write the seqs of those rows from out_seq[pos]; returns the new end. Full blocks
+    of BLOCK rows without a key2 candidate are skipped after a branch-free pass, and
+    the scan ends once ``stop`` (the count from pass 1) is reached."""
+    p = s
+    while p < e and pos < stop:
+        if permuted and p + BLOCK <= e:
+            cand = 0
+            for j in range(BLOCK):  # fixed trip count: vectorised
+                x = mk2[p + j]
+                cand += (x >= l2) & (x <= h2)
+            if cand == 0:
+                p += BLOCK
+                continue
+        z = min(e, p + BLOCK)
+        for q in range(p, z):
+            x = _k2_at(mk2, ms, k2pos, base, q, permuted)
+            if x >= l2 and x <= h2 and in_window(mode, c0, c1, c2, ms[q], mt[q]):
+                out_seq[pos] = ms[q]
+                pos += 1
+        p = z
+    return pos
 
 
 @njit(**NJIT_PAR)
@@ -71,9 +118,12 @@ def bisort_probe_residual(mk, mt, ms, mk2, m, idx, nidx, step, bk, bt, bs, nbuf,
 
     Pass 1 locates every band's main-array range and counts the candidates passing
     both the residual and the window condition; a prefix sum gives each probe tuple
-    its output slots; pass 2 writes them. Returns ``(probe_idx, seq)``.
+    its output slots; pass 2 writes them. Residual bands are disjoint, so a stored
+    tuple passes at most one: counting per residual band is exact, and each per-band
+    count over a range is branch-free. Returns ``(probe_idx, seq)``.
     """
     nb, n = lo.shape
+    nb2 = lo2.shape[0]
     st = np.empty((nb, n), dtype=np.int64)
     en = np.empty((nb, n), dtype=np.int64)
     counts = np.zeros(n + 1, dtype=np.int64)
@@ -89,10 +139,13 @@ def bisort_probe_residual(mk, mt, ms, mk2, m, idx, nidx, step, bk, bt, bs, nbuf,
                 h = hi[b, i]
                 if l > h:
                     continue
-                for p in range(st[b, i], en[b, i]):
-                    if res_ok(lo2, hi2, i, _main_k2(mk2, ms, k2pos, base, p, permuted)) \
-                            and in_window(mode, c0[i], c1[i], c2[i], ms[p], mt[p]):
-                        c += 1
+                for b2 in range(nb2):
+                    l2 = lo2[b2, i]
+                    h2 = hi2[b2, i]
+                    if l2 > h2:
+                        continue
+                    c += _range_count(mk2, mt, ms, k2pos, base, permuted, st[b, i], en[b, i],
+                                      l2, h2, mode, c0[i], c1[i], c2[i])
                 for p in range(nbuf):
                     k = bk[p]
                     if k >= l and k <= h and res_ok(lo2, hi2, i, k2pos[bs[p] - base]) \
@@ -105,16 +158,21 @@ def bisort_probe_residual(mk, mt, ms, mk2, m, idx, nidx, step, bk, bt, bs, nbuf,
     for t in prange(parts):
         for i in range(cb[t], cb[t + 1]):
             pos = offs[i]
+            if offs[i + 1] == pos:
+                continue
             for b in range(nb):
                 l = lo[b, i]
                 h = hi[b, i]
                 if l > h:
                     continue
-                for p in range(st[b, i], en[b, i]):
-                    if res_ok(lo2, hi2, i, _main_k2(mk2, ms, k2pos, base, p, permuted)) \
-                            and in_window(mode, c0[i], c1[i], c2[i], ms[p], mt[p]):
-                        out_seq[pos] = ms[p]
-                        pos += 1
+                for b2 in range(nb2):
+                    l2 = lo2[b2, i]
+                    h2 = hi2[b2, i]
+                    if l2 > h2:
+                        continue
+                    pos = _range_fill(mk2, mt, ms, k2pos, base, permuted, st[b, i], en[b, i],
+                                      l2, h2, mode, c0[i], c1[i], c2[i], out_seq, pos,
+                                      offs[i + 1])
                 for p in range(nbuf):
                     k = bk[p]
                     if k >= l and k <= h and res_ok(lo2, hi2, i, k2pos[bs[p] - base]) \
