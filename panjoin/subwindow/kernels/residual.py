@@ -29,7 +29,7 @@ from numba import njit, prange
 from panjoin.config import NJIT, NJIT_PAR
 from panjoin.subwindow.kernels.bisort import locate_chunk
 from panjoin.subwindow.kernels.search import chunk_bounds
-from panjoin.subwindow.kernels.window import NONE, in_window
+from panjoin.subwindow.kernels.window import NONE, TIME, in_window
 
 
 @njit(inline="always", **NJIT)
@@ -73,10 +73,21 @@ def _range_count(mk2, mt, ms, k2pos, base, permuted, s, e, l2, h2, mode, c0, c1,
     """Main rows [s, e) with key2 in [l2, h2] and inside the window: a branch-free
     (vectorised) count when the window is off and key2 is permuted."""
     c = 0
-    if permuted and mode == NONE:
-        for p in range(s, e):
-            x = mk2[p]
-            c += (x >= l2) & (x <= h2)
+    if permuted:  # branch-free per mode, so that the loops vectorise
+        if mode == NONE:
+            for p in range(s, e):
+                x = mk2[p]
+                c += (x >= l2) & (x <= h2)
+        elif mode == TIME:
+            for p in range(s, e):
+                x = mk2[p]
+                t = mt[p]
+                c += (x >= l2) & (x <= h2) & (c0 < t) & (t < c1)
+        else:  # COUNT: seq < c1 ? seq >= c0 : ts <= c2
+            for p in range(s, e):
+                x = mk2[p]
+                q = ms[p]
+                c += (x >= l2) & (x <= h2) & (((q < c1) & (q >= c0)) | ((q >= c1) & (mt[p] <= c2)))
         return c
     for p in range(s, e):
         x = _k2_at(mk2, ms, k2pos, base, p, permuted)
