@@ -30,6 +30,7 @@ every pair of every run satisfies the y condition.
 
     python -m benchmarks.handshake --quick     # W 16K and 1M (about 10 min here)
     python -m benchmarks.handshake             # W 16K, 1M and 2M (ring), longer segments
+    python -m benchmarks.handshake --ring-only 2M   # the ring alone at W = 2M
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from panjoin.events import EventTable
 from panjoin.handshake.chain import HandshakeChain
 from panjoin.launch import start_workers
 from panjoin.manager.engine import JoinEngine
+from panjoin.semantics import parse_size
 
 HERE = Path(__file__).parent
 BAND = 10
@@ -184,10 +186,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="W 16K and 1M, short segments")
     ap.add_argument("--out", default=None, help="JSON results (default: benchmarks/results/)")
+    ap.add_argument("--ring-only", action="append", default=[], metavar="W",
+                    help="only the ring, at window W (e.g. 2M; repeatable), 64K measured")
     args = ap.parse_args(argv)
     K, M = 1 << 10, 1 << 20
     chain_windows = [16 * K, 1 * M]
     ring_windows = [16 * K, 1 * M] if args.quick else [16 * K, 1 * M, 2 * M]
+    if args.ring_only:
+        chain_windows, ring_windows = [], [parse_size(w) for w in args.ring_only]
+        args.quick = True
     chain_nodes = [1, 2, 4]
 
     def chain_measure(w):  # about 2^32 comparisons (2^33 without --quick)
@@ -201,7 +208,7 @@ def main(argv=None) -> int:
                   + [2 * w + ring_measure(w) for w in ring_windows])
     wl = Workload(biggest)
     print(f"workload: {biggest:,} tuples generated; predicate {PREDICATE}", flush=True)
-    procs = start_workers(max(chain_nodes), role="handshake-node")
+    procs = start_workers(max(chain_nodes), role="handshake-node") if chain_windows else []
     try:
         for w in chain_windows:
             for n in chain_nodes:
@@ -244,6 +251,7 @@ def main(argv=None) -> int:
                 print(f"  W {w:>9,}  ring {'2 workers' if q['workers'] else 'in-process'}"
                       f" / chain {r['nodes']} node(s): {ratio:,.0f}x")
     out = Path(args.out) if args.out else HERE / "results" / (
+        "handshake-ring-only.json" if args.ring_only else
         "handshake-quick.json" if args.quick else "handshake.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": platform.platform(), "python": sys.version.split()[0],
