@@ -48,7 +48,7 @@ import numpy as np
 from opencl.device import runtime
 from panjoin.config import BISORT_BUFFER
 from panjoin.semantics import I64_MAX, I64_MIN, _int_band, probe_bounds, stored_bands
-from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter
+from panjoin.subwindow.base import Residual, ResidualError, SubwindowIndex, WindowFilter
 from panjoin.subwindow.bi_sort import RangeResult
 from panjoin.subwindow.kernels import window as W
 
@@ -279,7 +279,11 @@ class OpenCLBISort(SubwindowIndex):
                    ranges: bool = False):
         """Probe with a sorted batch of keys: the bounds are made on the device and never
         leave it (the paper's probing engine end to end). Returns what :meth:`probe`
-        returns, or a :class:`RangeResult` when ``ranges``."""
+        returns, or a :class:`RangeResult` when ``ranges``. A predicate with a residual on
+        key2 is refused: use :meth:`probe` with ``res`` (the host checks it)."""
+        if getattr(pred, "residual", None) is not None:
+            raise ResidualError(f"{self.kind}: probe_keys has no residual (key2) condition; "
+                                "call probe(lo, hi, flt, res) for predicate " + str(pred))
         n = np.asarray(keys).shape[0]
         if flt is None:
             flt = WindowFilter.none(n)

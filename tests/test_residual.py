@@ -411,3 +411,17 @@ def test_handshake_bulk_fill(n_nodes):
     finally:
         for n in nodes:
             n.stop()
+
+
+def test_opencl_bisort_residual():
+    """The OpenCL BI-Sort (pocl CPU device) applies the residual through the generic
+    filter, and refuses it in probe_keys (its device-side bounds know no key2)."""
+    t = stream("uniform", n=600)
+    want = ref_pairs(t, "count:150,110", "band:3&band2:0.5")
+    got = run_engine(t, "count:150,110", "band:3&band2:0.5", "bisort-opencl",
+                     subwindow_size=40, partitions=8, batch_size=64)
+    assert_same(got, want)
+    ix = make_index("bisort-opencl", 8, partitions=2)
+    ix.insert(np.array([1, 2]), np.zeros(2, np.int64), np.array([0, 1]), np.array([0.0, 1.0]))
+    with pytest.raises(ResidualError, match="probe_keys"):
+        ix.probe_keys(parse_predicate("eq&eq2"), "R", np.array([1]))
