@@ -31,6 +31,7 @@ every pair of every run satisfies the y condition.
     python -m benchmarks.handshake --quick     # W 16K and 1M (about 10 min here)
     python -m benchmarks.handshake             # W 16K, 1M and 2M (ring), longer segments
     python -m benchmarks.handshake --ring-only 2M   # the ring alone at W = 2M
+    python -m benchmarks.handshake --layouts   # BI-Sort key2 permuted vs gathered
 """
 
 from __future__ import annotations
@@ -182,13 +183,53 @@ def run_ring(wl: Workload, workers: list[str] | None, window: int, measure: int,
             "pairs": int(r.size), "fill_s": fill_s}
 
 
+def layouts(n: int = 1 << 18, m: int = 8192, repeat: int = 7) -> dict:
+    """BI-Sort's residual probe with key2 permuted with the main array vs gathered by
+    arrival position, and the x band alone (every candidate written): one subwindow of
+    ``n`` section-5.2 tuples, a sorted batch of ``m`` probes, best of ``repeat``."""
+    from panjoin.semantics import parse_predicate, probe_bounds, residual_bounds
+    from panjoin.subwindow import Residual, make_index
+
+    wl = Workload(n + m, seed=1)
+    ev = wl.events
+    keys, k2 = ev.key[:n], ev.key2[:n]
+    o = np.argsort(keys, kind="stable")
+    pk, pk2 = ev.key[n:], ev.key2[n:]
+    po = np.argsort(pk, kind="stable")
+    pred = parse_predicate(PREDICATE)
+    lo, hi = probe_bounds(pred, "R", pk[po])
+    res = Residual(*residual_bounds(pred, "R", pk2[po]))
+    out = {}
+    for name, layout, r in (("permuted", "permuted", res), ("gather", "gather", res),
+                            ("x band only", "permuted", None)):
+        ix = make_index("bisort", n, partitions=n // 128, residual_layout=layout)
+        ix.insert(keys[o], np.zeros(n, np.int64), np.arange(n, dtype=np.int64)[o], k2[o])
+        got = ix.probe(lo, hi, None, r)  # compiles
+        best = min(_probe_time(ix, lo, hi, r) for _ in range(repeat))
+        out[name] = {"ms": best * 1e3, "pairs": int(got[0].size)}
+        print(f"layout {name:>12}: {best * 1e3:8.1f} ms for {m:,} probes into {n:,} tuples "
+              f"({got[0].size:,} pairs)", flush=True)
+    return out
+
+
+def _probe_time(ix, lo, hi, res) -> float:
+    t0 = time.perf_counter()
+    ix.probe(lo, hi, None, res)
+    return time.perf_counter() - t0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="W 16K and 1M, short segments")
     ap.add_argument("--out", default=None, help="JSON results (default: benchmarks/results/)")
     ap.add_argument("--ring-only", action="append", default=[], metavar="W",
                     help="only the ring, at window W (e.g. 2M; repeatable), 64K measured")
+    ap.add_argument("--layouts", action="store_true",
+                    help="only BI-Sort's key2 layouts (permuted vs gather), one subwindow")
     args = ap.parse_args(argv)
+    if args.layouts:
+        layouts()
+        return 0
     K, M = 1 << 10, 1 << 20
     chain_windows = [16 * K, 1 * M]
     ring_windows = [16 * K, 1 * M] if args.quick else [16 * K, 1 * M, 2 * M]
