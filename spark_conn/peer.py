@@ -27,7 +27,8 @@ Windows, as DESIGN section 2 defines them:
   arrival position ``pos`` (ms), and the range condition ``s.pos - r.pos`` in
   ``(-BS, BR)`` is the widest that a pair of this file can span (computed from
   it; a count window spans more positions when the other stream is busier), so
-  the range only lets Spark evict state and never removes a pair.
+  the range only lets Spark evict state and never removes a pair. Positions start at
+  10^12 ms: Spark takes a row at time 0 for late before its first watermark.
 
 Example: ``count:2,2``, arrivals R0 S0 S1 S2 R1: S2 is seq 2 with opp 1, R0 seq
 0; ``r.seq >= s.opp - WR`` is 0 >= -1, so (R0, S2) qualifies if the keys are
@@ -51,6 +52,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from panjoin.semantics import Predicate, Window, parse_predicate, parse_window
+
+_EPOCH_OFFSET = 1_000_000_000_000  # ms
 
 
 class SparkCannotJoin(ValueError):
@@ -140,7 +143,7 @@ def without_late(events, window: Window):
                                                      events.ts[:-1]]))
     late = events.ts < prev_max - window.lateness
     late[0] = False
-    return events.filter(~late) if late.any() else events
+    return events.take(np.flatnonzero(~late)) if late.any() else events
 
 
 def _side_table(events, code: int, window: Window) -> pa.Table:
@@ -151,7 +154,9 @@ def _side_table(events, code: int, window: Window) -> pa.Table:
         seq, opp = count_columns(events.stream)
         cols[f"{name}_seq"] = seq[rows]
         cols[f"{name}_opp"] = opp[rows]
-        cols[f"{name}_ms"] = rows.astype(np.int64)  # arrival position as event time
+        # arrival position as event time, from 2001 on: Spark's first watermark is 0 and
+        # it drops a row at time 0 as late
+        cols[f"{name}_ms"] = rows.astype(np.int64) + _EPOCH_OFFSET
     else:
         cols[f"{name}_ms"] = events.ts[rows]
     return pa.table(cols)
