@@ -115,6 +115,7 @@ def main(argv=None) -> int:
                     help="distinct keys (default: about one match per tuple in the window)")
     ap.add_argument("--source", choices=["python", "python-records"], default="python",
                     help="the pipeline's input path (spark_conn.pipeline --source)")
+    ap.add_argument("--driver-memory", default="6g", help="Spark's driver (JVM) memory")
     ap.add_argument("--skip-spark", action="store_true",
                     help="the pipeline alone (no Spark join, no comparison)")
     args = ap.parse_args(argv)
@@ -128,7 +129,8 @@ def main(argv=None) -> int:
           f"in the window), {keys:,} keys, {args.per_trigger:,} records per micro-batch")
     ws = start_workers(2)
     srv, port = serve_manager([w.address for w in ws], 0)
-    spark = spark_session("panjoin-bench")
+    # Spark's join keeps both windows as state in the driver's JVM (local mode)
+    spark = spark_session("panjoin-bench", conf={"spark.driver.memory": args.driver_memory})
     tmp = tempfile.mkdtemp(prefix="panjoin-bench-")
     try:
         with start_broker("noida") as b:

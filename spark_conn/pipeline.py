@@ -203,20 +203,20 @@ class Records:
                    table.column("value").to_pylist(), ranges)
 
 
-def fetch_ranges(consumer, ranges: dict, cfg: PipelineConfig) -> Records:
+def fetch_ranges(reader: io.RangeReader, ranges: dict, cfg: PipelineConfig) -> Records:
     """The records of ``{topic: {partition: [start, end]}}`` read with confluent-kafka
     in bulk: the Spark-planned offsets of a micro-batch (or a logged one on replay)."""
+    want = [(t, int(p), lo, hi) for t in sorted(ranges)
+            for p, (lo, hi) in sorted(ranges[t].items(), key=lambda x: int(x[0]))]
+    got = reader.read(want)
     topic, part, off, val, stream = [], [], [], [], []
-    for t in sorted(ranges):
-        code = 1 if t == cfg.s_topic else 0
-        for p, (lo, hi) in sorted(ranges[t].items(), key=lambda x: int(x[0])):
-            msgs = io.read_range(consumer, t, int(p), lo, hi)
-            val += [m.value() for m in msgs]
-            off += [m.offset() for m in msgs]
-            n = len(msgs)
-            topic += [t] * n
-            part += [int(p)] * n
-            stream += [code] * n
+    for t, p, _, _ in want:
+        v, o = got[(t, p)]
+        val += v
+        off += o
+        topic += [t] * len(v)
+        part += [p] * len(v)
+        stream += [1 if t == cfg.s_topic else 0] * len(v)
     return Records(np.array(stream, np.uint8), topic, np.array(part, np.int64),
                    np.array(off, np.int64), val, ranges)
 
@@ -505,7 +505,10 @@ class Pipeline:
 
     def _producer(self):
         if self.producer is None:
-            self.producer = io.producer(self.cfg.bootstrap)
+            # delivery reports for failures only: no Python callback per record
+            self.producer = io.producer(self.cfg.bootstrap, **{
+                "delivery.report.only.error": True, "queue.buffering.max.messages": 1_000_000,
+                "linger.ms": 20})
         return self.producer
 
     def out_topics(self):
@@ -541,22 +544,27 @@ class Pipeline:
                 failed.append(err)
 
         b = str(batch).encode()
+        produce, poll = prod.produce, prod.poll
         for topic, recs in zip(self.out_topics(), (out.joined, out.late, out.dead),
                                strict=True):
             done = skip.get(topic, ()) if skip else ()
             for i, v in enumerate(recs):
-                if i in done:
+                if done and i in done:
                     self.stats["skipped_records"] += 1
                     continue
-                while True:
-                    try:
-                        prod.produce(topic, v, headers=[(BATCH_HEADER, b),
-                                                        (SEQ_HEADER, str(i).encode())],
-                                     on_delivery=on_delivery)
-                        break
-                    except BufferError:
-                        prod.poll(0.05)
-                prod.poll(0)
+                h = [(BATCH_HEADER, b), (SEQ_HEADER, b"%d" % i)]
+                try:
+                    produce(topic, v, headers=h, on_delivery=on_delivery)
+                except BufferError:  # the local queue is full: let deliveries drain
+                    while True:
+                        poll(0.05)
+                        try:
+                            produce(topic, v, headers=h, on_delivery=on_delivery)
+                            break
+                        except BufferError:
+                            pass
+                if not i & 4095:
+                    poll(0)
         left = prod.flush(120)
         if left or failed:
             raise RuntimeError(f"batch {batch}: {left} output records undelivered, "
@@ -581,7 +589,9 @@ class Pipeline:
     def fetch(self, ranges: dict) -> Records:
         """A micro-batch's records, read from Kafka by the offsets Spark planned."""
         if self._fetcher is None:
-            self._fetcher = io.consumer(self.cfg.bootstrap, **{"enable.partition.eof": True})
+            self._fetcher = io.RangeReader(io.consumer(
+                self.cfg.bootstrap, **{"enable.partition.eof": True,
+                                       "queued.min.messages": 1_000_000}))
         return fetch_ranges(self._fetcher, ranges, self.cfg)
 
     def process(self, df, batch_id: int) -> None:
@@ -595,6 +605,7 @@ class Pipeline:
             ranges: dict = {}
             for t, p, lo, hi in df.select("topic", "partition", "start", "end").collect():
                 ranges.setdefault(t, {})[str(p)] = [lo, hi]
+            t0 = self._time("ranges", t0)
             table = self.fetch(ranges)
         self._time("read", t0)
         self.process_table(table, batch_id)
