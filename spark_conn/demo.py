@@ -2,7 +2,7 @@
 local cluster, a generated stream produced into topics R and S, the Spark job, and
 the counts, throughput and where the output is.
 
-    python -m spark_conn.demo --n 100K --window-ms 2000 --predicate band:2
+    python -m spark_conn.demo --n 200K --window-ms 2000 --predicate band:2
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from spark_conn.session import spark_session
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m spark_conn.demo", description=__doc__)
-    ap.add_argument("--n", default="100K", help="tuples in all (default: %(default)s)")
+    ap.add_argument("--n", default="200K", help="tuples in all (default: %(default)s)")
     ap.add_argument("--window-ms", type=int, default=2000, help="time window TR = TS")
     ap.add_argument("--predicate", default="band:2")
     ap.add_argument("--broker", choices=["noida", "tansu"], default="noida")
-    ap.add_argument("--per-trigger", default="25K", help="records per micro-batch")
+    ap.add_argument("--per-trigger", default="100K", help="records per micro-batch")
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args(argv)
     n, per = parse_size(args.n), parse_size(args.per_trigger)

@@ -348,3 +348,14 @@ def test_source_and_sink_round_trip(broker, spark):  # noqa: F811
     df.write.format("panjoin_kafka").options(**opts).option("topic", out).mode("append").save()
     got = sorted(m.value() for m in io.read_topic(broker.bootstrap, out))
     assert got == sorted(f"w{i}".encode() for i in range(25))
+
+
+def test_demo_runs_the_whole_kafka_path(spark, capsys):
+    """`make demo` (spark_conn.demo) on a small stream: its own broker, cluster and job."""
+    from spark_conn import demo
+
+    assert demo.main(["--n", "3000", "--per-trigger", "1500", "--window-ms", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "micro-batches, 3,000 records" in out and "records/s Kafka to Kafka" in out
+    joined = int(out.split(" joined records -> topic joined")[0].split()[-1].replace(",", ""))
+    assert joined > 0 and "output topic copied to" in out
