@@ -115,6 +115,8 @@ def main(argv=None) -> int:
                     help="distinct keys (default: about one match per tuple in the window)")
     ap.add_argument("--source", choices=["python", "python-records"], default="python",
                     help="the pipeline's input path (spark_conn.pipeline --source)")
+    ap.add_argument("--nbat", type=int, default=32768,
+                    help="the manager's batch size NBat (panjoin pipeline --batch-size)")
     ap.add_argument("--driver-memory", default="6g", help="Spark's driver (JVM) memory")
     ap.add_argument("--skip-spark", action="store_true",
                     help="the pipeline alone (no Spark join, no comparison)")
@@ -149,7 +151,7 @@ def main(argv=None) -> int:
                                  f"time:{window},{window}", "eq",
                                  max_offsets_per_trigger=args.per_trigger,
                                  allowed_lateness=window, out_topic="pj-out",
-                                 source=args.source)
+                                 source=args.source, batch_size=args.nbat)
             st = run(cfg, spark)
             t_pj = st["seconds"]
             p_pj = pairs_of(b.bootstrap, "pj-out")

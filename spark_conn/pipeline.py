@@ -324,7 +324,11 @@ class IdWindow:
             ids = p.id[pos]
             first = np.zeros(len(ids), bool)
             first[np.unique(ids, return_index=True)[1]] = True
-            bad = ~first | np.isin(ids, self.ids[s])
+            bad = ~first
+            stored = self.ids[s]
+            # ids that grow with arrival (the usual case) cannot repeat a stored one
+            if len(stored) and len(ids) and ids.min() <= stored.max():
+                bad |= np.isin(ids, stored)
             dup[pos[bad]] = True
             self.ids[s] = np.concatenate([self.ids[s], ids[~bad]])
             self.ts[s] = np.concatenate([self.ts[s], p.ts[pos[~bad]]])
