@@ -13,12 +13,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test,bench,opencl,spark,peers]'
 	touch $(STAMP)
 
+# the whole Kafka path: embedded broker, local cluster, a generated stream produced into
+# two topics, the Spark job (spark_conn/); the cluster-only demo is `panjoin demo`
 demo: $(STAMP)
-	$(BIN)/python -m panjoin.cli demo
-
-# the Kafka path: embedded broker, local cluster, the Spark job (spark_conn/)
-demo-kafka: $(STAMP)
 	$(BIN)/python -m spark_conn.demo
+
+demo-kafka: demo
 
 test: $(STAMP)
 	$(BIN)/ruff check panjoin workers tests benchmarks scripts opencl spark_conn

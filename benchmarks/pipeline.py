@@ -33,6 +33,8 @@ from panjoin.kafka import io
 from panjoin.kafka.broker import start_broker
 from panjoin.launch import start_workers
 from panjoin.manager.service import serve_manager
+from panjoin.semantics import Window, parse_predicate
+from spark_conn.peer import join_condition
 from spark_conn.pipeline import PipelineConfig, run
 from spark_conn.session import spark_session
 
@@ -60,14 +62,11 @@ def spark_join(spark, bootstrap, r_topic, s_topic, out_topic, window_ms, per_tri
         return df.withWatermark(f"{name}_time", f"{window_ms} milliseconds")
 
     r, s = side(r_topic, "r"), side(s_topic, "s")
-    time_cond = (
-        (F.col("s_time") > F.col("r_time") - F.expr(f"INTERVAL {window_ms} MILLISECONDS"))
-        & (F.col("s_time") < F.col("r_time") + F.expr(f"INTERVAL {window_ms} MILLISECONDS")))
-    if band is None:
-        cond = (F.col("r_key") == F.col("s_key")) & time_cond
-    else:
-        cond = (F.abs(F.col("r_key") - F.col("s_key")) <= band) & time_cond
-    joined = r.join(s, cond, "inner")
+    # the condition of spark_conn.peer (the peer benchmark's Spark join); a band join
+    # is built too, to show that Spark refuses it
+    window = Window("time", window_ms, window_ms)
+    pred = parse_predicate("eq" if band is None else f"band:{band:g}")
+    joined = r.join(s, join_condition(window, pred, allow_band=True), "inner")
     out = joined.select(F.to_json(F.struct("r_id", "s_id", "r_key", "s_key", "r_payload",
                                            "s_payload")).alias("value"))
     t0 = time.perf_counter()
@@ -114,6 +113,13 @@ def main(argv=None) -> int:
     ap.add_argument("--per-trigger", type=int, default=50_000, help="records per micro-batch")
     ap.add_argument("--keys", type=int, default=0,
                     help="distinct keys (default: about one match per tuple in the window)")
+    ap.add_argument("--source", choices=["python", "python-records"], default="python",
+                    help="the pipeline's input path (spark_conn.pipeline --source)")
+    ap.add_argument("--nbat", type=int, default=32768,
+                    help="the manager's batch size NBat (panjoin pipeline --batch-size)")
+    ap.add_argument("--driver-memory", default="6g", help="Spark's driver (JVM) memory")
+    ap.add_argument("--skip-spark", action="store_true",
+                    help="the pipeline alone (no Spark join, no comparison)")
     args = ap.parse_args(argv)
     if args.quick:
         args.n, args.window_ms, args.per_trigger = 20_000, 2_000, 5_000
@@ -125,7 +131,8 @@ def main(argv=None) -> int:
           f"in the window), {keys:,} keys, {args.per_trigger:,} records per micro-batch")
     ws = start_workers(2)
     srv, port = serve_manager([w.address for w in ws], 0)
-    spark = spark_session("panjoin-bench")
+    # Spark's join keeps both windows as state in the driver's JVM (local mode)
+    spark = spark_session("panjoin-bench", conf={"spark.driver.memory": args.driver_memory})
     tmp = tempfile.mkdtemp(prefix="panjoin-bench-")
     try:
         with start_broker("noida") as b:
@@ -143,19 +150,25 @@ def main(argv=None) -> int:
             cfg = PipelineConfig(b.bootstrap, f"127.0.0.1:{port}", os.path.join(tmp, "p"),
                                  f"time:{window},{window}", "eq",
                                  max_offsets_per_trigger=args.per_trigger,
-                                 allowed_lateness=window, out_topic="pj-out")
+                                 allowed_lateness=window, out_topic="pj-out",
+                                 source=args.source, batch_size=args.nbat)
             st = run(cfg, spark)
             t_pj = st["seconds"]
+            p_pj = pairs_of(b.bootstrap, "pj-out")
+            print(f"panjoin pipeline : {args.n / t_pj:12,.0f} tuples/s  ({t_pj:.1f} s, "
+                  f"{len(p_pj):,} pairs, {st['batches']} micro-batches)", flush=True)
+            print("  pipeline time by step (s): " + ", ".join(
+                f"{k[2:]} {v:.1f}" for k, v in st.items() if k.startswith("s_")), flush=True)
+            if args.skip_spark:
+                return 0
             io.create_topics(b.bootstrap, ["spark-out"])
             t_sp = spark_join(spark, b.bootstrap, "R", "S", "spark-out", window,
                               args.per_trigger, os.path.join(tmp, "s"))
-            p_pj, p_sp = pairs_of(b.bootstrap, "pj-out"), pairs_of(b.bootstrap, "spark-out")
+            p_sp = pairs_of(b.bootstrap, "spark-out")
             same = np.array_equal(p_pj, p_sp)
-            print(f"panjoin pipeline : {args.n / t_pj:12,.0f} tuples/s  ({t_pj:.1f} s, "
-                  f"{len(p_pj):,} pairs, {st['batches']} micro-batches)")
             print(f"spark stream join: {args.n / t_sp:12,.0f} tuples/s  ({t_sp:.1f} s, "
                   f"{len(p_sp):,} pairs)")
-            print(f"speedup: {t_sp / t_pj:.2f}x   identical results: {same}")
+            print(f"speedup: {t_sp / t_pj:.2f}x   identical results: {same}", flush=True)
             try:
                 spark_join(spark, b.bootstrap, "wR", "wS", "wout3", window, 1000,
                            os.path.join(tmp, "band"), band=3)

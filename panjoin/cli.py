@@ -230,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="benchmarks", help="folder for results/ and plots/")
     _add_common(b)
 
-    p = sub.add_parser("demo", help="the main job on the embedded default (what `make demo` runs)")
+    p = sub.add_parser("demo", help="the join alone through a local cluster, no Kafka or "
+                                    "Spark (`make demo` runs the Kafka path)")
     p.add_argument("--n", type=_size, default=3 << 20, help="tuples in all (default: 3M)")
     p.add_argument("--index", default="bisort", choices=["rap", "wib", "bisort", "nested"])
     p.add_argument("--window", type=_size, default=1 << 20, help="count window per stream")

@@ -28,6 +28,12 @@ done by the pipeline: it snapshots the end offsets, passes them as
 ``endingOffsets`` (a cap on every partition) and stops the query once Spark's
 progress reports that end.
 
+With ``.option("ranges", "true")`` the source reads no record: each micro-batch is
+one row per partition range, ``topic, partition, start, end`` (one Spark task for
+all of them), and the job fetches the records itself. Spark still plans the
+offsets, admits them and keeps them in its checkpoint; the records skip the trip
+through a Python worker, the JVM's rows and back (see :mod:`spark_conn.pipeline`).
+
 Where each partition ends is asked of a fetch (see :func:`panjoin.kafka.io.end_offsets`):
 Tansu's ListOffsets is one produce batch short.
 
@@ -56,6 +62,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 SCHEMA = "topic string, partition int, offset long, timestamp long, key binary, value binary"
+RANGES_SCHEMA = "topic string, partition int, start long, end long"
 ARROW_SCHEMA = pa.schema([("topic", pa.string()), ("partition", pa.int32()),
                           ("offset", pa.int64()), ("timestamp", pa.int64()),
                           ("key", pa.binary()), ("value", pa.binary())])
@@ -105,6 +112,21 @@ def share_limit(waiting: dict, limit: int) -> dict:
     return take
 
 
+def _ranges_mode(options) -> bool:
+    v = str(_opt(options, "ranges", "false")).lower()
+    if v not in ("true", "false"):
+        raise KafkaOptionError(f"ranges={v!r}: give true or false")
+    return v == "true"
+
+
+class RangesPartition(InputPartition):
+    """Every partition range of one micro-batch, read as rows by one task."""
+
+    def __init__(self, ranges: list):
+        super().__init__(ranges)
+        self.ranges = ranges
+
+
 class KafkaPartition(InputPartition):
     def __init__(self, topic: str, partition: int, start: int, end: int):
         super().__init__((topic, partition, start, end))
@@ -152,6 +174,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         except ValueError:
             raise KafkaOptionError(f"endingOffsets={ending!r}: give JSON like "
                                    f"{{\"R\": {{\"0\": 42}}}}") from None
+        self.ranges = _ranges_mode(options)
         self._probe = None
 
     def _ends(self) -> dict:
@@ -206,6 +229,10 @@ class KafkaStreamReader(DataSourceStreamReader):
         return ReadMaxRows(self.max_offsets)
 
     def partitions(self, start: dict, end: dict):
+        if self.ranges:
+            return [RangesPartition([(t, int(p), start.get(t, {}).get(p, 0), e)
+                                     for t, ps in end.items() for p, e in ps.items()
+                                     if e > start.get(t, {}).get(p, 0)])]
         parts = []
         for t, ps in end.items():
             for p, e in ps.items():
@@ -215,6 +242,8 @@ class KafkaStreamReader(DataSourceStreamReader):
         return parts
 
     def read(self, partition):
+        if isinstance(partition, RangesPartition):
+            return iter(partition.ranges)
         return read_partition(self.bootstrap, partition)
 
     def commit(self, end: dict) -> None:
@@ -240,6 +269,8 @@ class KafkaBatchReader(DataSourceReader):
         return self.stream.partitions(start, end)
 
     def read(self, partition):
+        if isinstance(partition, RangesPartition):
+            return iter(partition.ranges)
         return read_partition(self.stream.bootstrap, partition)
 
 
@@ -314,7 +345,7 @@ class KafkaDataSource(DataSource):
         return "panjoin_kafka"
 
     def schema(self):
-        return SCHEMA
+        return RANGES_SCHEMA if _ranges_mode(self.options) else SCHEMA
 
     def reader(self, schema):
         return KafkaBatchReader(self.options)

@@ -6,13 +6,25 @@
 
 Per micro-batch ``b`` (Spark's batch id), on the driver (``foreachBatch``)::
 
-    rows of R and S ──► parse by schema ──► bad: dead-letter topic (reason, record)
-       (topic, partition,     (id, key, ts      │
-        offset, value)         fields)          ▼ good ones, sorted by event time
-                                          manager Join(batch_id = b + 1, flush)
-                                                │
-                      pairs ──► output topic: {"r_id", "s_id", "r": {R record}, "s": {S record}}
-                      late tuples ──► late topic: {"stream", "id", "ts", "record"}
+    Spark plans the offset ranges ──► records read in bulk (confluent-kafka)
+       (topic, partition,                   │
+        start, end)                         ▼
+                    parse by schema ──► bad: dead-letter topic (reason, record)
+                    (id, key, ts by Arrow's JSON reader; the raw JSON = payload)
+                                            │ good ones, sorted by event time
+                                            ▼
+                    manager Join(batch_id = b + 1, flush, payloads)
+                                            │
+      pairs + both payloads ──► output topic: {"r_id", "s_id", "r": {R record}, "s": {S record}}
+      late tuples ──► late topic: {"stream", "id", "ts", "record"}
+
+Spark's source (``format("panjoin_kafka")`` with ``ranges``) hands the job only
+each micro-batch's offset ranges; Spark still admits them (``maxOffsetsPerTrigger``)
+and keeps them in its checkpoint. The records skip Spark's Python worker, its JVM
+rows and ``toArrow`` (that trip cost more than the join itself; see
+benchmarks/RESULTS.md, issue 6), and nothing in the data path is per-record Python
+except the producer's ``produce`` calls. ``--source python-records`` sends the
+records through Spark instead.
 
 Every record written carries headers ``panjoin.batch = b`` and ``panjoin.seq = i``
 (its position in that batch's output to that topic, in a deterministic order).
@@ -34,10 +46,11 @@ duplicate. Example: killed while writing batch 7's output after seq 0..41 reache
 the broker: on restart batches 0..6 are replayed into a new join (nothing
 written), batch 7 yields the same 100 records, and seq 42..99 are written.
 
-Payloads: the manager sees only stream, id, key and ts; the job keeps each
-window tuple's record (the raw JSON) by id and drops it once no future tuple can
-pair with it (time windows: ``ts + T <= max ts - L``; count windows: beyond the
-last W + one batch), so the output carries both sides' fields.
+Payloads: each tuple's record (its raw JSON) goes to the manager as the tuple's
+payload; the manager keeps it with the window and answers each pair with both
+records, so the job keeps no records itself (a replay into a fresh join carries the
+same payloads, so exactly-once is unchanged). The job keeps only the window's ids
+(numpy arrays) to reject a repeated id to the dead-letter topic.
 """
 
 from __future__ import annotations
@@ -56,7 +69,7 @@ import pyarrow as pa
 from panjoin.kafka import io
 from panjoin.kafka.io import BATCH_HEADER, SEQ_HEADER
 from panjoin.semantics import Window, parse_predicate, parse_window
-from panjoin.wire import from_array, to_array
+from panjoin.wire import from_array, from_payloads, to_array, to_payloads
 
 log = logging.getLogger("panjoin.pipeline")
 
@@ -112,7 +125,7 @@ class Parsed:
     id: np.ndarray
     key: np.ndarray
     ts: np.ndarray
-    record: list  # raw JSON bytes per tuple
+    record: pa.Array  # the raw JSON per tuple (binary): the manager's payload
     bad: list  # (topic, partition, offset, reason, raw value) in offset order
     ranges: dict  # {topic: {partition: [first offset, last offset + 1]}}
 
@@ -145,7 +158,9 @@ def _parse_all_good(vals: list, cfg: PipelineConfig):
     schema = pa.schema([(cfg.id_field, pa.int64()), (cfg.key_field, key_t),
                         (cfg.ts_field, pa.int64())])
     try:
-        t = pj.read_json(pa.BufferReader(blob), parse_options=pj.ParseOptions(
+        # one block for the whole micro-batch: no block boundaries to cut records at
+        t = pj.read_json(pa.BufferReader(blob), read_options=pj.ReadOptions(
+            block_size=max(1 << 20, len(blob) + 1)), parse_options=pj.ParseOptions(
             explicit_schema=schema, unexpected_field_behavior="ignore"))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
@@ -157,35 +172,73 @@ def _parse_all_good(vals: list, cfg: PipelineConfig):
     return cols
 
 
-def parse_batch(table: pa.Table, cfg: PipelineConfig) -> Parsed:
-    """Records (the source's rows) to tuples by the configured fields; anything that
-    is not a JSON object with an integer id and ts and a finite key of the configured
-    type is a reject with the reason. Good tuples are sorted by event time."""
-    ranges: dict = {}
-    g = table.group_by(["topic", "partition"]).aggregate([("offset", "min"), ("offset", "max")])
-    for t, p, lo, hi in zip(*(g.column(c).to_pylist() for c in (
-            "topic", "partition", "offset_min", "offset_max")), strict=True):
-        ranges.setdefault(t, {})[str(p)] = [lo, hi + 1]
-    vals = table.column("value").to_pylist()
-    fast = _parse_all_good(vals, cfg)
-    if fast is not None:
+@dataclass
+class Records:
+    """A micro-batch's records as they came: one entry per record (columns)."""
+
+    stream: np.ndarray  # uint8: 0 = the R topic, 1 = the S topic
+    topic: list  # topic names, per record (only read for rejects)
+    partition: np.ndarray  # int64
+    offset: np.ndarray  # int64
+    value: list  # bytes or None
+    ranges: dict  # {topic: {partition: [start, end]}}
+
+    @classmethod
+    def from_table(cls, table: pa.Table, cfg: PipelineConfig) -> Records:
+        """From the source's rows (topic, partition, offset, value); ranges are the
+        offsets seen, ``[min, max + 1]`` per partition."""
         import pyarrow.compute as pc
 
-        ids, keys, ts_a = fast
+        ranges: dict = {}
+        g = table.group_by(["topic", "partition"]).aggregate([("offset", "min"),
+                                                             ("offset", "max")])
+        for t, p, lo, hi in zip(*(g.column(c).to_pylist() for c in (
+                "topic", "partition", "offset_min", "offset_max")), strict=True):
+            ranges.setdefault(t, {})[str(p)] = [lo, hi + 1]
         stream = pc.equal(table.column("topic"), cfg.s_topic).to_numpy(
             zero_copy_only=False).astype(np.uint8)
-        offs = table.column("offset").to_numpy().astype(np.int64, copy=False)
-        parts = table.column("partition").to_numpy().astype(np.int64)
-        perm = np.lexsort((offs, parts, stream, ts_a))
-        return Parsed(stream[perm], ids[perm], keys[perm], ts_a[perm],
-                      [vals[i] for i in perm.tolist()], [], ranges)
-    topics = table.column("topic").to_pylist()
-    parts = table.column("partition").to_pylist()
-    offs = table.column("offset").to_pylist()
-    code = {cfg.r_topic: 0, cfg.s_topic: 1}
+        return cls(stream, table.column("topic").to_pylist(),
+                   table.column("partition").to_numpy().astype(np.int64),
+                   table.column("offset").to_numpy().astype(np.int64),
+                   table.column("value").to_pylist(), ranges)
+
+
+def fetch_ranges(reader: io.RangeReader, ranges: dict, cfg: PipelineConfig) -> Records:
+    """The records of ``{topic: {partition: [start, end]}}`` read with confluent-kafka
+    in bulk: the Spark-planned offsets of a micro-batch (or a logged one on replay)."""
+    want = [(t, int(p), lo, hi) for t in sorted(ranges)
+            for p, (lo, hi) in sorted(ranges[t].items(), key=lambda x: int(x[0]))]
+    got = reader.read(want)
+    topic, part, off, val, stream = [], [], [], [], []
+    for t, p, _, _ in want:
+        v, o = got[(t, p)]
+        val += v
+        off += o
+        topic += [t] * len(v)
+        part += [p] * len(v)
+        stream += [1 if t == cfg.s_topic else 0] * len(v)
+    return Records(np.array(stream, np.uint8), topic, np.array(part, np.int64),
+                   np.array(off, np.int64), val, ranges)
+
+
+def parse_batch(table: pa.Table | Records, cfg: PipelineConfig) -> Parsed:
+    """Records (a table of the source's rows, or :class:`Records`) to tuples by the
+    configured fields; anything that is not a JSON object with an integer id and ts
+    and a finite key of the configured type is a reject with the reason. Good tuples
+    are sorted by event time (ties: stream, partition, offset)."""
+    rec = table if isinstance(table, Records) else Records.from_table(table, cfg)
+    vals = rec.value
+    fast = _parse_all_good(vals, cfg)
+    if fast is not None:
+        ids, keys, ts_a = fast
+        perm = np.lexsort((rec.offset, rec.partition, rec.stream, ts_a))
+        return Parsed(rec.stream[perm], ids[perm], keys[perm], ts_a[perm],
+                      pa.array(vals, pa.binary()).take(perm), [], rec.ranges)
+    topics, parts, offs = rec.topic, rec.partition.tolist(), rec.offset.tolist()
+    codes = rec.stream.tolist()
     float_keys = cfg.key_type == "float64"
-    st, ids, keys, tss, recs, order, bad = [], [], [], [], [], [], []
-    for i, (t, v) in enumerate(zip(topics, vals, strict=True)):
+    st, ids, keys, tss, order, bad = [], [], [], [], [], []
+    for i, v in enumerate(vals):
         reason = None
         try:
             obj = json.loads(v) if v is not None else None
@@ -215,25 +268,23 @@ def parse_batch(table: pa.Table, cfg: PipelineConfig) -> Parsed:
                 if reason is None and not _I64_MIN <= k <= _I64_MAX:
                     reason = f"field {cfg.key_field!r} = {k} is outside int64"
         if reason is not None:
-            bad.append((t, parts[i], offs[i], reason, v))
+            bad.append((topics[i], parts[i], offs[i], reason, v))
             continue
-        st.append(code[t])
+        st.append(codes[i])
         ids.append(rid)
         keys.append(k)
         tss.append(ts)
-        recs.append(v)
         order.append(i)
     stream = np.array(st, np.uint8)
     ts_a = np.array(tss, np.int64)
     pos = np.array(order, np.int64)
-    # event-time order; ties by stream, then the records' own (topic, partition, offset)
-    part_a = np.array([parts[i] for i in order], np.int64)
-    off_a = np.array([offs[i] for i in order], np.int64)
-    perm = np.lexsort((off_a, part_a, stream, ts_a)) if len(order) else pos
+    # event-time order; ties by stream, then the records' own (partition, offset)
+    perm = (np.lexsort((rec.offset[pos], rec.partition[pos], stream, ts_a)) if len(order)
+            else pos)
     bad.sort(key=lambda b: (b[0], b[1], b[2]))
     return Parsed(stream[perm], np.array(ids, np.int64)[perm],
                   np.array(keys, np.float64 if float_keys else np.int64)[perm], ts_a[perm],
-                  [recs[i] for i in perm], bad, ranges)
+                  pa.array([vals[i] for i in order], pa.binary()).take(perm), bad, rec.ranges)
 
 
 def _raw(v: bytes | None) -> dict:
@@ -248,54 +299,57 @@ def _raw(v: bytes | None) -> dict:
         return {"record_base64": base64.b64encode(v).decode()}
 
 
-# --------------------------------------------------------------------------- payloads
+# --------------------------------------------------------------------------- ids
 
 
-class RecordStore:
-    """The window tuples' records by id, per stream, dropped once no future tuple can
-    pair with them (see the module docstring)."""
+class IdWindow:
+    """The ids of the window's tuples per stream (numpy, no per-tuple Python), to
+    reject a tuple whose id repeats one still in the window: the join names tuples by
+    id. Ids leave once no future tuple can pair with them (time windows: ``ts + T <=
+    max ts - L``; count windows: beyond the last W + one batch)."""
 
     def __init__(self, window: Window, batch: int):
         self.window = window
         self.batch = batch
-        self.rec = ({}, {})  # id -> (ts, raw)
+        self.ids = [np.empty(0, np.int64), np.empty(0, np.int64)]
+        self.ts = [np.empty(0, np.int64), np.empty(0, np.int64)]
         self.max_ts = None
-        self._pruned_at = [0, 0]
 
-    def add(self, p: Parsed) -> list[int]:
-        """Store a batch's tuples; returns positions whose id repeats a stored one."""
-        dup = []
-        for i, (s, rid, t, raw) in enumerate(zip(p.stream.tolist(), p.id.tolist(),
-                                                  p.ts.tolist(), p.record, strict=True)):
-            d = self.rec[s]
-            if rid in d:
-                dup.append(i)
-                continue
-            d[rid] = (t, raw)
-        return dup
+    def add(self, p: Parsed) -> np.ndarray:
+        """Store a batch's tuples; returns the positions whose id repeats a stored one
+        (or an earlier one of the batch), which are not stored."""
+        dup = np.zeros(len(p.id), bool)
+        for s in (0, 1):
+            pos = np.flatnonzero(p.stream == s)
+            ids = p.id[pos]
+            first = np.zeros(len(ids), bool)
+            first[np.unique(ids, return_index=True)[1]] = True
+            bad = ~first
+            stored = self.ids[s]
+            # ids that grow with arrival (the usual case) cannot repeat a stored one
+            if len(stored) and len(ids) and ids.min() <= stored.max():
+                bad |= np.isin(ids, stored)
+            dup[pos[bad]] = True
+            self.ids[s] = np.concatenate([self.ids[s], ids[~bad]])
+            self.ts[s] = np.concatenate([self.ts[s], p.ts[pos[~bad]]])
+        return np.flatnonzero(dup)
 
-    def get(self, s: int, rid: int) -> bytes:
-        return self.rec[s][rid][1]
-
-    def drop(self, s: int, ids) -> None:
-        for rid in ids:
-            self.rec[s].pop(rid, None)
+    def drop(self, s: int, ids: np.ndarray) -> None:
+        if len(ids):
+            keep = ~np.isin(self.ids[s], ids)
+            self.ids[s], self.ts[s] = self.ids[s][keep], self.ts[s][keep]
 
     def prune(self, batch_max_ts: int | None) -> None:
         w = self.window
         if batch_max_ts is not None:
             self.max_ts = batch_max_ts if self.max_ts is None else max(self.max_ts, batch_max_ts)
         for s in (0, 1):
-            d = self.rec[s]
             if w.kind == "count":
                 keep = w.size("RS"[s]) + self.batch
-                while len(d) > keep:
-                    d.pop(next(iter(d)))
-            elif self.max_ts is not None and len(d) > max(1024, 2 * self._pruned_at[s]):
-                horizon = self.max_ts - w.lateness - w.size("RS"[s])
-                for rid in [k for k, (t, _) in d.items() if t <= horizon]:
-                    del d[rid]
-                self._pruned_at[s] = len(d)
+                self.ids[s], self.ts[s] = self.ids[s][-keep:], self.ts[s][-keep:]
+            elif self.max_ts is not None:
+                live = self.ts[s] > self.max_ts - w.lateness - w.size("RS"[s])
+                self.ids[s], self.ts[s] = self.ids[s][live], self.ts[s][live]
 
 
 # --------------------------------------------------------------------------- the manager
@@ -303,7 +357,8 @@ class RecordStore:
 
 class JoinSession:
     """One open join on the manager and one long-lived Join stream: each micro-batch
-    goes out as one JoinInput and comes back as one JoinOutput."""
+    goes out as one JoinInput (with each tuple's record as its payload) and comes back
+    as one JoinOutput (the pairs with both records)."""
 
     def __init__(self, cfg: PipelineConfig):
         from panjoin.client import Client
@@ -317,15 +372,19 @@ class JoinSession:
     def send(self, batch_id: int, p: Parsed):
         from panjoin.proto.panjoin.v1 import manager_pb2
 
-        self._q.put(manager_pb2.JoinInput(
+        msg = manager_pb2.JoinInput(
             join_id=self.join_id, batch_id=batch_id, stream=to_array(p.stream),
-            id=to_array(p.id), key=to_array(p.key), ts=to_array(p.ts), flush=True))
+            id=to_array(p.id), key=to_array(p.key), ts=to_array(p.ts), flush=True)
+        to_payloads(p.record, msg.payload)
+        self._q.put(msg)
         out = next(self._out)
         if out.batch_id != batch_id:
             raise RuntimeError(f"manager answered batch {out.batch_id} to batch {batch_id}")
         if out.duplicate:
             raise RuntimeError(f"manager took batch {batch_id} as a replay on a fresh join")
-        return (from_array(out.r_id, "<i8"), from_array(out.s_id, "<i8"),
+        r, s = from_array(out.r_id, "<i8"), from_array(out.s_id, "<i8")
+        return (r, s, from_payloads(out.r_payload, r.size, "r_payload"),
+                from_payloads(out.s_payload, s.size, "s_payload"),
                 from_array(out.late_stream, "|u1"), from_array(out.late_id, "<i8"))
 
     def close(self) -> None:
@@ -337,6 +396,19 @@ class JoinSession:
         except Exception:  # the stream's end may have closed it already
             pass
         self.client.close()
+
+
+def joined_records(r, s, rp: pa.Array, sp: pa.Array) -> pa.Array:
+    """``{"r_id":1,"s_id":2,"r":{R record},"s":{S record}}`` per pair, built by Arrow
+    kernels (no per-pair Python)."""
+    import pyarrow.compute as pc
+
+    b = pa.large_binary()
+    return pc.binary_join_element_wise(
+        pa.scalar(b'{"r_id":', b), pc.cast(pc.cast(pa.array(r), pa.large_string()), b),
+        pa.scalar(b',"s_id":', b), pc.cast(pc.cast(pa.array(s), pa.large_string()), b),
+        pa.scalar(b',"r":', b), rp.cast(b), pa.scalar(b',"s":', b), sp.cast(b),
+        pa.scalar(b"}", b), pa.scalar(b"", b))
 
 
 # --------------------------------------------------------------------------- the job
@@ -363,7 +435,8 @@ class Pipeline:
         os.makedirs(self.dir, exist_ok=True)
         self.log_path = os.path.join(self.dir, "join.log")
         self.session: JoinSession | None = None
-        self.store = RecordStore(self.window, cfg.batch_size)
+        self.ids = IdWindow(self.window, cfg.batch_size)
+        self._fetcher = None
         self.producer = None
         self.entries: dict | None = None
         self.stats = {"batches": 0, "tuples": 0, "joined": 0, "late": 0, "dead": 0,
@@ -395,45 +468,53 @@ class Pipeline:
     # -- one batch through the manager
 
     def apply(self, batch: int, p: Parsed) -> BatchOutput:
-        dup = self.store.add(p)
+        dup = self.ids.add(p)
         dead = [{"topic": t, "partition": q, "offset": o, "reason": r, **_raw(v)}
                 for t, q, o, r, v in p.bad]
-        if dup:  # an id seen before in its stream: the join names tuples by id
+        if len(dup):  # an id seen before in its stream: the join names tuples by id
             keep = np.ones(len(p.id), bool)
             keep[dup] = False
-            for i in dup:
+            for i in dup.tolist():
                 dead.append({"topic": self.cfg.r_topic if p.stream[i] == 0 else self.cfg.s_topic,
                              "reason": f"id {int(p.id[i])} repeats an id of its stream that "
                                        f"is still in the window; ids must be unique",
-                             "record": p.record[i].decode("utf-8", "replace")})
+                             "record": p.record[i].as_py().decode("utf-8", "replace")})
             p = Parsed(p.stream[keep], p.id[keep], p.key[keep], p.ts[keep],
-                       [r for r, k in zip(p.record, keep, strict=True) if k], p.bad, p.ranges)
+                       p.record.filter(pa.array(keep)), p.bad, p.ranges)
         out = BatchOutput([], [], [json.dumps(d).encode() for d in dead], len(p.id))
         if len(p.id) == 0:
             return out
         if self.session is None:
             self.session = JoinSession(self.cfg)
-        r, s, ls, li = self.session.send(batch + 1, p)
+        r, s, rp, sp, ls, li = self.session.send(batch + 1, p)
         order = np.lexsort((s, r))
-        get = self.store.get
-        out.joined = [b'{"r_id":%d,"s_id":%d,"r":%s,"s":%s}' % (a, b, get(0, a), get(1, b))
-                      for a, b in zip(r[order].tolist(), s[order].tolist(), strict=True)]
+        if len(order):
+            take = pa.array(order)
+            out.joined = joined_records(r[order], s[order], rp.take(take),
+                                        sp.take(take)).to_pylist()
+        # late tuples are this batch's own: find their records by (stream, id)
         lorder = np.lexsort((li, ls))
-        tags = ("R", "S")
-        for st, rid in zip(ls[lorder].tolist(), li[lorder].tolist(), strict=True):
-            t, raw = self.store.rec[st][rid]
-            out.late.append(b'{"stream":"%s","id":%d,"ts":%d,"record":%s}'
-                            % (tags[st].encode(), rid, t, raw))
+        ls, li = ls[lorder], li[lorder]
+        tags = (b"R", b"S")
         for st in (0, 1):
-            self.store.drop(st, li[ls == st].tolist())
-        self.store.prune(int(p.ts.max()))
+            pos = np.flatnonzero(p.stream == st)
+            by_id = pos[np.argsort(p.id[pos], kind="stable")]
+            at = by_id[np.searchsorted(p.id[by_id], li[ls == st])]
+            for rid, i in zip(li[ls == st].tolist(), at.tolist(), strict=True):
+                out.late.append(b'{"stream":"%s","id":%d,"ts":%d,"record":%s}'
+                                % (tags[st], rid, int(p.ts[i]), p.record[i].as_py()))
+            self.ids.drop(st, li[ls == st])
+        self.ids.prune(int(p.ts.max()))
         return out
 
     # -- Kafka
 
     def _producer(self):
         if self.producer is None:
-            self.producer = io.producer(self.cfg.bootstrap)
+            # delivery reports for failures only: no Python callback per record
+            self.producer = io.producer(self.cfg.bootstrap, **{
+                "delivery.report.only.error": True, "queue.buffering.max.messages": 1_000_000,
+                "linger.ms": 20})
         return self.producer
 
     def out_topics(self):
@@ -469,22 +550,27 @@ class Pipeline:
                 failed.append(err)
 
         b = str(batch).encode()
+        produce, poll = prod.produce, prod.poll
         for topic, recs in zip(self.out_topics(), (out.joined, out.late, out.dead),
                                strict=True):
             done = skip.get(topic, ()) if skip else ()
             for i, v in enumerate(recs):
-                if i in done:
+                if done and i in done:
                     self.stats["skipped_records"] += 1
                     continue
-                while True:
-                    try:
-                        prod.produce(topic, v, headers=[(BATCH_HEADER, b),
-                                                        (SEQ_HEADER, str(i).encode())],
-                                     on_delivery=on_delivery)
-                        break
-                    except BufferError:
-                        prod.poll(0.05)
-                prod.poll(0)
+                h = [(BATCH_HEADER, b), (SEQ_HEADER, b"%d" % i)]
+                try:
+                    produce(topic, v, headers=h, on_delivery=on_delivery)
+                except BufferError:  # the local queue is full: let deliveries drain
+                    while True:
+                        poll(0.05)
+                        try:
+                            produce(topic, v, headers=h, on_delivery=on_delivery)
+                            break
+                        except BufferError:
+                            pass
+                if not i & 4095:
+                    poll(0)
         left = prod.flush(120)
         if left or failed:
             raise RuntimeError(f"batch {batch}: {left} output records undelivered, "
@@ -499,29 +585,34 @@ class Pipeline:
         if missing:
             raise RuntimeError(f"join log {self.log_path} lacks batches {missing[:5]}: the "
                                f"window cannot be rebuilt; start over with a new --checkpoint")
-        c = io.consumer(self.cfg.bootstrap, **{"enable.partition.eof": True})
-        try:
-            for b in sorted(x for x in entries if x < upto):
-                rows = []
-                for t, ps in entries[b]["ranges"].items():
-                    for p, (lo, hi) in ps.items():
-                        rows.extend(io.read_range(c, t, int(p), lo, hi))
-                table = pa.table({
-                    "topic": pa.array([m.topic() for m in rows], pa.string()),
-                    "partition": pa.array([m.partition() for m in rows], pa.int32()),
-                    "offset": pa.array([m.offset() for m in rows], pa.int64()),
-                    "value": pa.array([m.value() for m in rows], pa.binary())})
-                self.apply(b, parse_batch(table, self.cfg))
-                self.stats["replayed_batches"] += 1
-        finally:
-            c.close()
+        for b in sorted(x for x in entries if x < upto):
+            self.apply(b, parse_batch(self.fetch(entries[b]["ranges"]), self.cfg))
+            self.stats["replayed_batches"] += 1
         log.info("rebuilt the join from %d logged batches", self.stats["replayed_batches"])
 
     # -- foreachBatch
 
+    def fetch(self, ranges: dict) -> Records:
+        """A micro-batch's records, read from Kafka by the offsets Spark planned."""
+        if self._fetcher is None:
+            self._fetcher = io.RangeReader(io.consumer(
+                self.cfg.bootstrap, **{"enable.partition.eof": True,
+                                       "queued.min.messages": 1_000_000}))
+        return fetch_ranges(self._fetcher, ranges, self.cfg)
+
     def process(self, df, batch_id: int) -> None:
+        """foreachBatch. With the ``ranges`` source (the default) ``df`` is one row per
+        partition range that Spark planned for this batch, and the records are read
+        here in bulk; otherwise ``df`` holds the records themselves."""
         t0 = time.perf_counter()
-        table = df.select("topic", "partition", "offset", "value").toArrow()
+        if "value" in df.columns:
+            table = df.select("topic", "partition", "offset", "value").toArrow()
+        else:
+            ranges: dict = {}
+            for t, p, lo, hi in df.select("topic", "partition", "start", "end").collect():
+                ranges.setdefault(t, {})[str(p)] = [lo, hi]
+            t0 = self._time("ranges", t0)
+            table = self.fetch(ranges)
         self._time("read", t0)
         self.process_table(table, batch_id)
 
@@ -531,7 +622,7 @@ class Pipeline:
         self.stats[key] = self.stats.get(key, 0.0) + now - t0
         return now
 
-    def process_table(self, table: pa.Table, batch: int) -> None:
+    def process_table(self, table: pa.Table | Records, batch: int) -> None:
         if self.entries is None:  # the first batch of this run: rebuild what came before
             self.entries = self.read_log()
             self.rebuild(batch, self.entries)
@@ -555,12 +646,13 @@ class Pipeline:
         self._time("write", t0)
         st = self.stats
         st["batches"] += 1
-        st["tuples"] += table.num_rows
+        n_in = len(table.value) if isinstance(table, Records) else table.num_rows
+        st["tuples"] += n_in
         st["joined"] += len(out.joined)
         st["late"] += len(out.late)
         st["dead"] += len(out.dead)
         log.info("batch %d: %d records, %d joined, %d late, %d dead-letter", batch,
-                 table.num_rows, len(out.joined), len(out.late), len(out.dead))
+                 n_in, len(out.joined), len(out.late), len(out.dead))
 
     def close(self) -> None:
         if self.session is not None:
@@ -568,6 +660,9 @@ class Pipeline:
             self.session = None
         if self.producer is not None:
             self.producer.flush(60)
+        if self._fetcher is not None:
+            self._fetcher.close()
+            self._fetcher = None
 
 
 # --------------------------------------------------------------------------- Spark
@@ -575,7 +670,8 @@ class Pipeline:
 
 def source_frame(spark, cfg: PipelineConfig, ending: dict | None):
     """The streaming DataFrame of both topics: topic, partition, offset, timestamp
-    (ms), key, value."""
+    (ms), key, value; with ``source="python"`` (the default) only the offset ranges
+    of each micro-batch (topic, partition, start, end): the job reads the records."""
     topics = f"{cfg.r_topic},{cfg.s_topic}"
     if cfg.source == "native":
         r = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", cfg.bootstrap)
@@ -594,7 +690,8 @@ def source_frame(spark, cfg: PipelineConfig, ending: dict | None):
                              "CAST(unix_millis(timestamp) AS LONG) AS timestamp", "key",
                              "value")
     r = (spark.readStream.format("panjoin_kafka").option("kafka.bootstrap.servers", cfg.bootstrap)
-         .option("subscribe", topics).option("startingOffsets", cfg.starting_offsets))
+         .option("subscribe", topics).option("startingOffsets", cfg.starting_offsets)
+         .option("ranges", str(cfg.source == "python").lower()))
     if cfg.max_offsets_per_trigger:
         r = r.option("maxOffsetsPerTrigger", cfg.max_offsets_per_trigger)
     if ending is not None:

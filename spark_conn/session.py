@@ -11,8 +11,21 @@ import os
 import sys
 
 
+def _check_java() -> None:
+    import shutil
+
+    home = os.environ.get("JAVA_HOME")
+    if home and os.path.exists(os.path.join(home, "bin", "java")):
+        return
+    if shutil.which("java"):
+        return
+    raise RuntimeError("Spark needs a Java runtime (17 or 21): install one (e.g. apt-get "
+                       "install openjdk-17-jre-headless) or set JAVA_HOME to it")
+
+
 def spark_session(app: str = "panjoin", master: str = "local[2]", conf: dict | None = None):
     """The (one per process) SparkSession, with the Kafka data source registered."""
+    _check_java()
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"

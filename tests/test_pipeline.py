@@ -348,3 +348,35 @@ def test_source_and_sink_round_trip(broker, spark):  # noqa: F811
     df.write.format("panjoin_kafka").options(**opts).option("topic", out).mode("append").save()
     got = sorted(m.value() for m in io.read_topic(broker.bootstrap, out))
     assert got == sorted(f"w{i}".encode() for i in range(25))
+
+
+def test_demo_runs_the_whole_kafka_path(spark, capsys):
+    """`make demo` (spark_conn.demo) on a small stream: its own broker, cluster and job."""
+    from spark_conn import demo
+
+    assert demo.main(["--n", "3000", "--per-trigger", "1500", "--window-ms", "200"]) == 0
+    out = capsys.readouterr().out
+    assert "micro-batches, 3,000 records" in out and "records/s Kafka to Kafka" in out
+    joined = int(out.split(" joined records -> topic joined")[0].split()[-1].replace(",", ""))
+    assert joined > 0 and "output topic copied to" in out
+
+
+def test_id_window_rejects_repeated_ids_until_they_leave_the_window():
+    from spark_conn.pipeline import IdWindow, Parsed
+
+    def batch(stream, ids, ts):
+        n = len(ids)
+        return Parsed(np.array(stream, np.uint8), np.array(ids, np.int64),
+                      np.zeros(n, np.int64), np.array(ts, np.int64),
+                      pa.array([b"{}"] * n, pa.binary()), [], {})
+
+    w = IdWindow(parse_window("time:100,100", 10), 4)
+    # within a batch: the second 5 of R; S may reuse R's ids
+    assert w.add(batch([0, 0, 1, 0], [5, 6, 5, 5], [0, 1, 2, 3])).tolist() == [3]
+    w.prune(3)
+    # across batches: growing ids skip the lookup, a smaller one is found
+    assert w.add(batch([0, 1, 0], [7, 5, 4], [4, 5, 6])).tolist() == [1]
+    assert w.add(batch([0, 0], [6, 9], [7, 8])).tolist() == [0]
+    w.drop(0, np.array([9]))  # a late tuple is not in the window
+    w.prune(500)  # ids with ts <= 500 - 10 - 100 have left
+    assert w.add(batch([0, 0, 1], [5, 9, 5], [500, 500, 500])).tolist() == []

@@ -82,9 +82,13 @@ def add_pipeline_opts(p: argparse.ArgumentParser) -> None:
     g.add_argument("--trigger", default="available-now",
                    help="available-now (process what is there, then stop) or a processing "
                         "interval like '2 seconds'")
-    g.add_argument("--source", choices=["python", "native"], default="python",
-                   help="python: the Python Data Source on confluent-kafka; native: Spark's "
-                        "format('kafka') (needs the JVM connector jar on the classpath)")
+    g.add_argument("--source", choices=["python", "python-records", "native"],
+                   default="python",
+                   help="python: Spark plans each micro-batch's offsets with the Python Data "
+                        "Source and the job reads the records with confluent-kafka; "
+                        "python-records: the records travel through Spark's Python Data "
+                        "Source; native: Spark's format('kafka') (needs the JVM connector "
+                        "jar on the classpath)")
 
 
 def run_kafka(args) -> int:
