@@ -116,12 +116,15 @@ def join_sql(window: Window, pred: Predicate, pairs: bool, plan: str = "bucket",
 
 def duckdb_join(events, window, predicate, *, allowed_lateness: int = 0, pairs: bool = False,
                 threads: int | None = None, con=None, plan: str = "bucket",
-                residual: dict | None = None, extra: dict | None = None) -> DuckDBResult:
+                residual: dict | None = None, extra: dict | None = None,
+                stream_pairs: bool = False) -> DuckDBResult:
     """Join a whole :class:`~panjoin.events.EventTable` in DuckDB; the count (and the
     pairs with ``pairs=True``) and the query's wall time. Float keys always use the
     range plan (bucketing doubles would need the exact-edge care of probe_bounds).
     ``residual`` (see :func:`join_sql`) names extra columns given in ``extra``
-    (one value per event)."""
+    (one value per event). ``stream_pairs=True`` counts by fetching every (r_id, s_id)
+    pair in Arrow batches of 1M rows (each dropped after counting), so the query
+    materialises its result as a streaming join does, rather than only count(*)."""
     import duckdb
 
     w = parse_window(window, allowed_lateness)
@@ -145,7 +148,13 @@ def duckdb_join(events, window, predicate, *, allowed_lateness: int = 0, pairs: 
             got = np.stack([out.column("r_id").to_numpy(), out.column("s_id").to_numpy()],
                            axis=1) if out.num_rows else np.zeros((0, 2), np.int64)
             return DuckDBResult(int(out.num_rows), dt, sort_pairs(got))
-        n = con.sql(sql).fetchall()[0][0]
+        if stream_pairs:
+            sql = join_sql(w, p, True, "range" if events.key.dtype == np.float64 else plan,
+                           residual)
+            t0 = time.perf_counter()
+            n = sum(b.num_rows for b in con.sql(sql).to_arrow_reader(1 << 20))
+        else:
+            n = con.sql(sql).fetchall()[0][0]
         return DuckDBResult(int(n), time.perf_counter() - t0)
     finally:
         con.unregister("events")

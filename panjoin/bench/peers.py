@@ -143,7 +143,9 @@ class PeerConfig:
     band2d_max: int = 1 << 18  # 2-D: every x-band candidate becomes a pair (21 W / 10^4 each)
     budget_s: float = 120.0  # a peer slower than this at one window skips the larger ones
     repeat: int = 2  # interleaved rounds per workload; each peer's best round counts
-    threads: int = 2
+    # one thread per peer: on the shared 2-core box (load 4-6) two Numba threads meet at
+    # OpenMP barriers and ran PanJoin 2.5x slower than one; DuckDB ran alike with 1 or 2
+    threads: int = 1
     workers: int = 2
     chunk: int = 1 << 16
     seed: int = 0
@@ -210,24 +212,38 @@ def events_for(wl: Workload, measure: int, seed: int) -> Data:
     return Data(ev, y.astype(np.int64))
 
 
-def calibrate(wl: Workload, data: Data, probes: int = 4096) -> Workload:
+def calibrate(wl: Workload, data: Data, probes: int = 256) -> Workload:
     """The band half-width E that makes a probe tuple match about S tuples of a full
     window on this file (non-uniform keys; uniform keys keep the closed formula):
-    the smallest E whose mean match count, for R tuples right after the fill against
-    the last W S-tuples of the fill, reaches S."""
-    if wl.pred != "band" or wl.dist == "uniform":
+    the smallest E whose mean match count reaches S for the first ``probes`` R tuples
+    after the fill, each against its own window (the last W S-tuples before it;
+    increasing keys move a whole band's width in a few hundred arrivals).
+
+    The windows of consecutive probes overlap: one sorted array U holds the S keys
+    of all of them, and each probe subtracts, by brute force, the few keys of U
+    outside its own window."""
+    if wl.pred != "band" or wl.dist == "uniform" or wl.band is not None:
         return wl
     ev = data.events
-    fill = 2 * wl.window
-    s_keys = ev.key[:fill][ev.stream[:fill] == 1][-wl.window:]
-    win = np.sort(s_keys)
-    tail = ev.key[fill:][ev.stream[fill:] == 0][:probes]
-    if tail.size == 0 or win.size == 0:
+    fill, w = 2 * wl.window, wl.window
+    is_s = ev.stream == 1
+    s_before = np.cumsum(is_s) - is_s  # S arrivals before each position
+    pos = fill + np.flatnonzero(~is_s[fill:])[:probes]
+    if pos.size == 0:
         return wl
+    s_keys = ev.key[is_s]
+    j = s_before[pos]  # probe i's window: S tuples [j_i - W, j_i)
+    lo_j, hi_j = max(0, int(j[0]) - w), int(j[-1])
+    union = np.sort(s_keys[lo_j:hi_j])
+    keys = ev.key[pos]
+    outside = [np.concatenate([s_keys[lo_j:max(lo_j, int(ji) - w)], s_keys[int(ji):hi_j]])
+               for ji in j]
 
     def mean(e: int) -> float:
-        return float((np.searchsorted(win, tail + e, "right") -
-                      np.searchsorted(win, tail - e, "left")).mean())
+        n = np.searchsorted(union, keys + e, "right") - np.searchsorted(union, keys - e, "left")
+        n -= np.array([np.count_nonzero((o >= k - e) & (o <= k + e))
+                       for o, k in zip(outside, keys, strict=True)])
+        return float(n.mean())
 
     lo, hi = 0, KEY_MAX
     while lo < hi:
@@ -484,12 +500,13 @@ class PeerRunner:
             plan = "range" if peer == "duckdb-range" else "bucket"
             res = duckdb_join(events, wl.window_spec(), wl.predicate(),
                               threads=self.cfg.threads, plan=plan, residual=wl.residual,
-                              extra={c: data.y for c in (wl.residual or ())})
+                              extra={c: data.y for c in (wl.residual or ())},
+                              stream_pairs=True)
             if bar is not None:
                 bar.update(len(events))
             rec.results, rec.seconds = res.count, res.seconds
             rec.whole_tps = len(events) / res.seconds
-            rec.note = f"offline, {self.cfg.threads} threads" + (
+            rec.note = f"offline, pairs fetched, {self.cfg.threads} threads" + (
                 ", band as bucket equi-join" if plan == "bucket" and wl.pred != "eq" else
                 ", band as range conditions" if wl.pred != "eq" else "") + (
                 ", y band in SQL" if wl.residual else "")
@@ -533,7 +550,9 @@ class PeerRunner:
         data = events_for(wl, measure, self.cfg.seed)
         wl = calibrate(wl, data)
         fill = 2 * wl.window
-        bdata = data.slice(0, fill + min(measure, self.cfg.bounded_probes))
+        # a scan costs W per probe tuple: above 1M, fewer probes keep it to ~8G steps
+        nb = min(measure, self.cfg.bounded_probes, max(256, (1 << 33) // wl.window))
+        bdata = data.slice(0, fill + nb)
         best: dict[str, PeerResult] = {}
         timed: list[tuple[str, bool]] = []
         for peer in self.cfg.peers:
