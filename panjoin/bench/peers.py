@@ -136,8 +136,8 @@ class PeerConfig:
     windows: list[int] = field(default_factory=lambda: [1 << 16, 1 << 18, 1 << 20, 1 << 23])
     measure: int | None = None  # M; default W
     selectivities: tuple = (1, 64, 1024)
-    nested_max: int = 1 << 16
-    sorted_max: int = 1 << 20
+    nested_max: int = 1 << 14  # nested loop, SHJ and duckdb-range on band joins, in full
+    sorted_max: int = 1 << 16
     bounded_probes: int = 1 << 13  # beyond a peer's limit: this many probe tuples, full windows
     bounded_max: int = 1 << 23  # no bounded run above this W (the fill alone is 2W inserts)
     band2d_max: int = 1 << 18  # 2-D: every x-band candidate becomes a pair (21 W / 10^4 each)
@@ -691,15 +691,21 @@ def plot(records: list[PeerResult], out_dir: Path, tag: str) -> list[Path]:
     def label(p):
         return f"{p} (whole file)" if p in whole else p
 
+    def style(pts):
+        st = {s for *_, s in pts}
+        return "--" if "extrapolated" in st else ":" if "bounded" in st else "-"
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for p in peers:
         pts = sorted((r.window, rate(r), r.status) for r in records
                      if r.peer == p and r.workload == "band S=64 uniform" and rate(r))
         if pts:
             ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], marker="o", label=label(p),
-                    linestyle="--" if any(s == "extrapolated" for *_, s in pts) else "-")
+                    linestyle=style(pts))
     ax.set(xscale="log", yscale="log", xlabel="window size W per stream (tuples)",
-           ylabel="input tuples/s", title="Band join, S = 64, uniform keys (dashed: extrapolated)")
+           ylabel="input tuples/s",
+           title="Band join, S = 64, uniform keys\n(dotted: bounded probe runs at large W; "
+                 "dashed: extrapolated)")
     ax.legend(fontsize=7)
     ax.grid(True, which="both", alpha=0.3)
     paths.append(out_dir / f"peers_window{tag}.png")
@@ -707,7 +713,12 @@ def plot(records: list[PeerResult], out_dir: Path, tag: str) -> list[Path]:
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
-    wmax = max(r.window for r in records)
+    def sel_ws(w):
+        return {r.workload for r in records if r.window == w and r.workload.startswith("band S=")
+                and r.workload.endswith(" uniform")}
+
+    # the largest W that has the most selectivities
+    wmax = max({r.window for r in records}, key=lambda w: (len(sel_ws(w)), w))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for p in peers:
         pts = []
@@ -719,7 +730,7 @@ def plot(records: list[PeerResult], out_dir: Path, tag: str) -> list[Path]:
         pts.sort()
         if pts:
             ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], marker="o", label=label(p),
-                    linestyle="--" if any(s == "extrapolated" for *_, s in pts) else "-")
+                    linestyle=style(pts))
     ax.set(xscale="log", yscale="log", xlabel="selectivity S (matches per probe tuple)",
            ylabel="input tuples/s", title=f"Band join, W = {wmax} per stream, uniform keys")
     ax.legend(fontsize=7)
@@ -767,6 +778,14 @@ def run_peers(cfg: PeerConfig, progress: bool = True, out_json: Path | None = No
         plot_dir.mkdir(parents=True, exist_ok=True)
         plot(recs, plot_dir, tag)
     return recs
+
+
+def load_records(paths) -> list[PeerResult]:
+    """Records of several runs' JSON files, in order (e.g. to plot them together)."""
+    out = []
+    for p in paths:
+        out += [PeerResult(**r) for r in json.loads(Path(p).read_text())["records"]]
+    return out
 
 
 def _jsonable(x):
