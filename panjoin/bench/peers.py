@@ -8,18 +8,21 @@ joins that same file in the same run:
 panjoin-<index>    the in-process engine with each PanJoin index (rap, wib, bisort)
 panjoin-cluster    the same engine over a local cluster of worker processes (bisort)
 nested-loop        the engine with index ``nested`` (handshake join / SplitJoin /
-                   ScaleJoin scan their subwindows): only up to ``nested_max``;
-                   beyond it its rate is EXTRAPOLATED as rate(W0) * W0 / W (a scan
-                   costs W per probe tuple), and flagged so
-sorted-list        the engine with index ``sortedlist`` (a SortedList per subwindow)
+                   ScaleJoin scan their subwindows): in full up to ``nested_max``,
+                   bounded beyond it (below)
+sorted-list        the engine with index ``sortedlist`` (a SortedList per subwindow),
+                   in full up to ``sorted_max``, bounded beyond
 shj                symmetric hash join with build-side pruning; for band joins it
                    is filter-only (a scan of the pruned buffer), so it is limited
-                   and extrapolated like the nested loop
-duckdb             the whole file joined offline in DuckDB (one SQL query); band joins
-                   rewritten by hand into a bucket equi-join (the fast plan)
+                   and bounded like the nested loop
+duckdb             the whole file joined offline in DuckDB (one SQL query, every
+                   result pair fetched as Arrow batches, like the streaming peers
+                   materialise theirs); band joins rewritten by hand into a bucket
+                   equi-join (the fast plan)
 duckdb-range       the same with the band as two range conditions, as first written:
-                   DuckDB plans a piecewise merge join, O(N^2); limited and
-                   extrapolated like the nested loop
+                   DuckDB plans a piecewise merge join, O(N^2); in full up to
+                   ``nested_max``, beyond it EXTRAPOLATED as rate(W0) * W0 / W (a
+                   scan costs W per probe tuple), and flagged so
 spark              Spark Structured Streaming's stream-stream join (issue 6): run
                    when pyspark and ``spark_conn.peer`` exist, else skipped with the
                    reason printed
@@ -46,6 +49,11 @@ rows say "bounded" and their counts are checked against each other (they count
 only the pairs found by the bounded probe tuples). ``duckdb-range`` is offline
 and cannot be bounded: beyond its limit it is EXTRAPOLATED (rate(W0) * W0 / W),
 and flagged so.
+
+Every peer gets ``threads`` threads (default 1: on the shared 2-core machine,
+loaded by other jobs, two Numba threads meeting at OpenMP barriers ran PanJoin
+2.5x slower than one, and DuckDB ran alike with 1 or 2), and every peer
+materialises the (r_id, s_id) pairs it finds, chunk by chunk.
 
 Streaming peers report the *steady* rate (the M tuples after the fill, windows
 full, expiry running) and the *whole-file* rate (N / total time); DuckDB only
