@@ -145,3 +145,20 @@ def test_count_check_reports_a_mismatch():
     assert len(msgs) == 2
     assert "differ" in msgs[0] and "shj" in msgs[0] and "duckdb" in msgs[0]
     assert "bounded" in msgs[1]
+
+
+def test_merge_keeps_the_later_record(tmp_path):
+    from dataclasses import asdict
+
+    from panjoin.bench.peers import load_records
+
+    a = [PeerResult("eq uniform", 8, "shj", results=5, steady_tps=1.0),
+         PeerResult("eq uniform", 8, "duckdb", results=5, whole_tps=2.0)]
+    b = [PeerResult("eq uniform", 8, "shj", results=5, steady_tps=3.0),
+         PeerResult("eq uniform", 16, "shj", "bounded", results=1, steady_tps=4.0)]
+    for name, recs in (("a.json", a), ("b.json", b)):
+        (tmp_path / name).write_text(json.dumps({"records": [asdict(r) for r in recs]}))
+    got = load_records([tmp_path / "a.json", tmp_path / "b.json"])
+    assert [(r.peer, r.window, r.steady_tps or r.whole_tps) for r in got] == [
+        ("shj", 8, 3.0), ("duckdb", 8, 2.0), ("shj", 16, 4.0)]
+    assert check_counts(got) == []

@@ -476,7 +476,7 @@ class PeerRunner:
                  bounded: bool = False) -> PeerResult:
         rec = PeerResult(wl.name, wl.window, peer, "bounded" if bounded else "ok")
         if bounded:
-            rec.note = (f"bounded: windows filled without joining, then {len(data) - fill} "
+            rec.note = (f"BOUNDED: windows filled without joining, then {len(data) - fill} "
                         "probe tuples timed")
         chunk = min(self.cfg.chunk, max(1, wl.window // 4))  # the fill ends on a chunk edge
         events = data.events
@@ -501,7 +501,7 @@ class PeerRunner:
             op = _SHJOp(wl)
             rec.note = ("hash on key" if wl.pred == "eq" else "filter-only (no equi key)") + \
                 (", y band in the filter" if wl.residual else "") + \
-                (f"; {rec.note}" if bounded else "")
+                (f"; {rec.note}" if bounded else "")  # keeps the BOUNDED note
         elif peer in ("duckdb", "duckdb-range"):
             from panjoin.baselines.duckdb_join import duckdb_join
 
@@ -675,7 +675,7 @@ def table(records: list[PeerResult]) -> str:
         elif b and r.whole_tps:
             ratio = b["whole"] / r.whole_tps
         mem = None if r.memory_bytes is None else r.memory_bytes / 2**20
-        note = r.note if r.status == "ok" else f"{r.status}: {r.note}"
+        note = r.note if r.status in ("ok", "bounded") else f"{r.status}: {r.note}"
         lines.append(f"| {r.workload} | {r.window} | {r.peer} | {_g(r.steady_tps)} | "
                      f"{_g(r.whole_tps)} | {_g(mem)} | {_g(ratio)} | "
                      f"{'' if r.results is None else r.results} | {note} |")
@@ -789,11 +789,14 @@ def run_peers(cfg: PeerConfig, progress: bool = True, out_json: Path | None = No
 
 
 def load_records(paths) -> list[PeerResult]:
-    """Records of several runs' JSON files, in order (e.g. to plot them together)."""
-    out = []
+    """Records of several runs' JSON files (e.g. to plot them together); where two files
+    hold the same (workload, W, peer), the later file's record counts."""
+    out: dict[tuple, PeerResult] = {}
     for p in paths:
-        out += [PeerResult(**r) for r in json.loads(Path(p).read_text())["records"]]
-    return out
+        for r in json.loads(Path(p).read_text())["records"]:
+            rec = PeerResult(**r)
+            out[(rec.workload, rec.window, rec.peer)] = rec
+    return list(out.values())
 
 
 def _jsonable(x):
