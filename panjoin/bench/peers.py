@@ -181,7 +181,7 @@ class PeerConfig:
             if w <= self.band2d_max:
                 out.append(Workload("band2d", 0, "uniform", w))
         for w, name in self.extra_windows:
-            out += [wl for wl in Workload_all(w) if wl.name == name]
+            out += [wl for wl in _all_workloads(w) if wl.name == name]
         if self.only:
             known = sorted({wl.name for wl in out})
             bad = [o for o in self.only if o not in known]
@@ -191,7 +191,8 @@ class PeerConfig:
         return out
 
 
-def Workload_all(w: int) -> list[Workload]:  # noqa: N802 - every workload kind at one W
+def _all_workloads(w: int) -> list[Workload]:
+    """Every workload kind at one W."""
     return PeerConfig(windows=[w], band2d_max=w).workloads()
 
 
