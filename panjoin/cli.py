@@ -227,6 +227,18 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workloads", default=None,
                    help="comma-separated subset of the workloads, e.g. 'band S=64 uniform,eq "
                         "uniform'")
+    b.add_argument("--threads", type=int, default=None,
+                   help="threads of every peer (PanJoin's Numba probes, DuckDB; default: 1)")
+    b.add_argument("--measure", type=_size, default=None,
+                   help="timed tuples after the fill (default: W)")
+    b.add_argument("--bounded-probes", type=_size, default=None,
+                   help="probe tuples of a peer run bounded beyond its limit (default: 8K)")
+    b.add_argument("--tag", default=None, help="suffix of the result and plot files")
+    b.add_argument("--repeat", type=int, default=None,
+                   help="interleaved rounds per workload, best kept (default: 2; quick: 1)")
+    b.add_argument("--merge", nargs="+", metavar="JSON", default=None,
+                   help="run nothing: print the table of these results files and plot them "
+                        "together (with --tag)")
     b.add_argument("--out", default="benchmarks", help="folder for results/ and plots/")
     _add_common(b)
 
@@ -591,7 +603,26 @@ def run_bench_peers(args) -> int:
         cfg.peers = tuple(p.strip() for p in args.peers.split(","))
     if args.workloads:
         cfg.only = tuple(w.strip() for w in args.workloads.split(","))
+    if args.merge:
+        from panjoin.bench.peers import load_records, plot
+
+        recs = load_records(args.merge)
+        plot(recs, Path(args.out) / "plots", f"-{args.tag}" if args.tag else "")
+        print(table(recs))
+        problems = check_counts(recs)
+        print("result counts: " + ("MISMATCH: " + "; ".join(problems) if problems else
+                                   "all peers that ran agree"))
+        return 1 if problems else 0
+    if args.repeat:
+        cfg.repeat = args.repeat
+    if args.threads:
+        cfg.threads = args.threads
+    if args.measure:
+        cfg.measure = args.measure
+    if args.bounded_probes is not None:
+        cfg.bounded_probes = args.bounded_probes
     tag = "-quick" if args.quick else ""
+    tag = tag if args.tag is None else f"-{args.tag}"
     out = Path(args.out)
     recs = run_peers(cfg, progress=not args.no_progress,
                      out_json=out / "results" / f"peers{tag}.json", plot_dir=out / "plots",

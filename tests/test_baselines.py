@@ -276,3 +276,38 @@ def test_duckdb_bucket_plan_negative_keys_and_fractional_band():
         ref = _ref(ev, "count:80,50", pred)
         got = duckdb_join(ev, "count:80,50", pred, pairs=True)
         np.testing.assert_array_equal(got.pairs, ref.pairs)
+
+
+# --------------------------------------------------------------------------- residual bands
+
+
+@pytest.mark.parametrize("window", ["count:120,90", "time:40,25"])
+def test_residual_band_in_shj_filter_and_duckdb_sql(window):
+    """A 2-D band join (x band as the key, y band as a residual): SHJ (in its filter) and
+    DuckDB (in SQL, both plans) give the reference's x-band pairs that pass the y band."""
+    from panjoin.baselines.duckdb_join import duckdb_join
+
+    ev = generate(1500, "uniform", key_min=1, key_max=400, rate=20_000, seed=5)
+    y = np.random.default_rng(1).integers(0, 300, len(ev)).astype(np.int64)
+    ref = _ref(ev, window, "band:10").pairs
+    yr, ys = y[ev.stream == 0], y[ev.stream == 1]
+    d = ys[ref[:, 1]] - yr[ref[:, 0]]
+    want = ref[(d >= -7) & (d <= 12)]
+    assert 0 < len(want) < len(ref)
+    residual = {"y": (-7, 12)}
+    j = SymmetricHashJoin(window, "band:10", residual=residual)
+    rs, ss = [], []
+    for a in range(0, len(ev), 128):
+        j.push(ev.slice(a, a + 128), {"y": y[a:a + 128]})
+        r, s = j.take_results()
+        rs.append(r)
+        ss.append(s)
+    got = sort_pairs(np.stack([np.concatenate(rs), np.concatenate(ss)], axis=1))
+    np.testing.assert_array_equal(got, want)
+    assert j.pruned > 0  # the window still prunes with an unbounded residual column
+    for plan in ("bucket", "range"):
+        res = duckdb_join(ev, window, "band:10", pairs=True, threads=1, plan=plan,
+                          residual=residual, extra={"y": y})
+        np.testing.assert_array_equal(res.pairs, want)
+    with pytest.raises(ValueError, match="residual columns"):
+        SymmetricHashJoin(window, "band:10", residual={"y": (0, 1)}).push(ev.slice(0, 4))

@@ -58,7 +58,8 @@ def _bucket(x: str, w: int) -> str:
     return f"(({x}) - ((({x}) % {w}) + {w}) % {w}) // {w}"
 
 
-def join_sql(window: Window, pred: Predicate, pairs: bool, plan: str = "bucket") -> str:
+def join_sql(window: Window, pred: Predicate, pairs: bool, plan: str = "bucket",
+             residual: dict | None = None) -> str:
     """The SQL for a window and predicate over a registered table ``events``.
 
     ``plan="range"`` states the band as two inequalities and lets DuckDB pick a
@@ -69,20 +70,27 @@ def join_sql(window: Window, pred: Predicate, pairs: bool, plan: str = "bucket")
     of the widest band's width w + 1, each R tuple lists the one or two buckets
     its bands reach (``unnest``), and a hash join on the bucket feeds the exact
     band and window conditions.
+
+    ``residual={"y": (A, B)}`` carries the extra column ``y`` of the events table
+    and adds ``s.y >= r.y + A AND s.y <= r.y + B`` (a 2-D band join's second band).
     """
     if plan not in ("range", "bucket"):
         raise ValueError(f"plan {plan!r}: use 'bucket' or 'range'")
+    residual = dict(residual or {})
+    xc = "".join(f", {c}" for c in residual)
     if window.kind == "count":
-        numbered = ("SELECT stream, id, key, ts, row_number() OVER (PARTITION BY stream "
+        numbered = (f"SELECT stream, id, key, ts{xc}, row_number() OVER (PARTITION BY stream "
                     "ORDER BY pos) - 1 AS seq, pos FROM events")
-        live = f"SELECT stream, id, key, seq, pos - seq AS opp FROM ({numbered})"
+        live = f"SELECT stream, id, key{xc}, seq, pos - seq AS opp FROM ({numbered})"
         win = f"s.seq >= r.opp - {window.s} AND r.seq >= s.opp - {window.r}"
     else:
-        prev = ("SELECT stream, id, key, ts, max(ts) OVER (ORDER BY pos ROWS BETWEEN "
+        prev = (f"SELECT stream, id, key, ts{xc}, max(ts) OVER (ORDER BY pos ROWS BETWEEN "
                 "UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev FROM events")
-        live = (f"SELECT stream, id, key, ts FROM ({prev}) "
+        live = (f"SELECT stream, id, key, ts{xc} FROM ({prev}) "
                 f"WHERE prev IS NULL OR NOT (ts < prev - {window.lateness})")
         win = f"s.ts > r.ts - {window.s} AND s.ts < r.ts + {window.r}"
+    for c, (a, b) in residual.items():
+        win += f" AND s.{c} >= r.{c} + {_lit(a)} AND s.{c} <= r.{c} + {_lit(b)}"
     rsrc = "r"
     if pred.kind == "eq":
         on = "s.key = r.key"
@@ -107,10 +115,16 @@ def join_sql(window: Window, pred: Predicate, pairs: bool, plan: str = "bucket")
 
 
 def duckdb_join(events, window, predicate, *, allowed_lateness: int = 0, pairs: bool = False,
-                threads: int | None = None, con=None, plan: str = "bucket") -> DuckDBResult:
+                threads: int | None = None, con=None, plan: str = "bucket",
+                residual: dict | None = None, extra: dict | None = None,
+                stream_pairs: bool = False) -> DuckDBResult:
     """Join a whole :class:`~panjoin.events.EventTable` in DuckDB; the count (and the
     pairs with ``pairs=True``) and the query's wall time. Float keys always use the
-    range plan (bucketing doubles would need the exact-edge care of probe_bounds)."""
+    range plan (bucketing doubles would need the exact-edge care of probe_bounds).
+    ``residual`` (see :func:`join_sql`) names extra columns given in ``extra``
+    (one value per event). ``stream_pairs=True`` counts by fetching every (r_id, s_id)
+    pair in Arrow batches of 1M rows (each dropped after counting), so the query
+    materialises its result as a streaming join does, rather than only count(*)."""
     import duckdb
 
     w = parse_window(window, allowed_lateness)
@@ -125,9 +139,11 @@ def duckdb_join(events, window, predicate, *, allowed_lateness: int = 0, pairs: 
             con.execute(f"SET threads TO {int(threads)}")
         table = pa.table({"pos": np.arange(len(events), dtype=np.int64),
                           "stream": events.stream.astype(np.int8), "id": events.id,
-                          "key": events.key, "ts": events.ts})
+                          "key": events.key, "ts": events.ts,
+                          **{c: np.asarray((extra or {})[c]) for c in (residual or {})}})
         con.register("events", table)
-        sql = join_sql(w, p, pairs, "range" if events.key.dtype == np.float64 else plan)
+        sql = join_sql(w, p, pairs, "range" if events.key.dtype == np.float64 else plan,
+                       residual)
         t0 = time.perf_counter()
         if pairs:
             out = con.sql(sql).to_arrow_table()
@@ -135,7 +151,13 @@ def duckdb_join(events, window, predicate, *, allowed_lateness: int = 0, pairs: 
             got = np.stack([out.column("r_id").to_numpy(), out.column("s_id").to_numpy()],
                            axis=1) if out.num_rows else np.zeros((0, 2), np.int64)
             return DuckDBResult(int(out.num_rows), dt, sort_pairs(got))
-        n = con.sql(sql).fetchall()[0][0]
+        if stream_pairs:
+            sql = join_sql(w, p, True, "range" if events.key.dtype == np.float64 else plan,
+                           residual)
+            t0 = time.perf_counter()
+            n = sum(b.num_rows for b in con.sql(sql).to_arrow_reader(1 << 20))
+        else:
+            n = con.sql(sql).fetchall()[0][0]
         return DuckDBResult(int(n), time.perf_counter() - t0)
     finally:
         con.unregister("events")

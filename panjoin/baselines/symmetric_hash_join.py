@@ -73,28 +73,31 @@ I64_MAX = np.iinfo(np.int64).max
 STREAMS = ("R", "S")
 
 
-def window_filter(window: Window, build: str) -> And:
-    """The window condition as a join filter, with ``build`` the buffered stream."""
-    probe = other(build)
+def window_filter(window: Window, build: str, residual: dict | None = None) -> And:
+    """The window condition as a join filter, with ``build`` the buffered stream; plus
+    ``residual`` bands on extra integer columns: ``{"y": (A, B)}`` adds
+    ``s.y >= r.y + A AND s.y <= r.y + B`` (e.g. the second band of a 2-D band join)."""
 
     def col(stream, name):
         return Col("build" if stream == build else "probe", name)
 
     if window.kind == "time":
         r, s = col("R", "ts"), col("S", "ts")
-        return And(Cmp(">", s, Sub(r, Const(window.s))), Cmp("<", s, Sub(r, Const(-window.r))))
-    del probe
-    return And(
-        Cmp(">=", col("S", "seq"), Sub(col("R", "opp"), Const(window.s))),
-        Cmp(">=", col("R", "seq"), Sub(col("S", "opp"), Const(window.r))),
-    )
+        terms = [Cmp(">", s, Sub(r, Const(window.s))), Cmp("<", s, Sub(r, Const(-window.r)))]
+    else:
+        terms = [Cmp(">=", col("S", "seq"), Sub(col("R", "opp"), Const(window.s))),
+                 Cmp(">=", col("R", "seq"), Sub(col("S", "opp"), Const(window.r)))]
+    for name, (a, b) in (residual or {}).items():
+        r, s = col("R", name), col("S", name)
+        terms += [Cmp(">=", s, Sub(r, Const(-int(a)))), Cmp("<=", s, Sub(r, Const(-int(b))))]
+    return And(*terms)
 
 
 class _Filter:
     """A side's filter (as the build side), its columns and its lowered form."""
 
-    def __init__(self, window: Window, build: str):
-        self.expr = window_filter(window, build)
+    def __init__(self, window: Window, build: str, residual: dict | None = None):
+        self.expr = window_filter(window, build, residual)
         cols = columns(self.expr)
         self.build_cols = [c for c in cols if c.side == "build"]
         self.probe_cols = [c for c in cols if c.side == "probe"]
@@ -191,10 +194,14 @@ def _key_bits(keys: np.ndarray) -> np.ndarray:
 
 
 class SymmetricHashJoin:
-    """The SHJ operator over one arrival-ordered input; :meth:`push` chunks in order."""
+    """The SHJ operator over one arrival-ordered input; :meth:`push` chunks in order.
+
+    ``residual={"y": (A, B)}`` adds ``s.y - r.y in [A, B]`` on an extra int64 column
+    to the join filter; each :meth:`push` then passes ``extra={"y": array}`` (one value
+    per tuple of the chunk)."""
 
     def __init__(self, window: str | Window, predicate: str | Predicate, *,
-                 allowed_lateness: int = 0, prune: bool = True):
+                 allowed_lateness: int = 0, prune: bool = True, residual: dict | None = None):
         self.window = parse_window(window, allowed_lateness)
         self.pred = parse_predicate(predicate)
         if self.pred.residual is not None:
@@ -202,8 +209,14 @@ class SymmetricHashJoin:
                              f"condition: {self.pred}; use the engine, or drop the '&...2' part")
         self.equi = self.pred.kind == "eq"
         self.prune_enabled = prune
-        self.names = ["ts"] if self.window.kind == "time" else ["seq", "opp"]
-        self.filters = {b: _Filter(self.window, b) for b in STREAMS}
+        self.residual = dict(residual or {})
+        clash = set(self.residual) & {"ts", "seq", "opp"}
+        if clash:
+            raise ValueError(f"residual columns {sorted(clash)} clash with the window's "
+                             "columns ts/seq/opp; rename them")
+        self.names = (["ts"] if self.window.kind == "time" else ["seq", "opp"]) + \
+            list(self.residual)
+        self.filters = {b: _Filter(self.window, b, self.residual) for b in STREAMS}
         self.sides: dict[str, _Side] | None = None
         self.total = {s: 0 for s in STREAMS}  # arrivals so far (count windows: next seq)
         self.maxts: int | None = None
@@ -216,11 +229,15 @@ class SymmetricHashJoin:
         self.visited = 0  # candidate rows looked at (equi chains) - the join's work
 
     # -------------------------------------------------------------------- input
-    def push(self, events) -> None:
+    def push(self, events, extra: dict | None = None) -> None:
         stream = np.asarray(events.stream)
         n = stream.shape[0]
         if n == 0:
             return
+        extra = extra or {}
+        if set(extra) != set(self.residual):
+            raise ValueError(f"push(extra=...) needs exactly the residual columns "
+                             f"{sorted(self.residual)}, got {sorted(extra)}")
         keys, ids, ts = np.asarray(events.key), np.asarray(events.id), np.asarray(events.ts)
         if self.sides is None:
             self.sides = {s: _Side(self.names, keys.dtype, self.equi) for s in STREAMS}
@@ -241,6 +258,12 @@ class SymmetricHashJoin:
             seq = np.where(is_s, self.total["S"] + s_before, self.total["R"] + r_before)
             opp = np.where(is_s, self.total["R"] + r_before, self.total["S"] + s_before)
             cols["seq"], cols["opp"] = seq, opp
+        for name, v in extra.items():
+            v = np.asarray(v)
+            if v.shape != (n,) or v.dtype != np.int64:
+                raise ValueError(f"extra column {name!r}: need {n} int64 values, got "
+                                 f"{v.shape} {v.dtype}")
+            cols[name] = v
         self.total["S"] += int(is_s.sum())
         self.total["R"] += n - int(is_s.sum())
         # R part probes S's buffer and joins it; then S probes R's (now with this chunk's R):

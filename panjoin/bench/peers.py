@@ -8,22 +8,52 @@ joins that same file in the same run:
 panjoin-<index>    the in-process engine with each PanJoin index (rap, wib, bisort)
 panjoin-cluster    the same engine over a local cluster of worker processes (bisort)
 nested-loop        the engine with index ``nested`` (handshake join / SplitJoin /
-                   ScaleJoin scan their subwindows): only up to ``nested_max``;
-                   beyond it its rate is EXTRAPOLATED as rate(W0) * W0 / W (a scan
-                   costs W per probe tuple), and flagged so
-sorted-list        the engine with index ``sortedlist`` (a SortedList per subwindow)
+                   ScaleJoin scan their subwindows): in full up to ``nested_max``,
+                   bounded beyond it (below)
+sorted-list        the engine with index ``sortedlist`` (a SortedList per subwindow),
+                   in full up to ``sorted_max``, bounded beyond
 shj                symmetric hash join with build-side pruning; for band joins it
                    is filter-only (a scan of the pruned buffer), so it is limited
-                   and extrapolated like the nested loop
-duckdb             the whole file joined offline in DuckDB (one SQL query); band joins
-                   rewritten by hand into a bucket equi-join (the fast plan)
+                   and bounded like the nested loop
+duckdb             the whole file joined offline in DuckDB (one SQL query, every
+                   result pair fetched as Arrow batches, like the streaming peers
+                   materialise theirs); band joins rewritten by hand into a bucket
+                   equi-join (the fast plan)
 duckdb-range       the same with the band as two range conditions, as first written:
-                   DuckDB plans a piecewise merge join, O(N^2); limited and
-                   extrapolated like the nested loop
+                   DuckDB plans a piecewise merge join, O(N^2); in full up to
+                   ``nested_max``, beyond it EXTRAPOLATED as rate(W0) * W0 / W (a
+                   scan costs W per probe tuple), and flagged so
 spark              Spark Structured Streaming's stream-stream join (issue 6): run
                    when pyspark and ``spark_conn.peer`` exist, else skipped with the
                    reason printed
 =================  ==========================================================
+
+Workloads: band joins with selectivity S in {1, 64, 1K} on uniform keys, S = 64
+on Zipf and increasing keys (the band half-width E is *calibrated* on the file
+so that a probe tuple matches about S tuples of a full window: the uniform
+formula would make a Zipf band cover nearly every key), the equi join on
+uniform and Zipf keys, S = 64 over *time* windows (T ms holding about W tuples
+per stream), and the handshake join paper's 2-D band join (its section 5.2:
+``r.x BETWEEN s.a-10 AND s.a+10 AND r.y BETWEEN s.b-10 AND s.b+10``, values
+uniform in 1..10000). The 2-D join runs on the x band as the key; the y band is
+a *residual* condition: SHJ and DuckDB take it in their filter / SQL, the
+engine-based peers check it on their result pairs (:func:`two_d_engine_op`, the
+one place to change when the engine gets its own residual predicate). The y
+values are multiples of 1/1024 (floats, like the paper's) handled as exact
+int64 ``y * 1024`` by every peer.
+
+Peers too slow for a large window (``_limit``) are run *bounded* there: both
+windows are filled without joining (insert and expire only), then
+``bounded_probes`` tuples are joined against the full windows and timed; those
+rows say "bounded" and their counts are checked against each other (they count
+only the pairs found by the bounded probe tuples). ``duckdb-range`` is offline
+and cannot be bounded: beyond its limit it is EXTRAPOLATED (rate(W0) * W0 / W),
+and flagged so.
+
+Every peer gets ``threads`` threads (default 1: on the shared 2-core machine,
+loaded by other jobs, two Numba threads meeting at OpenMP barriers ran PanJoin
+2.5x slower than one, and DuckDB ran alike with 1 or 2), and every peer
+materialises the (r_id, s_id) pairs it finds, chunk by chunk.
 
 Streaming peers report the *steady* rate (the M tuples after the fill, windows
 full, expiry running) and the *whole-file* rate (N / total time); DuckDB only
@@ -44,29 +74,55 @@ import numpy as np
 from panjoin.generate import band_for_selectivity, generate
 
 KEY_MAX = 1 << 40
+RATE = 1_000_000  # generated tuples per second of event time (both streams)
 PANJOIN_INDEXES = ("rap", "wib", "bisort")
+# the handshake join paper's section 5.2: values uniform in 1..10000, bands of +-10
+HS_MAX = 10_000
+HS_BAND = 10
+Y_SCALE = 1024  # y = k / 1024: floats every peer compares exactly as the int64 k
+RESIDUAL_2D = {"y": (-HS_BAND * Y_SCALE, HS_BAND * Y_SCALE)}  # s.y - r.y in [A, B]
 
 
 @dataclass(frozen=True)
 class Workload:
-    pred: str  # "band" or "eq"
+    pred: str  # "band", "eq" or "band2d" (the handshake paper's 2-D band join)
     selectivity: float  # band: S; eq: about 1 match per tuple (uniform) or what zipf gives
     dist: str
     window: int
+    kind: str = "count"  # count | time (T ms that hold about W tuples per stream)
+    band: int | None = None  # E calibrated on the file (non-uniform keys), see calibrate()
 
     @property
     def name(self) -> str:
+        if self.pred == "band2d":
+            return "band2d handshake"
         p = f"band S={self.selectivity:g}" if self.pred == "band" else "eq"
-        return f"{p} {self.dist}"
+        return f"{p} {self.dist}" + (" time" if self.kind == "time" else "")
+
+    def window_spec(self) -> str:
+        if self.kind == "time":
+            t = max(1, round(self.window * 2 * 1000 / RATE))  # both streams arrive at RATE/2
+            return f"time:{t},{t}"
+        return f"count:{self.window},{self.window}"
 
     def predicate(self) -> str:
         if self.pred == "eq":
             return "eq"
+        if self.pred == "band2d":
+            return f"band:{HS_BAND}"
+        if self.band is not None:
+            return f"band:{self.band}"
         return f"band:{int(band_for_selectivity(self.selectivity, self.window, 0, KEY_MAX))}"
 
-    def key_max(self) -> int:
+    def key_range(self) -> tuple[int, int]:
+        if self.pred == "band2d":
+            return 1, HS_MAX
         # eq on uniform keys: W distinct values give about one match per probe tuple
-        return self.window if (self.pred == "eq" and self.dist == "uniform") else KEY_MAX
+        return 0, (self.window if (self.pred == "eq" and self.dist == "uniform") else KEY_MAX)
+
+    @property
+    def residual(self) -> dict | None:
+        return RESIDUAL_2D if self.pred == "band2d" else None
 
 
 @dataclass
@@ -88,11 +144,16 @@ class PeerConfig:
     windows: list[int] = field(default_factory=lambda: [1 << 16, 1 << 18, 1 << 20, 1 << 23])
     measure: int | None = None  # M; default W
     selectivities: tuple = (1, 64, 1024)
-    nested_max: int = 1 << 16
-    sorted_max: int = 1 << 20
+    nested_max: int = 1 << 14  # nested loop, SHJ and duckdb-range on band joins, in full
+    sorted_max: int = 1 << 16
+    bounded_probes: int = 1 << 13  # beyond a peer's limit: this many probe tuples, full windows
+    bounded_max: int = 1 << 23  # no bounded run above this W (the fill alone is 2W inserts)
+    band2d_max: int = 1 << 18  # 2-D: every x-band candidate becomes a pair (21 W / 10^4 each)
     budget_s: float = 120.0  # a peer slower than this at one window skips the larger ones
     repeat: int = 2  # interleaved rounds per workload; each peer's best round counts
-    threads: int = 2
+    # one thread per peer: on the shared 2-core box (load 4-6) two Numba threads meet at
+    # OpenMP barriers and ran PanJoin 2.5x slower than one; DuckDB ran alike with 1 or 2
+    threads: int = 1
     workers: int = 2
     chunk: int = 1 << 16
     seed: int = 0
@@ -102,15 +163,25 @@ class PeerConfig:
 
     @classmethod
     def quick(cls) -> PeerConfig:
-        return cls(windows=[1 << 14, 1 << 16], nested_max=1 << 14, sorted_max=1 << 16,
-                   budget_s=60.0, chunk=1 << 14)
+        """Every peer on every workload kind once, W = 8K (a bounded run of the scans
+        included, at 16K for band S=64 uniform): about 2-3 minutes on 2 cores."""
+        return cls(windows=[1 << 13], extra_windows=((1 << 14, "band S=64 uniform"),),
+                   nested_max=1 << 13, sorted_max=1 << 13, bounded_probes=1 << 11,
+                   budget_s=30.0, chunk=1 << 12, repeat=1)
+
+    extra_windows: tuple = ()  # (W, workload name) pairs run besides the windows
 
     def workloads(self) -> list[Workload]:
         out = []
         for w in self.windows:
             out += [Workload("band", s, "uniform", w) for s in self.selectivities]
             out += [Workload("eq", 1, "uniform", w), Workload("eq", 1, "zipf", w),
-                    Workload("band", 64, "increasing", w)]
+                    Workload("band", 64, "zipf", w), Workload("band", 64, "increasing", w),
+                    Workload("band", 64, "uniform", w, "time")]
+            if w <= self.band2d_max:
+                out.append(Workload("band2d", 0, "uniform", w))
+        for w, name in self.extra_windows:
+            out += [wl for wl in _all_workloads(w) if wl.name == name]
         if self.only:
             known = sorted({wl.name for wl in out})
             bad = [o for o in self.only if o not in known]
@@ -120,9 +191,79 @@ class PeerConfig:
         return out
 
 
-def events_for(wl: Workload, measure: int, seed: int):
-    return generate(2 * wl.window + measure, wl.dist, key_min=0, key_max=wl.key_max(),
-                    seed=seed)
+def _all_workloads(w: int) -> list[Workload]:
+    """Every workload kind at one W."""
+    return PeerConfig(windows=[w], band2d_max=w).workloads()
+
+
+@dataclass
+class Data:
+    """One workload's event file, and the y column of the 2-D join (None otherwise)."""
+
+    events: object  # EventTable
+    y: np.ndarray | None = None  # int64 y * Y_SCALE per event, arrival order
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def slice(self, a: int, b: int) -> Data:
+        return Data(self.events.slice(a, b), None if self.y is None else self.y[a:b])
+
+
+def events_for(wl: Workload, measure: int, seed: int) -> Data:
+    lo, hi = wl.key_range()
+    ev = generate(2 * wl.window + measure, wl.dist, key_min=lo, key_max=hi, seed=seed,
+                  rate=RATE)
+    if wl.pred != "band2d":
+        return Data(ev)
+    y = np.random.default_rng([seed, 2]).integers(Y_SCALE, HS_MAX * Y_SCALE, len(ev),
+                                                 endpoint=True)
+    return Data(ev, y.astype(np.int64))
+
+
+def calibrate(wl: Workload, data: Data, probes: int = 256) -> Workload:
+    """The band half-width E that makes a probe tuple match about S tuples of a full
+    window on this file (non-uniform keys; uniform keys keep the closed formula):
+    the smallest E whose mean match count reaches S for the first ``probes`` R tuples
+    after the fill, each against its own window (the last W S-tuples before it;
+    increasing keys move a whole band's width in a few hundred arrivals).
+
+    The windows of consecutive probes overlap: one sorted array U holds the S keys
+    of all of them, and each probe subtracts, by brute force, the few keys of U
+    outside its own window."""
+    if wl.pred != "band" or wl.dist == "uniform" or wl.band is not None:
+        return wl
+    ev = data.events
+    fill, w = 2 * wl.window, wl.window
+    is_s = ev.stream == 1
+    s_before = np.cumsum(is_s) - is_s  # S arrivals before each position
+    pos = fill + np.flatnonzero(~is_s[fill:])[:probes]
+    if pos.size == 0:
+        return wl
+    s_keys = ev.key[is_s]
+    j = s_before[pos]  # probe i's window: S tuples [j_i - W, j_i)
+    lo_j, hi_j = max(0, int(j[0]) - w), int(j[-1])
+    union = np.sort(s_keys[lo_j:hi_j])
+    keys = ev.key[pos]
+    outside = [np.concatenate([s_keys[lo_j:max(lo_j, int(ji) - w)], s_keys[int(ji):hi_j]])
+               for ji in j]
+
+    def mean(e: int) -> float:
+        n = np.searchsorted(union, keys + e, "right") - np.searchsorted(union, keys - e, "left")
+        n -= np.array([np.count_nonzero((o >= k - e) & (o <= k + e))
+                       for o, k in zip(outside, keys, strict=True)])
+        return float(n.mean())
+
+    lo, hi = 0, KEY_MAX
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if mean(mid) >= wl.selectivity:
+            hi = mid
+        else:
+            lo = mid + 1
+    from dataclasses import replace
+
+    return replace(wl, band=lo)
 
 
 # --------------------------------------------------------------------------- streaming peers
@@ -133,13 +274,22 @@ class _EngineOp:
         from panjoin.manager.engine import JoinEngine
 
         # NBat: the paper's 32K, but at most W/8 so that small windows still see many batches
-        self.eng = JoinEngine(f"count:{wl.window},{wl.window}", wl.predicate(), index=index,
+        self.eng = JoinEngine(wl.window_spec(), wl.predicate(), index=index,
                               threads=threads, backend=backend, n_workers=n_workers,
                               batch_size=min(1 << 15, max(256, wl.window // 8)))
 
-    def push(self, ev) -> int:
-        self.eng.push(ev)
+    def push(self, data: Data) -> int:
+        self.eng.push(data.events)
         return len(self.eng.take_results()[0])
+
+    def fill(self, data: Data) -> None:
+        """Insert and expire without probing: the windows fill, nothing is joined."""
+        self.eng._probe = lambda *a, **k: None  # the instance attribute shadows the method
+        try:
+            self.eng.push(data.events)
+            self.eng.flush()
+        finally:
+            del self.eng._probe
 
     def finish(self) -> int:
         self.eng.flush()
@@ -149,15 +299,66 @@ class _EngineOp:
         return self.eng.memory_bytes()
 
 
+class _TwoDimEngineOp(_EngineOp):
+    """The 2-D band join on an engine: the x band is the key, the y band is checked on
+    the result pairs here (ids are ranks within each stream, so y of a pair is a lookup)."""
+
+    def __init__(self, wl: Workload, data: Data, *args, **kw):
+        super().__init__(wl, *args, **kw)
+        st = data.events.stream
+        self.y = {"R": data.y[st == 0], "S": data.y[st == 1]}
+        ((self.name, (self.a, self.b)),) = wl.residual.items()
+
+    def _count(self, r: np.ndarray, s: np.ndarray) -> int:
+        d = self.y["S"][s] - self.y["R"][r]
+        return int(np.count_nonzero((d >= self.a) & (d <= self.b)))
+
+    def push(self, data: Data) -> int:
+        self.eng.push(data.events)
+        return self._count(*self.eng.take_results())
+
+    def finish(self) -> int:
+        self.eng.flush()
+        return self._count(*self.eng.take_results())
+
+
+def two_d_engine_op(wl: Workload, data: Data, index: str, threads: int, backend=None,
+                    n_workers: int = 1) -> _EngineOp:
+    """THE one place where an engine-based peer gets the 2-D band join. Today: the x band
+    in the engine, the y band on the result pairs. When the engine takes a residual
+    predicate (issue 4), build the engine with ``wl.residual`` here and push ``data.y``."""
+    return _TwoDimEngineOp(wl, data, index, threads, backend, n_workers)
+
+
+def engine_op(wl: Workload, data: Data, index: str, threads: int, backend=None,
+              n_workers: int = 1) -> _EngineOp:
+    if wl.pred == "band2d":
+        return two_d_engine_op(wl, data, index, threads, backend, n_workers)
+    return _EngineOp(wl, index, threads, backend, n_workers)
+
+
 class _SHJOp:
     def __init__(self, wl: Workload):
         from panjoin.baselines.symmetric_hash_join import SymmetricHashJoin
 
-        self.j = SymmetricHashJoin(f"count:{wl.window},{wl.window}", wl.predicate())
+        self.j = SymmetricHashJoin(wl.window_spec(), wl.predicate(), residual=wl.residual)
+        self.cols = list(wl.residual or ())
 
-    def push(self, ev) -> int:
-        self.j.push(ev)
+    def _extra(self, data: Data) -> dict:
+        return {c: data.y for c in self.cols}
+
+    def push(self, data: Data) -> int:
+        self.j.push(data.events, self._extra(data))
         return len(self.j.take_results()[0])
+
+    def fill(self, data: Data) -> None:
+        self.j._probe = lambda *a, **k: None  # buffer and prune only
+        try:
+            for a in range(0, len(data), 1 << 16):
+                part = data.slice(a, a + (1 << 16))
+                self.j.push(part.events, self._extra(part))
+        finally:
+            del self.j._probe
 
     def finish(self) -> int:
         return 0
@@ -166,17 +367,25 @@ class _SHJOp:
         return self.j.peak_bytes
 
 
-def _stream(op, events, fill: int, chunk: int, bar=None) -> dict:
-    """Push the whole file in chunks; time the fill and the measured part apart."""
-    n = len(events)
+def _stream(op, data: Data, fill: int, chunk: int, bar=None, bounded: bool = False) -> dict:
+    """Push the whole file in chunks; time the fill and the measured part apart.
+    ``bounded``: the fill only inserts (nothing joined, untimed); the rest is timed."""
+    n = len(data)
     count, mem = 0, 0
     t0 = time.perf_counter()
     t_fill = None
-    for a in range(0, n, chunk):
+    start = 0
+    if bounded:
+        op.fill(data.slice(0, fill))
+        mem = op.memory()
+        start = fill
+        if bar is not None:
+            bar.update(fill)
+    for a in range(start, n, chunk):
         if a >= fill and t_fill is None:
             t_fill = time.perf_counter()
         b = min(n, a + chunk)
-        count += op.push(events.slice(a, b))
+        count += op.push(data.slice(a, b))
         mem = max(mem, op.memory())
         if bar is not None:
             bar.update(b - a)
@@ -184,6 +393,9 @@ def _stream(op, events, fill: int, chunk: int, bar=None) -> dict:
     mem = max(mem, op.memory())
     t1 = time.perf_counter()
     t_fill = t1 if t_fill is None else t_fill
+    if bounded:
+        return dict(results=count, steady_tps=(n - fill) / max(t1 - t_fill, 1e-9),
+                    seconds=t1 - t_fill, memory_bytes=int(mem))
     return dict(results=count, steady_tps=(n - fill) / max(t1 - t_fill, 1e-9),
                 whole_tps=n / (t1 - t0), seconds=t1 - t0, memory_bytes=int(mem))
 
@@ -254,57 +466,88 @@ class PeerRunner:
         return [w.address for w in self.workers]
 
     def _limit(self, peer: str, wl: Workload) -> int | None:
-        """Largest window the peer runs at for this workload (None: no limit)."""
-        if peer == "nested-loop" or (peer in ("shj", "duckdb-range") and wl.pred == "band"):
+        """Largest window the peer runs in full at for this workload (None: no limit)."""
+        if peer == "nested-loop" or (peer in ("shj", "duckdb-range") and wl.pred != "eq"):
             return self.cfg.nested_max
         if peer == "sorted-list":
             return self.cfg.sorted_max
         return None
 
-    def run_peer(self, peer: str, wl: Workload, events, fill: int, bar=None) -> PeerResult:
-        rec = PeerResult(wl.name, wl.window, peer)
+    def run_peer(self, peer: str, wl: Workload, data: Data, fill: int, bar=None,
+                 bounded: bool = False) -> PeerResult:
+        rec = PeerResult(wl.name, wl.window, peer, "bounded" if bounded else "ok")
+        if bounded:
+            rec.note = (f"BOUNDED: windows filled without joining, then {len(data) - fill} "
+                        "probe tuples timed")
         chunk = min(self.cfg.chunk, max(1, wl.window // 4))  # the fill ends on a chunk edge
+        events = data.events
         if peer.startswith("panjoin-") and peer != "panjoin-cluster":
-            op = _EngineOp(wl, peer.split("-", 1)[1], self.cfg.threads)
+            op = engine_op(wl, data, peer.split("-", 1)[1], self.cfg.threads)
         elif peer == "panjoin-cluster":
             from panjoin.manager.grpc_backend import GrpcBackend
 
             backend = GrpcBackend(self._addresses())
             try:
-                op = _EngineOp(wl, "bisort", self.cfg.threads, backend, self.cfg.workers)
-                out = _stream(op, events, fill, chunk, bar)
+                op = engine_op(wl, data, "bisort", self.cfg.threads, backend, self.cfg.workers)
+                out = _stream(op, data, fill, chunk, bar, bounded)
             finally:
                 backend.close()
             rec.note = f"{self.cfg.workers} workers, bisort"
             return _fill(rec, out)
         elif peer == "nested-loop":
-            op = _EngineOp(wl, "nested", self.cfg.threads)
+            op = engine_op(wl, data, "nested", self.cfg.threads)
         elif peer == "sorted-list":
-            op = _EngineOp(wl, "sortedlist", self.cfg.threads)
+            op = engine_op(wl, data, "sortedlist", self.cfg.threads)
         elif peer == "shj":
             op = _SHJOp(wl)
-            rec.note = "hash on key" if wl.pred == "eq" else "filter-only (no equi key)"
+            rec.note = ("hash on key" if wl.pred == "eq" else "filter-only (no equi key)") + \
+                (", y band in the filter" if wl.residual else "") + \
+                (f"; {rec.note}" if bounded else "")  # keeps the BOUNDED note
         elif peer in ("duckdb", "duckdb-range"):
             from panjoin.baselines.duckdb_join import duckdb_join
 
             plan = "range" if peer == "duckdb-range" else "bucket"
-            res = duckdb_join(events, f"count:{wl.window},{wl.window}", wl.predicate(),
-                              threads=self.cfg.threads, plan=plan)
+            res = duckdb_join(events, wl.window_spec(), wl.predicate(),
+                              threads=self.cfg.threads, plan=plan, residual=wl.residual,
+                              extra={c: data.y for c in (wl.residual or ())},
+                              stream_pairs=True)
             if bar is not None:
                 bar.update(len(events))
             rec.results, rec.seconds = res.count, res.seconds
             rec.whole_tps = len(events) / res.seconds
-            rec.note = f"offline, {self.cfg.threads} threads" + (
-                ", band as bucket equi-join" if plan == "bucket" and wl.pred == "band" else
-                ", band as range conditions" if wl.pred == "band" else "")
+            rec.note = f"offline, pairs fetched, {self.cfg.threads} threads" + (
+                ", band as bucket equi-join" if plan == "bucket" and wl.pred != "eq" else
+                ", band as range conditions" if wl.pred != "eq" else "") + (
+                ", y band in SQL" if wl.residual else "")
             return rec
         elif peer == "spark":
-            count, secs = self.spark(events, f"count:{wl.window},{wl.window}", wl.predicate())
+            count, secs = self.spark(events, wl.window_spec(), wl.predicate())
             rec.results, rec.seconds, rec.whole_tps = count, secs, len(events) / secs
             return rec
         else:
             raise ValueError(f"unknown peer {peer!r}; choose from {', '.join(self.cfg.peers)}")
-        return _fill(rec, _stream(op, events, fill, chunk, bar))
+        return _fill(rec, _stream(op, data, fill, chunk, bar, bounded))
+
+    def _plan(self, peer: str, wl: Workload) -> PeerResult | str:
+        """What to do with a peer on a workload: "full", "bounded", or a finished record."""
+        if peer == "spark":
+            if self.spark is None:
+                self._say_once(f"spark: skipped: {self.spark_reason}")
+                return PeerResult(wl.name, wl.window, peer, "skipped", self.spark_reason)
+            if wl.residual:
+                return PeerResult(wl.name, wl.window, peer, "skipped",
+                                  "the Spark hook takes one key column; the 2-D band join "
+                                  "needs a second")
+        limit = self._limit(peer, wl)
+        if limit is not None and wl.window > limit:
+            if peer == "duckdb-range" or wl.window > self.cfg.bounded_max \
+                    or not self.cfg.bounded_probes:
+                return self._extrapolate(peer, wl, limit)
+            return "bounded"
+        if (peer, wl.name) in self.slow:
+            return PeerResult(wl.name, wl.window, peer, "skipped",
+                              f"over the {self.cfg.budget_s:g} s budget at a smaller W")
+        return "full"
 
     def run_workload(self, wl: Workload) -> list[PeerResult]:
         """Every peer on one workload, ``repeat`` interleaved rounds (all peers, then all
@@ -313,31 +556,33 @@ class PeerRunner:
         from tqdm import tqdm
 
         measure = self.cfg.measure or wl.window
-        events = events_for(wl, measure, self.cfg.seed)
+        data = events_for(wl, measure, self.cfg.seed)
+        wl = calibrate(wl, data)
         fill = 2 * wl.window
+        # a scan costs W per probe tuple: above 1M, fewer probes keep it to ~8G steps
+        nb = min(measure, self.cfg.bounded_probes, max(256, (1 << 33) // wl.window))
+        bdata = data.slice(0, fill + nb)
         best: dict[str, PeerResult] = {}
-        timed: list[str] = []
+        timed: list[tuple[str, bool]] = []
         for peer in self.cfg.peers:
-            if peer == "spark" and self.spark is None:
-                self._say_once(f"spark: skipped: {self.spark_reason}")
-                best[peer] = PeerResult(wl.name, wl.window, peer, "skipped", self.spark_reason)
-            elif (limit := self._limit(peer, wl)) is not None and wl.window > limit:
-                best[peer] = self._extrapolate(peer, wl, limit)
-            elif (peer, wl.name) in self.slow:
-                best[peer] = PeerResult(wl.name, wl.window, peer, "skipped",
-                                        f"over the {self.cfg.budget_s:g} s budget at a smaller W")
+            plan = self._plan(peer, wl)
+            if isinstance(plan, PeerResult):
+                best[peer] = plan
             else:
-                timed.append(peer)
+                timed.append((peer, plan == "bounded"))
         for rnd in range(max(1, self.cfg.repeat)):
-            for peer in timed:
-                if rnd and (best[peer].status != "ok" or
+            for peer, bounded in timed:
+                if rnd and (best[peer].status not in ("ok", "bounded") or
                             (best[peer].seconds or 0) > self.cfg.budget_s / 2):
                     continue  # one round is all a failing or slow peer gets
-                with tqdm(total=len(events), unit="tuples", unit_scale=True, leave=False,
+                d = bdata if bounded else data
+                with tqdm(total=len(d), unit="tuples", unit_scale=True, leave=False,
                           disable=not self.progress,
                           desc=f"{peer} {wl.name} W={wl.window} #{rnd + 1}") as bar:
                     try:
-                        rec = self.run_peer(peer, wl, events, fill, bar)
+                        rec = self.run_peer(peer, wl, d, fill, bar, bounded)
+                    except NotImplementedError as e:  # e.g. a predicate Spark cannot express
+                        rec = PeerResult(wl.name, wl.window, peer, "skipped", str(e))
                     except Exception as e:  # a failing peer is reported, the others run
                         # SparkCannotJoin: Spark has no stream-stream band join
                         cannot = type(e).__name__ == "SparkCannotJoin"
@@ -353,6 +598,9 @@ class PeerRunner:
                             f"result count changed between rounds: {old.results} then "
                             f"{rec.results}")
                     best[peer] = rec
+        if wl.band is not None:
+            for r in best.values():
+                r.note = f"E={wl.band} (calibrated)" + (f"; {r.note}" if r.note else "")
         out = [best[p] for p in self.cfg.peers]
         self.records += out
         return out
@@ -365,7 +613,8 @@ class PeerRunner:
         b = max(base, key=lambda r: r.window)
         f = b.window / wl.window  # a scan costs W per probe tuple
         return PeerResult(wl.name, wl.window, peer, "extrapolated",
-                          f"from W={b.window} x {f:.3g} (cost linear in W)",
+                          f"EXTRAPOLATED from W={b.window} x {f:.3g} (cost linear in W), "
+                          "not measured",
                           steady_tps=None if b.steady_tps is None else b.steady_tps * f,
                           whole_tps=b.whole_tps * f,
                           memory_bytes=None if b.memory_bytes is None
@@ -386,15 +635,17 @@ def _fill(rec: PeerResult, out: dict) -> PeerResult:
 
 
 def check_counts(records: list[PeerResult]) -> list[str]:
-    """Every peer that ran the whole file of a workload reports the same result count."""
+    """Every peer that ran the whole file of a workload reports the same result count;
+    so does every peer that ran it bounded (the same probe tuples)."""
     problems = []
     groups: dict[tuple, dict[str, int]] = {}
     for r in records:
-        if r.status == "ok" and r.results is not None:
-            groups.setdefault((r.workload, r.window), {})[r.peer] = r.results
-    for (wl, w), counts in groups.items():
+        if r.status in ("ok", "bounded") and r.results is not None:
+            groups.setdefault((r.workload, r.window, r.status), {})[r.peer] = r.results
+    for (wl, w, st), counts in groups.items():
         if len(set(counts.values())) > 1:
-            problems.append(f"{wl} W={w}: result counts differ: {counts}")
+            what = " (bounded runs)" if st == "bounded" else ""
+            problems.append(f"{wl} W={w}: result counts differ{what}: {counts}")
     return problems
 
 
@@ -428,7 +679,7 @@ def table(records: list[PeerResult]) -> str:
         elif b and r.whole_tps:
             ratio = b["whole"] / r.whole_tps
         mem = None if r.memory_bytes is None else r.memory_bytes / 2**20
-        note = r.note if r.status == "ok" else f"{r.status}: {r.note}"
+        note = r.note if r.status in ("ok", "bounded") else f"{r.status}: {r.note}"
         lines.append(f"| {r.workload} | {r.window} | {r.peer} | {_g(r.steady_tps)} | "
                      f"{_g(r.whole_tps)} | {_g(mem)} | {_g(ratio)} | "
                      f"{'' if r.results is None else r.results} | {note} |")
@@ -452,15 +703,21 @@ def plot(records: list[PeerResult], out_dir: Path, tag: str) -> list[Path]:
     def label(p):
         return f"{p} (whole file)" if p in whole else p
 
+    def style(pts):
+        st = {s for *_, s in pts}
+        return "--" if "extrapolated" in st else ":" if "bounded" in st else "-"
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for p in peers:
         pts = sorted((r.window, rate(r), r.status) for r in records
                      if r.peer == p and r.workload == "band S=64 uniform" and rate(r))
         if pts:
             ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], marker="o", label=label(p),
-                    linestyle="--" if any(s == "extrapolated" for *_, s in pts) else "-")
+                    linestyle=style(pts))
     ax.set(xscale="log", yscale="log", xlabel="window size W per stream (tuples)",
-           ylabel="input tuples/s", title="Band join, S = 64, uniform keys (dashed: extrapolated)")
+           ylabel="input tuples/s",
+           title="Band join, S = 64, uniform keys\n(dotted: bounded probe runs at large W; "
+                 "dashed: extrapolated)")
     ax.legend(fontsize=7)
     ax.grid(True, which="both", alpha=0.3)
     paths.append(out_dir / f"peers_window{tag}.png")
@@ -468,7 +725,12 @@ def plot(records: list[PeerResult], out_dir: Path, tag: str) -> list[Path]:
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
 
-    wmax = max(r.window for r in records)
+    def sel_ws(w):
+        return {r.workload for r in records if r.window == w and r.workload.startswith("band S=")
+                and r.workload.endswith(" uniform")}
+
+    # the largest W that has the most selectivities
+    wmax = max({r.window for r in records}, key=lambda w: (len(sel_ws(w)), w))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for p in peers:
         pts = []
@@ -480,7 +742,7 @@ def plot(records: list[PeerResult], out_dir: Path, tag: str) -> list[Path]:
         pts.sort()
         if pts:
             ax.plot([x for x, _, _ in pts], [y for _, y, _ in pts], marker="o", label=label(p),
-                    linestyle="--" if any(s == "extrapolated" for *_, s in pts) else "-")
+                    linestyle=style(pts))
     ax.set(xscale="log", yscale="log", xlabel="selectivity S (matches per probe tuple)",
            ylabel="input tuples/s", title=f"Band join, W = {wmax} per stream, uniform keys")
     ax.legend(fontsize=7)
@@ -528,6 +790,17 @@ def run_peers(cfg: PeerConfig, progress: bool = True, out_json: Path | None = No
         plot_dir.mkdir(parents=True, exist_ok=True)
         plot(recs, plot_dir, tag)
     return recs
+
+
+def load_records(paths) -> list[PeerResult]:
+    """Records of several runs' JSON files (e.g. to plot them together); where two files
+    hold the same (workload, W, peer), the later file's record counts."""
+    out: dict[tuple, PeerResult] = {}
+    for p in paths:
+        for r in json.loads(Path(p).read_text())["records"]:
+            rec = PeerResult(**r)
+            out[(rec.workload, rec.window, rec.peer)] = rec
+    return list(out.values())
 
 
 def _jsonable(x):
