@@ -37,8 +37,8 @@ per stream), and the handshake join paper's 2-D band join (its section 5.2:
 ``r.x BETWEEN s.a-10 AND s.a+10 AND r.y BETWEEN s.b-10 AND s.b+10``, values
 uniform in 1..10000). The 2-D join runs on the x band as the key; the y band is
 a *residual* condition: SHJ and DuckDB take it in their filter / SQL, the
-engine-based peers check it on their result pairs (:func:`two_d_engine_op`, the
-one place to change when the engine gets its own residual predicate). The y
+engine-based peers (PanJoin's indexes, the sorted list, the nested loop, the cluster)
+take it as the engine's residual predicate on key2 (:func:`two_d_engine_op`). The y
 values are multiples of 1/1024 (floats, like the paper's) handled as exact
 int64 ``y * 1024`` by every peer.
 
@@ -270,23 +270,27 @@ def calibrate(wl: Workload, data: Data, probes: int = 256) -> Workload:
 
 
 class _EngineOp:
-    def __init__(self, wl: Workload, index: str, threads: int, backend=None, n_workers=1):
+    def __init__(self, wl: Workload, index: str, threads: int, backend=None, n_workers=1,
+                 predicate: str | None = None):
         from panjoin.manager.engine import JoinEngine
 
         # NBat: the paper's 32K, but at most W/8 so that small windows still see many batches
-        self.eng = JoinEngine(wl.window_spec(), wl.predicate(), index=index,
+        self.eng = JoinEngine(wl.window_spec(), predicate or wl.predicate(), index=index,
                               threads=threads, backend=backend, n_workers=n_workers,
                               batch_size=min(1 << 15, max(256, wl.window // 8)))
 
+    def events(self, data: Data):
+        return data.events
+
     def push(self, data: Data) -> int:
-        self.eng.push(data.events)
+        self.eng.push(self.events(data))
         return len(self.eng.take_results()[0])
 
     def fill(self, data: Data) -> None:
         """Insert and expire without probing: the windows fill, nothing is joined."""
         self.eng._probe = lambda *a, **k: None  # the instance attribute shadows the method
         try:
-            self.eng.push(data.events)
+            self.eng.push(self.events(data))
             self.eng.flush()
         finally:
             del self.eng._probe
@@ -300,33 +304,25 @@ class _EngineOp:
 
 
 class _TwoDimEngineOp(_EngineOp):
-    """The 2-D band join on an engine: the x band is the key, the y band is checked on
-    the result pairs here (ids are ranks within each stream, so y of a pair is a lookup)."""
+    """The 2-D band join on an engine: the x band is the key, the y band the engine's
+    residual condition on key2 (``band:10&bands2:A,B``), checked inside the probe where
+    the x-band candidates are found, so only pairs passing both are produced."""
 
     def __init__(self, wl: Workload, data: Data, *args, **kw):
-        super().__init__(wl, *args, **kw)
-        st = data.events.stream
-        self.y = {"R": data.y[st == 0], "S": data.y[st == 1]}
-        ((self.name, (self.a, self.b)),) = wl.residual.items()
+        ((_, (a, b)),) = wl.residual.items()
+        super().__init__(wl, *args, predicate=f"{wl.predicate()}&bands2:{a},{b}", **kw)
 
-    def _count(self, r: np.ndarray, s: np.ndarray) -> int:
-        d = self.y["S"][s] - self.y["R"][r]
-        return int(np.count_nonzero((d >= self.a) & (d <= self.b)))
+    def events(self, data: Data):
+        from dataclasses import replace
 
-    def push(self, data: Data) -> int:
-        self.eng.push(data.events)
-        return self._count(*self.eng.take_results())
-
-    def finish(self) -> int:
-        self.eng.flush()
-        return self._count(*self.eng.take_results())
+        # y is int64 y * 1024 below 2**53: exact as float64
+        return replace(data.events, key2=data.y.astype(np.float64))
 
 
 def two_d_engine_op(wl: Workload, data: Data, index: str, threads: int, backend=None,
                     n_workers: int = 1) -> _EngineOp:
-    """THE one place where an engine-based peer gets the 2-D band join. Today: the x band
-    in the engine, the y band on the result pairs. When the engine takes a residual
-    predicate (issue 4), build the engine with ``wl.residual`` here and push ``data.y``."""
+    """THE one place where an engine-based peer gets the 2-D band join: the x band as
+    the key, the y band as the engine's residual predicate on key2 = y."""
     return _TwoDimEngineOp(wl, data, index, threads, backend, n_workers)
 
 
