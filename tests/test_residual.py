@@ -308,6 +308,33 @@ def test_cluster_matches_reference(workers, index, fmt, wkind):
     assert_same(got, want)
 
 
+@pytest.mark.parametrize("wkind", ["count", "time"])
+def test_failover_replays_key2_and_the_residual(wkind):
+    """A worker killed mid-join: its subwindows are rebuilt from the manager's copy, key2
+    included, and its unanswered probes are retried with their residual bounds."""
+    t = stream("uniform", disorder_ms=30 if wkind == "time" else 0)
+    pred, lateness = "band:2&band2:1", 10 if wkind == "time" else 0
+    ws = start_workers(3)
+    backend = GrpcBackend([w.address for w in ws], deadline=20)
+    try:
+        eng = JoinEngine(parse_window(WINDOWS[wkind], lateness), pred, index="bisort",
+                         subwindow_size=30, partitions=8, batch_size=64, backend=backend,
+                         n_workers=3)
+        eng.push(t.slice(0, len(t) // 2))
+        ws[1].kill()  # SIGKILL: no goodbye
+        eng.push(t.slice(len(t) // 2, len(t)))
+        eng.flush()
+        r, s = eng.take_results()
+        assert backend.failovers >= 1
+    finally:
+        backend.close()
+        for w in ws:
+            w.stop()
+    want = ref_pairs(t, WINDOWS[wkind], pred, lateness)
+    assert len(want) > 50
+    assert_same(sort_pairs(np.stack([r, s], axis=1)), want)
+
+
 def test_worker_refuses_ranges_with_a_residual(workers):
     import grpc
 
