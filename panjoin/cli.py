@@ -132,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--modes", type=int, default=4, help="peaks of the 'normal' distribution")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--payload", action="store_true", help="add a string payload column")
+    p.add_argument("--key2-max", type=float, default=None, metavar="M",
+                   help="add a second attribute key2, uniform in [0, M), for residual "
+                        "predicates such as band:10&band2:10")
     _add_common(p)
 
     p = sub.add_parser("bench", help="benchmarks (see benchmarks/)")
@@ -465,7 +468,7 @@ def run_gen(args) -> int:
     table = generate(args.n, args.dist, key_min=args.key_min, key_max=args.key_max,
                      float_keys=args.float_keys, rate=args.rate, disorder_ms=args.disorder_ms,
                      r_fraction=args.r_fraction, zipf_a=args.zipf_a, modes=args.modes,
-                     seed=args.seed, payload=args.payload)
+                     seed=args.seed, payload=args.payload, key2_max=args.key2_max)
     write_events(table, args.out)
     nr, ns = table.counts()
     print(f"wrote {len(table)} events ({nr} R, {ns} S, {args.dist} keys) to {args.out} "

@@ -172,11 +172,14 @@ def generate(
     seed: int = 0,
     payload: bool = False,
     disorder_fraction: float = DISORDER_FRACTION,
+    key2_max: float | None = None,
 ) -> EventTable:
     """``n`` arrival-ordered tuples of R and S; see the module docstring.
 
     Deterministic per ``seed``; vectorised (10M tuples take about a second).
     ``payload=True`` adds a string payload ``'R17'`` / ``'S4'`` (stream and id).
+    ``key2_max`` adds a second attribute ``key2``, uniform floats in [0, key2_max), for
+    residual conditions (``band:10&band2:10``).
     """
     n = int(n)
     if n < 0:
@@ -195,6 +198,8 @@ def generate(
         raise ValueError(f"modes={modes}: need at least one peak")
     if not zipf_a > 0:
         raise ValueError(f"zipf_a={zipf_a}: the rank-size exponent must be > 0")
+    if key2_max is not None and not (math.isfinite(key2_max) and key2_max > 0):
+        raise ValueError(f"key2_max={key2_max}: must be a positive finite number")
     if float_keys:
         lo, hi = float(key_min), float(key_max)
         if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
@@ -202,8 +207,9 @@ def generate(
     else:
         lo, hi = _int_bounds(key_min, key_max)
 
-    tags_rng, ts_rng, key_rng = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
+    # child i of a seed is the same whatever the count, so key2 leaves the rest unchanged
+    tags_rng, ts_rng, key_rng, key2_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
     )
 
     is_s = tags_rng.random(n) >= r_fraction
@@ -228,7 +234,8 @@ def generate(
     if payload:
         tags = pc.take(pa.array(["R", "S"]), pa.array(stream))
         pl = pc.binary_join_element_wise(tags, pc.cast(pa.array(ids), pa.string()), "")
-    return EventTable(stream, ids, key, ts, pl)
+    key2 = None if key2_max is None else key2_rng.random(n) * float(key2_max)
+    return EventTable(stream, ids, key, ts, pl, key2)
 
 
 def band_for_selectivity(selectivity: float, window: int, key_min, key_max) -> float:

@@ -132,3 +132,30 @@ def test_replay_with_payload_writes_both_sides_payloads(tmp_path, capsys):
     with pytest.raises(SystemExit, match="no payload column"):
         main(["replay", str(bare), "--window", "count:50,50", "--predicate", "eq",
               "--with-payload", "--out", str(tmp_path / "x.parquet"), "--no-progress"])
+
+
+def test_gen_key2_and_replay_with_a_residual(tmp_path):
+    ev = tmp_path / "ev.parquet"
+    assert main(["gen", str(ev), "--n", "4000", "--key-max", "300", "--key2-max", "100",
+                 "--seed", "3", "--no-progress"]) == 0
+    t = read_events(ev)
+    assert t.key2 is not None and t.key2.min() >= 0 and t.key2.max() < 100
+    # key2 comes from its own random stream: the other columns are those without it
+    bare = tmp_path / "bare.parquet"
+    assert main(["gen", str(bare), "--n", "4000", "--key-max", "300", "--seed", "3",
+                 "--no-progress"]) == 0
+    b = read_events(bare)
+    assert np.array_equal(b.key, t.key) and np.array_equal(b.ts, t.ts) and b.key2 is None
+    out = tmp_path / "p.parquet"
+    pred = "band:2&band2:10"
+    assert main(["replay", str(ev), "--window", "count:500,500", "--predicate", pred,
+                 "--batch-size", "128", "--out", str(out), "--no-progress"]) == 0
+    ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:500,500"),
+                         parse_predicate(pred), t.key2)
+    unfiltered = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:500,500"),
+                                parse_predicate("band:2"))
+    assert 50 < len(ref.pairs) < len(unfiltered.pairs) // 2
+    assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
+    with pytest.raises(SystemExit):  # a residual on a file without key2: a clear error
+        main(["replay", str(bare), "--window", "count:50,50", "--predicate", pred,
+              "--out", str(tmp_path / "x.parquet"), "--no-progress"])
