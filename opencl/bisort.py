@@ -49,7 +49,7 @@ from opencl.device import runtime
 from panjoin.config import BISORT_BUFFER
 from panjoin.semantics import I64_MAX, I64_MIN, _int_band, probe_bounds, stored_bands
 from panjoin.subwindow.base import Residual, ResidualError, SubwindowIndex, WindowFilter
-from panjoin.subwindow.bi_sort import RangeResult
+from panjoin.subwindow.bi_sort import RangeResult, buffer_insert
 from panjoin.subwindow.kernels import window as W
 
 #: the paper's FPGA design: 8 mergers and 8 probers
@@ -164,28 +164,15 @@ class OpenCLBISort(SubwindowIndex):
 
     def insert(self, keys, ts, seq, key2=None):
         """Insert a sorted batch: O(K) into the buffer, else a merge on the device."""
-        keys, ts, seq = self._check_insert(keys, ts, seq, key2)
-        k = keys.shape[0]
+        a, k = buffer_insert(self, "bisort-opencl", keys, ts, seq, key2)
         if k == 0:
             return
-        if k > 1 and not bool(np.all(keys[1:] >= keys[:-1])):
-            raise ValueError("bisort-opencl: insert batch must be sorted by key")
-        if k > self.buffer_size:
-            self._merge(keys, ts, seq, k)
-            return
-        if self.nbuf + k > self.buffer_size:
-            self.flush()
-        a = self.nbuf
-        self.bkeys[a:a + k] = keys
-        self.bts[a:a + k] = ts
-        self.bseq[a:a + k] = seq
         # not blocking: the source rows of the host's copy are not written again before
         # a merge, which waits for the queue (and the in-order queue runs every later
         # kernel after these copies)
         for dst, src in ((self.d_bk, self.bkeys), (self.d_bt, self.bts), (self.d_bs, self.bseq)):
             self._cl.enqueue_copy(self.queue, dst, src[a:a + k], dst_offset=a * 8,
                                   is_blocking=False)
-        self.nbuf += k
 
     def flush(self) -> None:
         """Sort the insertion buffer (stable, as the Numba BI-Sort) and merge it."""

@@ -137,6 +137,30 @@ class RangeResult:
                 np.concatenate([s, self.buf_seq]))
 
 
+def buffer_insert(ix, name: str, keys, ts, seq, key2=None) -> tuple[int, int]:
+    """The insertion buffer's front half, shared by BI-Sort and its OpenCL twin: check
+    the batch, merge a batch larger than the buffer at once, else append it to the
+    buffer (merging a full buffer first). Returns ``(a, k)``: the batch sits in buffer
+    rows ``a:a + k``; ``k == 0`` when nothing was buffered."""
+    keys, ts, seq = ix._check_insert(keys, ts, seq, key2)
+    k = keys.shape[0]
+    if k == 0:
+        return 0, 0
+    if k > 1 and not bool(np.all(keys[1:] >= keys[:-1])):
+        raise ValueError(f"{name}: insert batch must be sorted by key")
+    if k > ix.buffer_size:
+        ix._merge(keys, ts, seq, k)
+        return 0, 0
+    if ix.nbuf + k > ix.buffer_size:
+        ix.flush()
+    a = ix.nbuf
+    ix.bkeys[a:a + k] = keys
+    ix.bts[a:a + k] = ts
+    ix.bseq[a:a + k] = seq
+    ix.nbuf += k
+    return a, k
+
+
 class BISort(SubwindowIndex):
     """Sorted main array + insertion buffer + index array; see the module docstring."""
 
@@ -174,21 +198,7 @@ class BISort(SubwindowIndex):
 
     def insert(self, keys, ts, seq, key2=None):
         """Insert a sorted batch. O(K) into the buffer, else O(moved + K) per merge."""
-        keys, ts, seq = self._check_insert(keys, ts, seq, key2)
-        k = keys.shape[0]
-        if k == 0:
-            return
-        if k > 1 and not bool(np.all(keys[1:] >= keys[:-1])):
-            raise ValueError("bisort: insert batch must be sorted by key")
-        if k > self.buffer_size:
-            self._merge(keys, ts, seq, k)
-            return
-        if self.nbuf + k > self.buffer_size:
-            self.flush()
-        self.bkeys[self.nbuf:self.nbuf + k] = keys
-        self.bts[self.nbuf:self.nbuf + k] = ts
-        self.bseq[self.nbuf:self.nbuf + k] = seq
-        self.nbuf += k
+        buffer_insert(self, "bisort", keys, ts, seq, key2)
 
     def flush(self) -> None:
         """Sort the insertion buffer and merge it into the main array."""
