@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from index_helpers import band_property_case, fill, random_filter
+from index_helpers import band_property_case, draw_keys, fill, random_filter
 
-from panjoin.semantics import I64_MAX, I64_MIN, parse_predicate, probe_bounds
+from panjoin.semantics import I64_MAX, parse_predicate, probe_bounds
 from panjoin.subwindow import make_index
 from panjoin.subwindow.bi_sort import BISort
 from panjoin.subwindow.kernels import window as W
@@ -22,29 +22,6 @@ PREDICATES = ["eq", "band:3", "bands:-5,-2;4,9", "ne"]
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def draw_keys(rng, dist, n, dtype=np.int64):
-    if dist == "uniform":
-        k = rng.integers(-50, 50, n)
-    elif dist == "zipf":
-        k = np.minimum(rng.zipf(1.5, n), 40) - 5
-    elif dist == "increasing":
-        k = np.arange(n) // 2 + rng.integers(0, 3, n)
-    elif dist == "equal":
-        k = np.full(n, 7)
-    elif dist == "extreme":
-        pool = np.array([I64_MIN, I64_MIN + 1, I64_MIN + 3, -1, 0, 1,
-                         I64_MAX - 4, I64_MAX - 1, I64_MAX], dtype=np.int64)
-        k = pool[rng.integers(0, pool.shape[0], n)]
-    elif dist == "negative":
-        k = rng.integers(-(2**62), -(2**62) + 40, n)
-    elif dist == "float":
-        k = np.round(rng.normal(0.0, 6.0, n), 1)
-        k[rng.random(n) < 0.1] = 0.1 + 0.2  # a value whose band edges need exact rounding
-    else:
-        raise ValueError(dist)
-    return np.asarray(k, dtype=np.float64 if dist == "float" else dtype)
 
 
 def split_sizes(rng, n, pattern, buffer):

@@ -17,8 +17,8 @@ import zlib
 
 import numpy as np
 import pytest
-from index_helpers import fill, random_filter
-from test_bi_sort import PREDICATES, draw_keys, probe_keys, split_sizes
+from index_helpers import draw_keys, fill, random_filter
+from test_bi_sort import PREDICATES, probe_keys, split_sizes
 
 from opencl.bisort import OpenCLBISort
 from opencl.device import OpenCLError, build_program, choose_device, runtime

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from index_helpers import band_property_case, fill, random_filter
+from index_helpers import draw_keys as shared_draw_keys
 
 from panjoin.semantics import I64_MAX, I64_MIN, parse_predicate, probe_bounds
 from panjoin.subwindow import make_index
@@ -28,29 +29,8 @@ F64_MAX = np.finfo(np.float64).max
 
 
 def draw_keys(rng, dist, n):
-    if dist == "uniform":
-        k = rng.integers(-50, 50, n)
-    elif dist == "zipf":
-        k = np.minimum(rng.zipf(1.5, n), 40) - 5
-    elif dist == "increasing":
-        k = np.arange(n) // 2 + rng.integers(0, 3, n)
-    elif dist == "equal":
-        k = np.full(n, 7)
-    elif dist == "extreme":
-        pool = np.array([I64_MIN, I64_MIN + 1, I64_MIN + 3, -1, 0, 1,
-                         I64_MAX - 4, I64_MAX - 1, I64_MAX], dtype=np.int64)
-        k = pool[rng.integers(0, pool.shape[0], n)]
-    elif dist == "negative":
-        k = rng.integers(-(2**62), -(2**62) + 40, n)
-    elif dist == "float":
-        k = np.round(rng.normal(0.0, 6.0, n), 1)
-        k[rng.random(n) < 0.1] = 0.1 + 0.2  # a value whose band edges need exact rounding
-        k[rng.random(n) < 0.05] = -0.0
-        k[rng.random(n) < 0.05] = F64_MAX  # the largest double: no key above it
-        k[rng.random(n) < 0.05] = -F64_MAX
-    else:
-        raise ValueError(dist)
-    return np.asarray(k, dtype=np.float64 if dist == "float" else np.int64)
+    # float keys here also take -0.0 and +-F64_MAX: the tree's entry bounds meet them
+    return shared_draw_keys(rng, dist, n, float_extremes=True)
 
 
 def split_sizes(rng, n, pattern):
