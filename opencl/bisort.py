@@ -49,7 +49,7 @@ from opencl.device import runtime
 from panjoin.config import BISORT_BUFFER
 from panjoin.semantics import I64_MAX, I64_MIN, _int_band, probe_bounds, stored_bands
 from panjoin.subwindow.base import Residual, ResidualError, SubwindowIndex, WindowFilter
-from panjoin.subwindow.bi_sort import RangeResult, buffer_insert
+from panjoin.subwindow.bi_sort import RangeResult, buffer_flush, buffer_insert
 from panjoin.subwindow.kernels import window as W
 
 #: the paper's FPGA design: 8 mergers and 8 probers
@@ -176,12 +176,7 @@ class OpenCLBISort(SubwindowIndex):
 
     def flush(self) -> None:
         """Sort the insertion buffer (stable, as the Numba BI-Sort) and merge it."""
-        n = self.nbuf
-        if n == 0:
-            return
-        order = np.argsort(self.bkeys[:n], kind="stable")
-        self._merge(self.bkeys[:n][order], self.bts[:n][order], self.bseq[:n][order], n)
-        self.nbuf = 0
+        buffer_flush(self)
 
     def _merge(self, rk, rt, rs, r):
         """Merge the sorted run into the main array on the device, then re-index."""

@@ -161,6 +161,18 @@ def buffer_insert(ix, name: str, keys, ts, seq, key2=None) -> tuple[int, int]:
     return a, k
 
 
+def buffer_flush(ix) -> None:
+    """The insertion buffer's back half, shared like :func:`buffer_insert`: sort the
+    buffer and merge it into the main array."""
+    n = ix.nbuf
+    if n == 0:
+        return
+    # stable, so that a mirror replaying the inserts sorts ties the same way
+    order = np.argsort(ix.bkeys[:n], kind="stable")
+    ix._merge(ix.bkeys[:n][order], ix.bts[:n][order], ix.bseq[:n][order], n)
+    ix.nbuf = 0
+
+
 class BISort(SubwindowIndex):
     """Sorted main array + insertion buffer + index array; see the module docstring."""
 
@@ -202,13 +214,7 @@ class BISort(SubwindowIndex):
 
     def flush(self) -> None:
         """Sort the insertion buffer and merge it into the main array."""
-        n = self.nbuf
-        if n == 0:
-            return
-        # stable, so that a mirror replaying the inserts sorts ties the same way
-        order = np.argsort(self.bkeys[:n], kind="stable")
-        self._merge(self.bkeys[:n][order], self.bts[:n][order], self.bseq[:n][order], n)
-        self.nbuf = 0
+        buffer_flush(self)
 
     def _merge(self, rk, rt, rs, r):
         # rows below the first main key > the run's smallest stay in place (stable merge)
