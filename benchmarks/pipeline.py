@@ -31,8 +31,7 @@ import numpy as np
 from panjoin.generate import generate
 from panjoin.kafka import io
 from panjoin.kafka.broker import start_broker
-from panjoin.launch import start_workers
-from panjoin.manager.service import serve_manager
+from panjoin.launch import start_manager, start_workers
 from panjoin.semantics import Window, parse_predicate
 from spark_conn.peer import join_condition
 from spark_conn.pipeline import PipelineConfig, run
@@ -117,6 +116,8 @@ def main(argv=None) -> int:
                     help="the pipeline's input path (spark_conn.pipeline --source)")
     ap.add_argument("--nbat", type=int, default=32768,
                     help="the manager's batch size NBat (panjoin pipeline --batch-size)")
+    ap.add_argument("--broker", choices=["noida", "tansu"], default="noida",
+                    help="the Kafka-protocol broker both jobs read from and write to")
     ap.add_argument("--driver-memory", default="6g", help="Spark's driver (JVM) memory")
     ap.add_argument("--skip-spark", action="store_true",
                     help="the pipeline alone (no Spark join, no comparison)")
@@ -130,24 +131,29 @@ def main(argv=None) -> int:
     print(f"{args.n:,} tuples, time window {window} ms (~{window // 2:,} tuples per stream "
           f"in the window), {keys:,} keys, {args.per_trigger:,} records per micro-batch")
     ws = start_workers(2)
-    srv, port = serve_manager([w.address for w in ws], 0)
+    try:  # the manager in its own process, as `panjoin manager` runs it
+        mgr = start_manager([w.address for w in ws])
+    except BaseException:
+        for w in ws:
+            w.stop()
+        raise
     # Spark's join keeps both windows as state in the driver's JVM (local mode)
     spark = spark_session("panjoin-bench", conf={"spark.driver.memory": args.driver_memory})
     tmp = tempfile.mkdtemp(prefix="panjoin-bench-")
     try:
-        with start_broker("noida") as b:
+        with start_broker(args.broker) as b:
             io.produce_events(b.bootstrap, ev, "R", "S", partitions=2)
             # warm-up: Python workers, JIT, the cluster's kernels
             warm = generate(2000, "uniform", key_max=100, seed=1, rate=1000)
             io.produce_events(b.bootstrap, warm, "wR", "wS", partitions=2)
-            run(PipelineConfig(b.bootstrap, f"127.0.0.1:{port}", os.path.join(tmp, "w"),
+            run(PipelineConfig(b.bootstrap, mgr.address, os.path.join(tmp, "w"),
                                f"time:{window},{window}", "eq", r_topic="wR", s_topic="wS",
                                out_topic="wout", late_topic="wlate",
                                dead_letter_topic="wdead"), spark)
             spark_join(spark, b.bootstrap, "wR", "wS", "wout2", window, 1000,
                        os.path.join(tmp, "w2"))
 
-            cfg = PipelineConfig(b.bootstrap, f"127.0.0.1:{port}", os.path.join(tmp, "p"),
+            cfg = PipelineConfig(b.bootstrap, mgr.address, os.path.join(tmp, "p"),
                                  f"time:{window},{window}", "eq",
                                  max_offsets_per_trigger=args.per_trigger,
                                  allowed_lateness=window, out_topic="pj-out",
@@ -159,6 +165,10 @@ def main(argv=None) -> int:
                   f"{len(p_pj):,} pairs, {st['batches']} micro-batches)", flush=True)
             print("  pipeline time by step (s): " + ", ".join(
                 f"{k[2:]} {v:.1f}" for k, v in st.items() if k.startswith("s_")), flush=True)
+            print(f"  read ahead: {st['read_ahead_hits']} batches guessed right, "
+                  f"{st['read_ahead_misses']} wrong", flush=True)
+            print("  Spark's trigger phases (s): " + ", ".join(
+                f"{k} {v / 1000:.1f}" for k, v in st["spark_ms"].items()), flush=True)
             if args.skip_spark:
                 return 0
             io.create_topics(b.bootstrap, ["spark-out"])
@@ -178,7 +188,7 @@ def main(argv=None) -> int:
                 print(f"band join in Spark (|r.key - s.key| <= 3, same time range): "
                       f"refused: {msg}")
     finally:
-        srv.stop(0)
+        mgr.stop()
         for w in ws:
             w.stop()
     return 0

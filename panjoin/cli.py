@@ -536,7 +536,7 @@ def run_cluster(args) -> int:
 
 
 def run_manager(args) -> int:
-    from panjoin.launch import wait_healthy
+    from panjoin.launch import MANAGER_READY, wait_healthy
     from panjoin.manager.service import serve_manager
 
     addrs = [a.strip() for a in args.workers.split(",") if a.strip()]
@@ -544,8 +544,7 @@ def run_manager(args) -> int:
         wait_healthy(a, timeout=30)
     server, port = serve_manager(addrs, args.port, args.host, topology=args.topology,
                                  fifo=args.fifo, segment=args.segment)
-    print(f"panjoin manager listening on {args.host}:{port}, workers {', '.join(addrs)}",
-          flush=True)
+    print(f"{MANAGER_READY}{args.host}:{port}, workers {', '.join(addrs)}", flush=True)
     return _serve_until_stopped(lambda: server.stop(grace=2).wait())
 
 

@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 READY = "panjoin worker listening on "
+MANAGER_READY = "panjoin manager listening on "
 
 
 @dataclass
@@ -83,17 +84,10 @@ def start_workers(n: int, threads: int = 1, timeout: float = 120.0, role: str = 
         raise ValueError(f"worker_args has {len(extra)} lists for {n} workers")
     started: list[WorkerProcess] = []
     try:
-        procs = [subprocess.Popen(
-            [sys.executable, "-m", "panjoin.cli", role, "--port", "0", "--threads",
-             str(threads), *extra[w]], stdout=subprocess.PIPE, text=True, env=dict(os.environ),
-        ) for w in range(n)]
+        procs = [_spawn([role, "--port", "0", "--threads", str(threads), *extra[w]])
+                 for w in range(n)]
         for p in procs:
-            line = p.stdout.readline()
-            if not line.startswith(READY):
-                p.kill()
-                raise RuntimeError(f"{role} did not start (said {line!r}); run "
-                                   f"'panjoin {role} --port 0' to see why")
-            started.append(WorkerProcess(p, line[len(READY):].strip()))
+            started.append(WorkerProcess(p, _address(p, READY, role)))
         for w in started:
             wait_healthy(w.address, timeout)
         return started
@@ -101,3 +95,35 @@ def start_workers(n: int, threads: int = 1, timeout: float = 120.0, role: str = 
         for w in started:
             w.stop()
         raise
+
+
+def start_manager(workers: list[str], timeout: float = 120.0,
+                  args: list[str] | None = None) -> WorkerProcess:
+    """Start ``panjoin manager`` over running workers in its own process (its own
+    interpreter: the join's bookkeeping shares no GIL with the caller); returns when
+    its gRPC endpoint is healthy. ``args``: extra flags, e.g. ``["--topology",
+    "handshake"]``."""
+    p = _spawn(["manager", "--port", "0", "--workers", ",".join(workers), *(args or [])])
+    m = WorkerProcess(p, "")
+    try:
+        m.address = _address(p, MANAGER_READY, "manager").split(",")[0].strip()
+        wait_healthy(m.address, timeout)
+        return m
+    except BaseException:
+        m.stop()
+        raise
+
+
+def _spawn(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "panjoin.cli", *args],
+                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+
+
+def _address(p: subprocess.Popen, ready: str, role: str) -> str:
+    """The address in the process's first line of output, which must start with ``ready``."""
+    line = p.stdout.readline()
+    if not line.startswith(ready):
+        p.kill()
+        raise RuntimeError(f"{role} did not start (said {line!r}); run "
+                           f"'panjoin {role} --port 0' to see why")
+    return line[len(ready):].strip()

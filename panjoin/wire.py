@@ -66,7 +66,7 @@ def to_payloads(arr: pa.Array | None, msg) -> None:
     offs = np.frombuffer(offsets, dtype=np.int64)[arr.offset:arr.offset + len(arr) + 1]
     start, end = int(offs[0]), int(offs[-1])
     msg.offsets.CopyFrom(to_array(offs - start))
-    msg.data = data.to_pybytes()[start:end] if data is not None else b""
+    msg.data = data[start:end].to_pybytes() if data is not None else b""
 
 
 def from_payloads(msg, n: int, name: str = "payload") -> pa.Array | None:

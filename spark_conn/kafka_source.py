@@ -112,6 +112,18 @@ def share_limit(waiting: dict, limit: int) -> dict:
     return take
 
 
+def plan_batch(begin: dict, end: dict, limit: int | None) -> dict:
+    """The next micro-batch's end offsets ``{topic: {partition: offset}}``: from
+    ``begin`` towards ``end`` on every partition, at most ``limit`` records in all
+    (shared out by :func:`share_limit`; None: everything up to ``end``). The source
+    plans with it, and the pipeline predicts the next plan with it to read ahead."""
+    if limit is None:
+        return {t: dict(ps) for t, ps in end.items()}
+    waiting = {(t, p): end[t][p] - begin[t][p] for t in end for p in end[t]}
+    take = share_limit(waiting, int(limit))
+    return {t: {p: begin[t][p] + take[(t, p)] for p in end[t]} for t in end}
+
+
 def _ranges_mode(options) -> bool:
     v = str(_opt(options, "ranges", "false")).lower()
     if v not in ("true", "false"):
@@ -215,13 +227,9 @@ class KafkaStreamReader(DataSourceStreamReader):
             n = limit.max_rows if hasattr(limit, "max_rows") else limit.maxRows
         elif not isinstance(limit, ReadAllAvailable) and self.max_offsets is not None:
             n = self.max_offsets
-        if n is None:
-            return end
         begin = {t: {p: start.get(t, {}).get(p, ends[t][p][0]) for p in ps}
                  for t, ps in end.items()}
-        waiting = {(t, p): end[t][p] - begin[t][p] for t in end for p in end[t]}
-        take = share_limit(waiting, int(n))
-        return {t: {p: begin[t][p] + take[(t, p)] for p in end[t]} for t in end}
+        return plan_batch(begin, end, n)
 
     def getDefaultReadLimit(self):
         if self.max_offsets is None:

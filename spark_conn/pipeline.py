@@ -208,7 +208,11 @@ def fetch_ranges(reader: io.RangeReader, ranges: dict, cfg: PipelineConfig) -> R
     in bulk: the Spark-planned offsets of a micro-batch (or a logged one on replay)."""
     want = [(t, int(p), lo, hi) for t in sorted(ranges)
             for p, (lo, hi) in sorted(ranges[t].items(), key=lambda x: int(x[0]))]
-    got = reader.read(want)
+    return records_of(reader.read(want), want, ranges, cfg)
+
+
+def records_of(got: dict, want: list, ranges: dict, cfg: PipelineConfig) -> Records:
+    """:class:`Records` from :meth:`RangeReader.read`'s answer, ranges in ``want`` order."""
     topic, part, off, val, stream = [], [], [], [], []
     for t, p, _, _ in want:
         v, o = got[(t, p)]
@@ -297,6 +301,94 @@ def _raw(v: bytes | None) -> dict:
         import base64
 
         return {"record_base64": base64.b64encode(v).decode()}
+
+
+class ReadAhead:
+    """The next micro-batch read from Kafka and parsed in a background thread while
+    this one joins and writes.
+
+    The source plans every micro-batch with :func:`spark_conn.kafka_source.plan_batch`
+    from where the last one ended, the end offsets and the trigger limit. In an
+    "available now" run the end offsets are fixed (``endingOffsets``), so the next
+    plan is known as soon as this one is: its records are read and parsed ahead.
+    When Spark hands other ranges (a restart, a partition that was not seen yet) the
+    records go back to the reader (:meth:`RangeReader.unread`) and the batch is read
+    as usual, so a wrong guess costs time, never a record.
+
+    Example: batch 3 is R[0] 400..600; with R[0] ending at 900 and 200 records per
+    trigger, batch 4 is guessed as R[0] 600..800 and read while batch 3 joins.
+    """
+
+    def __init__(self, cfg: PipelineConfig, ending: dict | None):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.cfg, self.ending = cfg, ending
+        self.pos: dict = {}  # {topic: {partition: where the last batch ended}}
+        # two threads: the read ahead, and the output topics' ends (Pipeline.out_start)
+        self.pool = ThreadPoolExecutor(2, thread_name_prefix="panjoin-read-ahead")
+        self._job = None  # (the guessed ranges, future of (got, Records, Parsed))
+        self.hits = self.misses = 0
+
+    def guess(self, ranges: dict) -> dict | None:
+        """The ranges of the batch after ``ranges``, or None when there is none to guess."""
+        from spark_conn.kafka_source import plan_batch
+
+        for t, ps in ranges.items():
+            for p, (_, e) in ps.items():
+                self.pos.setdefault(t, {})[p] = e
+        if self.ending is None:
+            return None
+        begin = {t: {p: self.pos.get(t, {}).get(p, e) for p, e in ps.items()}
+                 for t, ps in self.ending.items()}
+        end = {t: {p: max(e, begin[t][p]) for p, e in ps.items()}
+               for t, ps in self.ending.items()}
+        nxt = plan_batch(begin, end, self.cfg.max_offsets_per_trigger)
+        out = {t: {p: [begin[t][p], e] for p, e in ps.items() if e > begin[t][p]}
+               for t, ps in nxt.items()}
+        return {t: ps for t, ps in out.items() if ps} or None
+
+    def start(self, reader: io.RangeReader, ranges: dict) -> None:
+        """After a batch of ``ranges`` is planned: read the next one in the background."""
+        nxt = self.guess(ranges)
+        if nxt is not None and self._job is None:
+            self._job = (nxt, self.pool.submit(self._read, reader, nxt))
+
+    def _read(self, reader: io.RangeReader, ranges: dict):
+        want = [(t, int(p), lo, hi) for t in sorted(ranges)
+                for p, (lo, hi) in sorted(ranges[t].items(), key=lambda x: int(x[0]))]
+        got = reader.read(want)
+        rec = records_of(got, want, ranges, self.cfg)
+        return got, rec, parse_batch(rec, self.cfg)
+
+    def take(self, reader: io.RangeReader, ranges: dict):
+        """``(Records, Parsed)`` of ``ranges`` if they were read ahead, else None. Waits
+        for the read in flight: the reader is never used by two threads."""
+        if self._job is None:
+            return None
+        guessed, fut = self._job
+        self._job = None
+        try:
+            got, rec, parsed = fut.result()
+        except Exception as e:  # the batch is read again, from its first offset
+            log.warning("read-ahead of %s failed (%s); reading the batch again", guessed, e)
+            self.misses += 1
+            return None
+        if guessed == ranges:
+            self.hits += 1
+            return rec, parsed
+        reader.unread(got)
+        self.misses += 1
+        return None
+
+    def close(self) -> None:
+        if self._job is not None:
+            self._job[1].cancel()
+            try:
+                self._job[1].result()
+            except Exception:
+                pass
+            self._job = None
+        self.pool.shutdown(wait=True)
 
 
 # --------------------------------------------------------------------------- ids
@@ -425,7 +517,7 @@ class BatchOutput:
 class Pipeline:
     """The per-micro-batch logic and the join log; ``process`` is the foreachBatch."""
 
-    def __init__(self, cfg: PipelineConfig):
+    def __init__(self, cfg: PipelineConfig, ending: dict | None = None):
         self.cfg = cfg
         self.window = parse_window(cfg.window, cfg.allowed_lateness)
         if parse_predicate(cfg.predicate).residual is not None:  # fail before Spark starts
@@ -437,6 +529,9 @@ class Pipeline:
         self.session: JoinSession | None = None
         self.ids = IdWindow(self.window, cfg.batch_size)
         self._fetcher = None
+        self.read_ahead = ReadAhead(cfg, ending)
+        self._ends = None  # future of the output topics' ends, measured after a write
+        self._probe = None
         self.producer = None
         self.entries: dict | None = None
         self.stats = {"batches": 0, "tuples": 0, "joined": 0, "late": 0, "dead": 0,
@@ -522,8 +617,19 @@ class Pipeline:
         return [c.out_topic, c.late_topic, c.dead_letter_topic]
 
     def out_ends(self) -> dict:
-        return {t: {str(p): v[1] for p, v in io.end_offsets(self.cfg.bootstrap, t).items()}
+        if self._probe is None:
+            self._probe = io.consumer(self.cfg.bootstrap, **{"enable.partition.eof": True})
+        return {t: {str(p): v[1] for p, v in io.end_offsets(self.cfg.bootstrap, t,
+                                                            probe=self._probe).items()}
                 for t in self.out_topics()}
+
+    def out_start(self) -> dict:
+        """Where the output topics end before this batch writes. Measured in the
+        background right after the last batch's write was flushed: nothing of this
+        job writes in between, so that is this batch's start (or, should another
+        producer write too, a point before it: :meth:`written` then reads more)."""
+        fut, self._ends = self._ends, None
+        return fut.result() if fut is not None else self.out_ends()
 
     def written(self, batch: int, since: dict) -> dict[str, set]:
         """The seqs of ``batch`` already in each output topic (read from ``since``)."""
@@ -592,19 +698,24 @@ class Pipeline:
 
     # -- foreachBatch
 
-    def fetch(self, ranges: dict) -> Records:
-        """A micro-batch's records, read from Kafka by the offsets Spark planned."""
+    def reader(self) -> io.RangeReader:
         if self._fetcher is None:
             self._fetcher = io.RangeReader(io.consumer(
                 self.cfg.bootstrap, **{"enable.partition.eof": True,
                                        "queued.min.messages": 1_000_000}))
-        return fetch_ranges(self._fetcher, ranges, self.cfg)
+        return self._fetcher
+
+    def fetch(self, ranges: dict) -> Records:
+        """A micro-batch's records, read from Kafka by the offsets Spark planned."""
+        return fetch_ranges(self.reader(), ranges, self.cfg)
 
     def process(self, df, batch_id: int) -> None:
         """foreachBatch. With the ``ranges`` source (the default) ``df`` is one row per
         partition range that Spark planned for this batch, and the records are read
-        here in bulk; otherwise ``df`` holds the records themselves."""
+        here in bulk (the next batch's are read ahead meanwhile: :class:`ReadAhead`);
+        otherwise ``df`` holds the records themselves."""
         t0 = time.perf_counter()
+        parsed = None
         if "value" in df.columns:
             table = df.select("topic", "partition", "offset", "value").toArrow()
         else:
@@ -612,9 +723,14 @@ class Pipeline:
             for t, p, lo, hi in df.select("topic", "partition", "start", "end").collect():
                 ranges.setdefault(t, {})[str(p)] = [lo, hi]
             t0 = self._time("ranges", t0)
-            table = self.fetch(ranges)
+            if self.entries is None:  # a restart replays logged batches first
+                self.entries = self.read_log()
+                self.rebuild(batch_id, self.entries)
+            ahead = self.read_ahead.take(self.reader(), ranges)
+            table, parsed = ahead if ahead is not None else (self.fetch(ranges), None)
+            self.read_ahead.start(self.reader(), ranges)
         self._time("read", t0)
-        self.process_table(table, batch_id)
+        self.process_table(table, batch_id, parsed)
 
     def _time(self, what: str, t0: float) -> float:
         now = time.perf_counter()
@@ -622,12 +738,13 @@ class Pipeline:
         self.stats[key] = self.stats.get(key, 0.0) + now - t0
         return now
 
-    def process_table(self, table: pa.Table | Records, batch: int) -> None:
+    def process_table(self, table: pa.Table | Records, batch: int,
+                      parsed: Parsed | None = None) -> None:
         if self.entries is None:  # the first batch of this run: rebuild what came before
             self.entries = self.read_log()
             self.rebuild(batch, self.entries)
         t0 = time.perf_counter()
-        p = parse_batch(table, self.cfg)
+        p = parsed if parsed is not None else parse_batch(table, self.cfg)
         t0 = self._time("parse", t0)
         skip = None
         logged = self.entries.get(batch)
@@ -638,11 +755,12 @@ class Pipeline:
                                    f"log disagree (were they mixed up?)")
             skip = self.written(batch, logged["out_start"])
         else:
-            self.append_log({"batch": batch, "ranges": p.ranges, "out_start": self.out_ends()})
+            self.append_log({"batch": batch, "ranges": p.ranges, "out_start": self.out_start()})
         t0 = self._time("log", t0)
         out = self.apply(batch, p)
         t0 = self._time("join", t0)
         self.write(batch, out, skip)
+        self._ends = self.read_ahead.pool.submit(self.out_ends)
         self._time("write", t0)
         st = self.stats
         st["batches"] += 1
@@ -655,14 +773,17 @@ class Pipeline:
                  n_in, len(out.joined), len(out.late), len(out.dead))
 
     def close(self) -> None:
+        self.read_ahead.close()  # before the reader it uses closes
+        self._ends = None
         if self.session is not None:
             self.session.close()
             self.session = None
         if self.producer is not None:
             self.producer.flush(60)
-        if self._fetcher is not None:
-            self._fetcher.close()
-            self._fetcher = None
+        for c in (self._fetcher, self._probe):
+            if c is not None:
+                c.close()
+        self._fetcher = self._probe = None
 
 
 # --------------------------------------------------------------------------- Spark
@@ -707,12 +828,12 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
     io.create_topics(cfg.bootstrap, [cfg.r_topic, cfg.s_topic] + [
         cfg.out_topic, cfg.late_topic, cfg.dead_letter_topic])
     spark = spark or spark_session("panjoin-pipeline")
-    pipe = Pipeline(cfg)
     available_now = cfg.trigger in ("available-now", "availableNow", "once")
     ending = None
     if available_now:
         ending = {t: {str(p): v[1] for p, v in io.end_offsets(cfg.bootstrap, t).items()}
                   for t in (cfg.r_topic, cfg.s_topic)}
+    pipe = Pipeline(cfg, ending if cfg.source == "python" else None)
 
     def each(df, batch_id):
         pipe.process(df, batch_id)
@@ -741,7 +862,20 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
     if q.exception() is not None:
         raise RuntimeError(f"the streaming query failed: {q.exception()}")
     pipe.stats["seconds"] = time.perf_counter() - t0
+    pipe.stats["spark_ms"] = trigger_ms(q)
+    pipe.stats["read_ahead_hits"] = pipe.read_ahead.hits
+    pipe.stats["read_ahead_misses"] = pipe.read_ahead.misses
     return pipe.stats
+
+
+def trigger_ms(q) -> dict:
+    """Spark's own time per trigger phase (``durationMs`` of each progress), summed over
+    the query's recent progress reports: where the per-trigger overhead goes."""
+    tot: dict = {}
+    for prog in q.recentProgress:
+        for k, v in (prog.get("durationMs") or {}).items():
+            tot[k] = tot.get(k, 0) + int(v)
+    return tot
 
 
 def _await_end(q, ending: dict, poll: float = 0.2) -> None:

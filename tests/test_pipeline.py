@@ -28,7 +28,15 @@ from panjoin.launch import start_workers
 from panjoin.manager.service import serve_manager
 from panjoin.reference import reference_join, sort_pairs
 from panjoin.semantics import parse_predicate, parse_window
-from spark_conn.pipeline import BatchOutput, Pipeline, PipelineConfig, parse_batch, run
+from spark_conn.kafka_source import plan_batch
+from spark_conn.pipeline import (
+    BatchOutput,
+    Pipeline,
+    PipelineConfig,
+    fetch_ranges,
+    parse_batch,
+    run,
+)
 
 LATENESS = 2000  # ms: covers the event-time skew between partitions in one micro-batch
 MALFORMED = [
@@ -140,6 +148,8 @@ def test_band_join_equals_reference_with_late_and_malformed(broker, manager, spa
     cfg = _config(broker.bootstrap, manager, tmp_path, r=r, s=s, max_offsets_per_trigger=500)
     stats = run(cfg, spark)
     assert stats["batches"] == 3  # 1210 records, at most 500 per micro-batch
+    # batches 1 and 2 were read (and parsed) while the one before joined
+    assert (stats["read_ahead_hits"], stats["read_ahead_misses"]) == (2, 0)
     _check_outputs(broker.bootstrap, cfg, ev)
     # both sides' fields travel with each pair
     m = io.read_topic(broker.bootstrap, cfg.out_topic)[0]
@@ -380,3 +390,52 @@ def test_id_window_rejects_repeated_ids_until_they_leave_the_window():
     w.drop(0, np.array([9]))  # a late tuple is not in the window
     w.prune(500)  # ids with ts <= 500 - 10 - 100 have left
     assert w.add(batch([0, 0, 1], [5, 9, 5], [500, 500, 500])).tolist() == []
+
+
+def test_read_ahead_guesses_the_next_batch_and_gives_back_a_wrong_guess(broker,  # noqa: F811
+                                                                        tmp_path):
+    """The read-ahead reads the batch the source will plan next (same planner, same
+    ending offsets); when Spark hands other ranges, the records read for the guess go
+    back to the reader and every batch still gets exactly its records."""
+    r, s = topic("R"), topic("S")
+    ev = generate(900, "uniform", key_max=100, seed=3, rate=1000, payload=True)
+    io.produce_events(broker.bootstrap, ev, r, s, partitions=2)
+    ending = {t: {str(p): v[1] for p, v in io.end_offsets(broker.bootstrap, t).items()}
+              for t in (r, s)}
+    cfg = PipelineConfig(broker.bootstrap, "127.0.0.1:1", str(tmp_path), "time:10,10", "eq",
+                         r_topic=r, s_topic=s, max_offsets_per_trigger=200)
+
+    def ranges(begin, end):
+        return {t: {p: [begin[t][p], e] for p, e in ps.items() if e > begin[t][p]}
+                for t, ps in end.items()}
+
+    def truth(rng):  # the records of rng, read by a reader of their own
+        rd = io.RangeReader(io.consumer(broker.bootstrap, **{"enable.partition.eof": True}))
+        try:
+            return fetch_ranges(rd, rng, cfg).value
+        finally:
+            rd.close()
+
+    pipe = Pipeline(cfg, ending)
+    try:
+        pos = {t: {p: 0 for p in ps} for t, ps in ending.items()}
+        b0 = ranges(pos, plan_batch(pos, ending, 200))
+        assert pipe.fetch(b0).value == truth(b0)
+        pipe.read_ahead.start(pipe.reader(), b0)
+        pos = {t: {p: e for p, (_, e) in ps.items()} for t, ps in b0.items()}
+        b1 = ranges(pos, plan_batch(pos, ending, 200))
+        rec, parsed = pipe.read_ahead.take(pipe.reader(), b1)  # the guess was b1
+        assert rec.value == truth(b1)
+        assert parsed.id.tolist() == parse_batch(rec, cfg).id.tolist()
+        pipe.read_ahead.start(pipe.reader(), b1)  # guesses b2 = the next 200
+        pos = {t: {p: e for p, (_, e) in ps.items()} for t, ps in b1.items()}
+        short = ranges(pos, plan_batch(pos, ending, 50))  # but Spark hands 50 records
+        assert pipe.read_ahead.take(pipe.reader(), short) is None
+        assert pipe.fetch(short).value == truth(short)
+        pos = {t: {p: e for p, (_, e) in ps.items()} for t, ps in short.items()}
+        rest = ranges(pos, ending)  # then everything left: nothing lost, nothing twice
+        assert pipe.fetch(rest).value == truth(rest)
+        assert len(truth(rest)) == len(ev) - 450
+        assert (pipe.read_ahead.hits, pipe.read_ahead.misses) == (1, 1)
+    finally:
+        pipe.close()

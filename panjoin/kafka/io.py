@@ -276,6 +276,15 @@ class RangeReader:
                 i = j
         return out
 
+    def unread(self, got: dict) -> None:
+        """Give back what :meth:`read` returned (``{(topic, partition): (values,
+        offsets)}``), to be read again first: a read-ahead that guessed the wrong
+        ranges loses nothing."""
+        for key, (vals, offs) in got.items():
+            if offs:
+                bv, bo = self.buf.get(key, ([], []))
+                self.buf[key] = (list(vals) + bv, list(offs) + bo)
+
     def close(self) -> None:
         self.c.close()
 

@@ -159,7 +159,8 @@ class _InFlight:
     answers: object  # has .result() -> [(probe_idx, stored_seq)] per target
     x: str
     ids: np.ndarray  # the probe batch's ids in key order
-    payload: pa.Array | None  # the probe batch's payloads in key order
+    payload: pa.Array | None  # the probe batch's payloads in arrival order
+    order: np.ndarray  # key order -> arrival order (payloads are gathered once, per pair)
     stores: list  # per target: (seq_start, ids in seq order, payloads in seq order or None)
 
 
@@ -475,8 +476,7 @@ class JoinEngine:
         answers = self.backend.probe_many([(sub.sub_id, flt) for sub, flt in targets], lo, hi,
                                           res)
         stores = [(sub.seq_start, sub.ids(), sub.payloads()) for sub, _ in targets]
-        spay = pay.take(pa.array(order)) if pay is not None else None
-        self._inflight.append(_InFlight(answers, x, sid, spay, stores))
+        self._inflight.append(_InFlight(answers, x, sid, pay, order, stores))
 
     def _collect_one(self) -> None:
         """Step 5 for the oldest probe round in flight: stored seqs -> ids and payloads."""
@@ -490,7 +490,7 @@ class JoinEngine:
             ys = ids[sseq - start]
             xp = yp = None
             if f.payload is not None:
-                xp = f.payload.take(pa.array(pidx))
+                xp = f.payload.take(pa.array(f.order[pidx]))
                 yp = pays.take(pa.array(sseq - start))
             self._results.append((xs, ys, xp, yp) if f.x == "R" else (ys, xs, yp, xp))
             self.stats.results += int(pidx.size)
