@@ -15,7 +15,13 @@ A band join (``|r.key - s.key| <= E``) has no equality key: Spark refuses the
 query, and the script prints Spark's error.
 
     python -m benchmarks.pipeline --quick     # ~20K tuples, a few minutes on 2 cores
-    python -m benchmarks.pipeline --n 2M --window-ms 1000000 --per-trigger 200K
+    python -m benchmarks.pipeline --n 3000000 --window-ms 2000000 --per-trigger 200000 \
+        --nbat 131072 --broker tansu
+
+It prints where the pipeline's time goes (its steps, Spark's trigger phases) and the
+CPU each process spent (driver, Spark's JVM, broker, manager, workers). The manager
+runs in its own process (``panjoin manager``); NSub defaults to half the window per
+stream (``--nsub``).
 """
 
 from __future__ import annotations
@@ -97,6 +103,43 @@ def _await_end_multi(q, ending, poll=0.2):
         time.sleep(poll)
 
 
+def _cpu_by_process() -> dict:
+    """CPU seconds so far of every process, by role: the driver (this process),
+    Spark's JVM and Python workers, the manager, the workers, the broker."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                st = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        role = ("driver (job)" if int(pid) == os.getpid() else
+                "Spark JVM" if "java" in cmd.split(" ")[0] else
+                "manager" if "panjoin.cli manager" in cmd else
+                "workers" if "panjoin.cli worker" in cmd else
+                "broker" if ("noida" in cmd or "tansu" in cmd) else
+                "Spark Python workers" if "pyspark" in cmd else None)
+        if role:
+            out[role] = out.get(role, 0.0) + (int(st[11]) + int(st[12])) / tick
+    return out
+
+
+def _cpu_busy() -> float:
+    """Seconds the machine's cores were busy since boot (all processes; Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return float("nan")
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def pairs_of(bootstrap, t) -> np.ndarray:
     recs = [json.loads(m.value()) for m in io.read_topic(bootstrap, t)]
     a = np.array([[x["r_id"], x["s_id"]] for x in recs], np.int64).reshape(-1, 2)
@@ -116,6 +159,10 @@ def main(argv=None) -> int:
                     help="the pipeline's input path (spark_conn.pipeline --source)")
     ap.add_argument("--nbat", type=int, default=32768,
                     help="the manager's batch size NBat (panjoin pipeline --batch-size)")
+    ap.add_argument("--nsub", type=int, default=0,
+                    help="subwindow size NSub (default: half the window per stream, a power "
+                         "of two: fewer, larger subwindows mean fewer probes per tuple)")
+    ap.add_argument("--workers", type=int, default=2, help="worker processes of the cluster")
     ap.add_argument("--broker", choices=["noida", "tansu"], default="noida",
                     help="the Kafka-protocol broker both jobs read from and write to")
     ap.add_argument("--driver-memory", default="6g", help="Spark's driver (JVM) memory")
@@ -125,12 +172,15 @@ def main(argv=None) -> int:
     if args.quick:
         args.n, args.window_ms, args.per_trigger = 20_000, 2_000, 5_000
     keys = args.keys or max(1, args.window_ms)  # ~1 match per tuple
+    # the window holds ~W/2 tuples per stream (below): subwindows of about half that
+    nsub = args.nsub or 1 << max(10, (args.window_ms // 4 - 1).bit_length())
     ev = generate(args.n, "uniform", key_max=keys, seed=7, rate=1000, payload=True)
     window = args.window_ms
     # 1000 tuples per second of event time in all: a window of W ms holds ~W/2 per stream
     print(f"{args.n:,} tuples, time window {window} ms (~{window // 2:,} tuples per stream "
-          f"in the window), {keys:,} keys, {args.per_trigger:,} records per micro-batch")
-    ws = start_workers(2)
+          f"in the window), {keys:,} keys, {args.per_trigger:,} records per micro-batch, "
+          f"NBat {args.nbat:,}, NSub {nsub:,}, {args.workers} workers, broker {args.broker}")
+    ws = start_workers(args.workers)
     try:  # the manager in its own process, as `panjoin manager` runs it
         mgr = start_manager([w.address for w in ws])
     except BaseException:
@@ -157,14 +207,22 @@ def main(argv=None) -> int:
                                  f"time:{window},{window}", "eq",
                                  max_offsets_per_trigger=args.per_trigger,
                                  allowed_lateness=window, out_topic="pj-out",
-                                 source=args.source, batch_size=args.nbat)
+                                 source=args.source, batch_size=args.nbat,
+                                 subwindow_size=nsub)
+            busy0, roles0 = _cpu_busy(), _cpu_by_process()
             st = run(cfg, spark)
+            busy, roles = _cpu_busy() - busy0, _cpu_by_process()
             t_pj = st["seconds"]
             p_pj = pairs_of(b.bootstrap, "pj-out")
             print(f"panjoin pipeline : {args.n / t_pj:12,.0f} tuples/s  ({t_pj:.1f} s, "
                   f"{len(p_pj):,} pairs, {st['batches']} micro-batches)", flush=True)
             print("  pipeline time by step (s): " + ", ".join(
                 f"{k[2:]} {v:.1f}" for k, v in st.items() if k.startswith("s_")), flush=True)
+            print(f"  CPU: {busy:.1f} core-seconds busy in {t_pj:.1f} s on {os.cpu_count()} "
+                  f"cores ({busy / t_pj / os.cpu_count():.0%} of the machine)", flush=True)
+            print("  CPU by process (s): " + ", ".join(
+                f"{k} {v - roles0.get(k, 0.0):.1f}" for k, v in sorted(roles.items())),
+                flush=True)
             print(f"  read ahead: {st['read_ahead_hits']} batches guessed right, "
                   f"{st['read_ahead_misses']} wrong", flush=True)
             print("  Spark's trigger phases (s): " + ", ".join(

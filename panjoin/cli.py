@@ -59,7 +59,10 @@ def _add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
                    help="time windows: a tuple more than MS behind the largest ts so far is "
                         "late (default: %(default)s)")
     g.add_argument("--subwindow-size", type=_size, metavar="NSUB",
-                   help="tuples per subwindow (default: a quarter of a count window, else 64K)")
+                   help="tuples per subwindow (default: a quarter of a count window, else "
+                        "64K). For a large time window give about half the tuples it holds "
+                        "per stream: each batch probes fewer subwindows (1.75x faster at 1M "
+                        "tuples per stream with 512K, benchmarks/RESULTS.md)")
     g.add_argument("--partitions", type=_size, metavar="P",
                    help="partitions per subwindow (default: NSub/128, at most 64K)")
     g.add_argument("--batch-size", type=_size, default=32768, metavar="NBAT",

@@ -1,13 +1,16 @@
-"""The one way PanJoin starts a process: worker processes on loopback, for clusters and tests.
+"""The one way PanJoin starts a process: workers and a manager on loopback, for clusters and tests.
 
 Each worker is ``python -m panjoin.cli worker --port 0``: the OS picks a free
 port, the worker prints ``panjoin worker listening on HOST:PORT`` and the
 launcher reads it (no race on "free" ports), then waits until the worker's gRPC
-health service answers SERVING.
+health service answers SERVING. The manager (``panjoin manager --workers ...``)
+starts the same way and prints ``panjoin manager listening on HOST:PORT``.
 
     >>> procs = start_workers(2)          # doctest: +SKIP
     >>> [p.address for p in procs]        # doctest: +SKIP
     ['127.0.0.1:40123', '127.0.0.1:40125']
+    >>> start_manager([p.address for p in procs]).address   # doctest: +SKIP
+    '127.0.0.1:40131'
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ Per micro-batch ``b`` (Spark's batch id), on the driver (``foreachBatch``)::
 
 Spark's source (``format("panjoin_kafka")`` with ``ranges``) hands the job only
 each micro-batch's offset ranges; Spark still admits them (``maxOffsetsPerTrigger``)
-and keeps them in its checkpoint. The records skip Spark's Python worker, its JVM
+and keeps them in its checkpoint. While batch ``b`` joins and writes, a background
+thread reads and parses batch ``b + 1``, whose ranges follow from ``b``'s by the
+source's own planner (:class:`ReadAhead`). The records skip Spark's Python worker, its JVM
 rows and ``toArrow`` (that trip cost more than the join itself; see
 benchmarks/RESULTS.md, issue 6), and nothing in the data path is per-record Python
 except the producer's ``produce`` calls. ``--source python-records`` sends the

@@ -158,6 +158,25 @@ def test_manager_endpoint_gives_the_reference(manager, events):
         assert np.array_equal(np.sort(late[k]), np.sort(ref.late_ids[k]))
 
 
+def test_manager_in_its_own_process_gives_the_reference(workers, events):
+    """launch.start_manager: `panjoin manager` as a process over running workers, as
+    the pipeline's demo and benchmark run it."""
+    from panjoin.client import Client
+    from panjoin.launch import start_manager
+
+    m = start_manager([w.address for w in workers[:2]])
+    try:
+        with Client(m.address) as c:
+            r, s, _ = c.join(events, "time:160,120", "band:1", "bisort", chunk=400,
+                             allowed_lateness=10, subwindow_size=50, batch_size=64)
+    finally:
+        m.stop()
+    assert not m.alive()
+    ref = reference_join(events.stream, events.id, events.key, events.ts,
+                         parse_window("time:160,120", 10), parse_predicate("band:1"))
+    assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+
+
 def test_manager_rejects_bad_specs_and_replays_are_not_applied_twice(manager, events):
     from panjoin.client import Client
     from panjoin.proto.panjoin.v1 import manager_pb2
