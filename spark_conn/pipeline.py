@@ -349,6 +349,12 @@ class ReadAhead:
                for t, ps in nxt.items()}
         return {t: ps for t, ps in out.items() if ps} or None
 
+    def prime(self, reader: io.RangeReader, begin: dict) -> None:
+        """Before the first batch: read the one the source will plan from ``begin``
+        (``{topic: {partition: offset}}``, where a fresh query starts)."""
+        self.pos = {t: dict(ps) for t, ps in begin.items()}
+        self.start(reader, {})
+
     def start(self, reader: io.RangeReader, ranges: dict) -> None:
         """After a batch of ``ranges`` is planned: read the next one in the background."""
         nxt = self.guess(ranges)
@@ -362,9 +368,10 @@ class ReadAhead:
         rec = records_of(got, want, ranges, self.cfg)
         return got, rec, parse_batch(rec, self.cfg)
 
-    def take(self, reader: io.RangeReader, ranges: dict):
+    def take(self, reader: io.RangeReader, ranges: dict | None):
         """``(Records, Parsed)`` of ``ranges`` if they were read ahead, else None. Waits
-        for the read in flight: the reader is never used by two threads."""
+        for the read in flight: the reader is never used by two threads. ``None``
+        gives back whatever was read ahead."""
         if self._job is None:
             return None
         guessed, fut = self._job
@@ -693,7 +700,10 @@ class Pipeline:
         if missing:
             raise RuntimeError(f"join log {self.log_path} lacks batches {missing[:5]}: the "
                                f"window cannot be rebuilt; start over with a new --checkpoint")
-        for b in sorted(x for x in entries if x < upto):
+        replay = sorted(x for x in entries if x < upto)
+        if replay:  # the reader is needed here: no read-ahead may hold it
+            self.read_ahead.take(self.reader(), None)
+        for b in replay:
             self.apply(b, parse_batch(self.fetch(entries[b]["ranges"]), self.cfg))
             self.stats["replayed_batches"] += 1
         log.info("rebuilt the join from %d logged batches", self.stats["replayed_batches"])
@@ -833,9 +843,14 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
     available_now = cfg.trigger in ("available-now", "availableNow", "once")
     ending = None
     if available_now:
-        ending = {t: {str(p): v[1] for p, v in io.end_offsets(cfg.bootstrap, t).items()}
-                  for t in (cfg.r_topic, cfg.s_topic)}
+        offs = {t: {str(p): v for p, v in io.end_offsets(cfg.bootstrap, t).items()}
+                for t in (cfg.r_topic, cfg.s_topic)}
+        ending = {t: {p: v[1] for p, v in ps.items()} for t, ps in offs.items()}
     pipe = Pipeline(cfg, ending if cfg.source == "python" else None)
+    if (ending is not None and cfg.source == "python" and cfg.starting_offsets == "earliest"
+            and not pipe.read_log()):  # a fresh query starts at the earliest offsets
+        pipe.read_ahead.prime(pipe.reader(), {t: {p: v[0] for p, v in ps.items()}
+                                              for t, ps in offs.items()})
 
     def each(df, batch_id):
         pipe.process(df, batch_id)
