@@ -37,7 +37,7 @@ import numpy as np
 from panjoin.generate import generate
 from panjoin.kafka import io
 from panjoin.kafka.broker import start_broker
-from panjoin.launch import start_manager, start_workers
+from panjoin.launch import start_cluster
 from panjoin.semantics import Window, parse_predicate
 from spark_conn.peer import join_condition
 from spark_conn.pipeline import PipelineConfig, run
@@ -180,13 +180,7 @@ def main(argv=None) -> int:
     print(f"{args.n:,} tuples, time window {window} ms (~{window // 2:,} tuples per stream "
           f"in the window), {keys:,} keys, {args.per_trigger:,} records per micro-batch, "
           f"NBat {args.nbat:,}, NSub {nsub:,}, {args.workers} workers, broker {args.broker}")
-    ws = start_workers(args.workers)
-    try:  # the manager in its own process, as `panjoin manager` runs it
-        mgr = start_manager([w.address for w in ws])
-    except BaseException:
-        for w in ws:
-            w.stop()
-        raise
+    cluster = start_cluster(args.workers)  # workers and manager: one process each
     # Spark's join keeps both windows as state in the driver's JVM (local mode)
     spark = spark_session("panjoin-bench", conf={"spark.driver.memory": args.driver_memory})
     tmp = tempfile.mkdtemp(prefix="panjoin-bench-")
@@ -196,14 +190,14 @@ def main(argv=None) -> int:
             # warm-up: Python workers, JIT, the cluster's kernels
             warm = generate(2000, "uniform", key_max=100, seed=1, rate=1000)
             io.produce_events(b.bootstrap, warm, "wR", "wS", partitions=2)
-            run(PipelineConfig(b.bootstrap, mgr.address, os.path.join(tmp, "w"),
+            run(PipelineConfig(b.bootstrap, cluster.address, os.path.join(tmp, "w"),
                                f"time:{window},{window}", "eq", r_topic="wR", s_topic="wS",
                                out_topic="wout", late_topic="wlate",
                                dead_letter_topic="wdead"), spark)
             spark_join(spark, b.bootstrap, "wR", "wS", "wout2", window, 1000,
                        os.path.join(tmp, "w2"))
 
-            cfg = PipelineConfig(b.bootstrap, mgr.address, os.path.join(tmp, "p"),
+            cfg = PipelineConfig(b.bootstrap, cluster.address, os.path.join(tmp, "p"),
                                  f"time:{window},{window}", "eq",
                                  max_offsets_per_trigger=args.per_trigger,
                                  allowed_lateness=window, out_topic="pj-out",
@@ -246,9 +240,7 @@ def main(argv=None) -> int:
                 print(f"band join in Spark (|r.key - s.key| <= 3, same time range): "
                       f"refused: {msg}")
     finally:
-        mgr.stop()
-        for w in ws:
-            w.stop()
+        cluster.stop()
     return 0
 
 

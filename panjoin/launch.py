@@ -117,6 +117,35 @@ def start_manager(workers: list[str], timeout: float = 120.0,
         raise
 
 
+@dataclass
+class LocalCluster:
+    """Workers and a manager over them, each in its own process."""
+
+    workers: list[WorkerProcess]
+    manager: WorkerProcess
+
+    @property
+    def address(self) -> str:
+        """The manager's address: what ``--manager`` and :class:`panjoin.client.Client` take."""
+        return self.manager.address
+
+    def stop(self) -> None:
+        self.manager.stop()
+        for w in self.workers:
+            w.stop()
+
+
+def start_cluster(n: int, threads: int = 1) -> LocalCluster:
+    """``n`` workers and ``panjoin manager`` over them (:func:`start_manager`)."""
+    ws = start_workers(n, threads)
+    try:
+        return LocalCluster(ws, start_manager([w.address for w in ws]))
+    except BaseException:
+        for w in ws:
+            w.stop()
+        raise
+
+
 def _spawn(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "panjoin.cli", *args],
                             stdout=subprocess.PIPE, text=True, env=dict(os.environ))

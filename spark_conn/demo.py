@@ -15,7 +15,7 @@ import time
 from panjoin.generate import generate
 from panjoin.kafka import io
 from panjoin.kafka.broker import start_broker
-from panjoin.launch import start_manager, start_workers
+from panjoin.launch import start_cluster
 from panjoin.semantics import parse_size
 from spark_conn.pipeline import PipelineConfig, run
 from spark_conn.session import spark_session
@@ -34,22 +34,16 @@ def main(argv=None) -> int:
     work = tempfile.mkdtemp(prefix="panjoin-demo-")
     ev = generate(n, "uniform", key_max=max(10, args.window_ms * 2), seed=0, rate=1000,
                   disorder_ms=50, payload=True)
-    ws = start_workers(args.workers)
-    try:  # the manager in its own process, as `panjoin manager` runs it
-        mgr = start_manager([w.address for w in ws])
-    except BaseException:
-        for w in ws:
-            w.stop()
-        raise
+    cluster = start_cluster(args.workers)  # workers and manager: one process each
     try:
         with start_broker(args.broker, data_dir=os.path.join(work, "broker")) as b:
-            print(f"broker {b.kind} on {b.bootstrap}; manager on {mgr.address} with "
+            print(f"broker {b.kind} on {b.bootstrap}; manager on {cluster.address} with "
                   f"{args.workers} workers", flush=True)
             t0 = time.perf_counter()
             io.produce_events(b.bootstrap, ev, "R", "S", partitions=2)
             print(f"produced {n:,} tuples into R and S in {time.perf_counter() - t0:.1f} s",
                   flush=True)
-            cfg = PipelineConfig(b.bootstrap, mgr.address, os.path.join(work, "ckpt"),
+            cfg = PipelineConfig(b.bootstrap, cluster.address, os.path.join(work, "ckpt"),
                                  f"time:{args.window_ms},{args.window_ms}", args.predicate,
                                  allowed_lateness=100, max_offsets_per_trigger=per)
             t0 = time.perf_counter()
@@ -67,9 +61,7 @@ def main(argv=None) -> int:
             io.consume_to_parquet(b.bootstrap, cfg.out_topic, out)
             print(f"output topic copied to {out}; checkpoint in {cfg.checkpoint}")
     finally:
-        mgr.stop()
-        for w in ws:
-            w.stop()
+        cluster.stop()
     return 0
 
 

@@ -158,20 +158,20 @@ def test_manager_endpoint_gives_the_reference(manager, events):
         assert np.array_equal(np.sort(late[k]), np.sort(ref.late_ids[k]))
 
 
-def test_manager_in_its_own_process_gives_the_reference(workers, events):
-    """launch.start_manager: `panjoin manager` as a process over running workers, as
-    the pipeline's demo and benchmark run it."""
+def test_manager_in_its_own_process_gives_the_reference(events):
+    """launch.start_cluster: workers and `panjoin manager` over them, each a process,
+    as the pipeline's demo and benchmark run them."""
     from panjoin.client import Client
-    from panjoin.launch import start_manager
+    from panjoin.launch import start_cluster
 
-    m = start_manager([w.address for w in workers[:2]])
+    cluster = start_cluster(2)
     try:
-        with Client(m.address) as c:
+        with Client(cluster.address) as c:
             r, s, _ = c.join(events, "time:160,120", "band:1", "bisort", chunk=400,
                              allowed_lateness=10, subwindow_size=50, batch_size=64)
     finally:
-        m.stop()
-    assert not m.alive()
+        cluster.stop()
+    assert not any(p.alive() for p in [cluster.manager, *cluster.workers])
     ref = reference_join(events.stream, events.id, events.key, events.ts,
                          parse_window("time:160,120", 10), parse_predicate("band:1"))
     assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
