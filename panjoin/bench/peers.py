@@ -682,6 +682,18 @@ def table(records: list[PeerResult]) -> str:
     return "\n".join(lines)
 
 
+
+def _save(plt, fig, ax, path, paths: list) -> None:
+    """Write a plot to ``path`` (appended to ``paths``) unless it has no line: a run
+    without band S = 64 on uniform keys has nothing to draw."""
+    if ax.lines:
+        ax.legend(fontsize=7)
+        ax.grid(True, which="both", alpha=0.3)
+        paths.append(path)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+    plt.close(fig)
+
 def plot(records: list[PeerResult], out_dir: Path, tag: str) -> list[Path]:
     """Throughput vs window size (band S=64 uniform) and vs selectivity (largest W), log scale."""
     import matplotlib
@@ -716,13 +728,7 @@ def plot(records: list[PeerResult], out_dir: Path, tag: str) -> list[Path]:
            ylabel="input tuples/s",
            title="Band join, S = 64, uniform keys\n(dotted: bounded probe runs at large W; "
                  "dashed: extrapolated)")
-    if ax.lines:  # a run without band S = 64 on uniform keys has nothing to draw here
-        ax.legend(fontsize=7)
-        ax.grid(True, which="both", alpha=0.3)
-        paths.append(out_dir / f"peers_window{tag}.png")
-        fig.tight_layout()
-        fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    _save(plt, fig, ax, out_dir / f"peers_window{tag}.png", paths)
 
     def sel_ws(w):
         return {r.workload for r in records if r.window == w and r.workload.startswith("band S=")
@@ -744,13 +750,7 @@ def plot(records: list[PeerResult], out_dir: Path, tag: str) -> list[Path]:
                     linestyle=style(pts))
     ax.set(xscale="log", yscale="log", xlabel="selectivity S (matches per probe tuple)",
            ylabel="input tuples/s", title=f"Band join, W = {wmax} per stream, uniform keys")
-    if ax.lines:  # a run without band S = 64 on uniform keys has nothing to draw here
-        ax.legend(fontsize=7)
-        ax.grid(True, which="both", alpha=0.3)
-        paths.append(out_dir / f"peers_selectivity{tag}.png")
-        fig.tight_layout()
-        fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
+    _save(plt, fig, ax, out_dir / f"peers_selectivity{tag}.png", paths)
     return paths
 
 
