@@ -6,7 +6,7 @@
 
 Per micro-batch ``b`` (Spark's batch id), on the driver (``foreachBatch``)::
 
-    Spark plans the offset ranges ──► records read in bulk (confluent-kafka)
+    Spark plans the offset ranges ──► records read in bulk (Fetch, Numba)
        (topic, partition,                   │
         start, end)                         ▼
                     parse by schema ──► bad: dead-letter topic (reason, record)
@@ -24,9 +24,10 @@ and keeps them in its checkpoint. While batch ``b`` joins and writes, a backgrou
 thread reads and parses batch ``b + 1``, whose ranges follow from ``b``'s by the
 source's own planner (:class:`ReadAhead`). The records skip Spark's Python worker, its JVM
 rows and ``toArrow`` (that trip cost more than the join itself; see
-benchmarks/RESULTS.md, issue 6), and nothing in the data path is per-record Python
-except the producer's ``produce`` calls. ``--source python-records`` sends the
-records through Spark instead.
+benchmarks/RESULTS.md, issue 6). Records come and go as whole Kafka record batches,
+decoded and encoded by Numba kernels (:mod:`panjoin.kafka.fetcher`,
+:mod:`panjoin.kafka.writer`): nothing in the data path is per-record Python.
+``--source python-records`` sends the records through Spark instead.
 
 Every record written carries headers ``panjoin.batch = b`` and ``panjoin.seq = i``
 (its position in that batch's output to that topic, in a deterministic order).
@@ -42,11 +43,13 @@ one Spark hands it (re-read from Kafka, same order, same batch ids, output
 discarded): the window, the watermark and the late/duplicate decisions come back
 exactly. The batch Spark replays is then recomputed (identical output, since the
 state is identical) and only the records whose ``(batch, seq)`` are not already
-in the output topics (read from the logged ends) are written, by an idempotent
-producer. So a kill at any point gives the same output topics, no loss, no
-duplicate. Example: killed while writing batch 7's output after seq 0..41 reached
-the broker: on restart batches 0..6 are replayed into a new join (nothing
-written), batch 7 yields the same 100 records, and seq 42..99 are written.
+in the output topics (read from the logged ends) are written. The writer never
+retries on its own (a failed write fails the batch, and the restart writes what is
+missing), so no record is written twice. So a kill at any point gives the same
+output topics, no loss, no duplicate. Example: killed while writing batch 7's
+output after seq 0..41 reached the broker: on restart batches 0..6 are replayed
+into a new join (nothing written), batch 7 yields the same 100 records, and seq
+42..99 are written.
 
 Payloads: each tuple's record (its raw JSON) goes to the manager as the tuple's
 payload; the manager keeps it with the window and answers each pair with both
@@ -68,8 +71,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from panjoin.kafka import io
+from panjoin.kafka import fetcher, io
+from panjoin.kafka.fetcher import Fetcher
 from panjoin.kafka.io import BATCH_HEADER, SEQ_HEADER
+from panjoin.kafka.writer import BatchWriter
 from panjoin.semantics import Window, parse_predicate, parse_window
 from panjoin.wire import from_array, from_payloads, to_array, to_payloads
 
@@ -145,16 +150,19 @@ def _int_field(obj, name):
     return v, None
 
 
-def _parse_all_good(vals: list, cfg: PipelineConfig):
+def _parse_all_good(vals: pa.Array, cfg: PipelineConfig):
     """The fast path: every record one JSON object on one line whose fields have the
     configured types, read by Arrow's JSON reader in one pass; None if any is not
     (the record-by-record path then finds which and why)."""
     import pyarrow.json as pj
 
-    if not vals or any(v is None for v in vals):
+    from panjoin.kafka.fetcher import value_buffers
+    from panjoin.kafka.record_batch import join_lines
+
+    if not len(vals) or vals.null_count:
         return None
-    blob = b"\n".join(vals)
-    if blob.count(b"\n") != len(vals) - 1:
+    blob, inner = join_lines(*value_buffers(vals))
+    if inner:
         return None
     key_t = pa.float64() if cfg.key_type == "float64" else pa.int64()
     schema = pa.schema([(cfg.id_field, pa.int64()), (cfg.key_field, key_t),
@@ -182,7 +190,7 @@ class Records:
     topic: list  # topic names, per record (only read for rejects)
     partition: np.ndarray  # int64
     offset: np.ndarray  # int64
-    value: list  # bytes or None
+    value: pa.Array  # large_binary; null for a record without a value
     ranges: dict  # {topic: {partition: [start, end]}}
 
     @classmethod
@@ -202,29 +210,29 @@ class Records:
         return cls(stream, table.column("topic").to_pylist(),
                    table.column("partition").to_numpy().astype(np.int64),
                    table.column("offset").to_numpy().astype(np.int64),
-                   table.column("value").to_pylist(), ranges)
+                   table.column("value").combine_chunks().cast(pa.large_binary()), ranges)
 
 
-def fetch_ranges(reader: io.RangeReader, ranges: dict, cfg: PipelineConfig) -> Records:
-    """The records of ``{topic: {partition: [start, end]}}`` read with confluent-kafka
-    in bulk: the Spark-planned offsets of a micro-batch (or a logged one on replay)."""
+def fetch_ranges(reader: Fetcher, ranges: dict, cfg: PipelineConfig) -> Records:
+    """The records of ``{topic: {partition: [start, end]}}`` read in bulk: the
+    Spark-planned offsets of a micro-batch (or a logged one on replay)."""
     want = [(t, int(p), lo, hi) for t in sorted(ranges)
             for p, (lo, hi) in sorted(ranges[t].items(), key=lambda x: int(x[0]))]
     return records_of(reader.read(want), want, ranges, cfg)
 
 
 def records_of(got: dict, want: list, ranges: dict, cfg: PipelineConfig) -> Records:
-    """:class:`Records` from :meth:`RangeReader.read`'s answer, ranges in ``want`` order."""
-    topic, part, off, val, stream = [], [], [], [], []
-    for t, p, _, _ in want:
-        v, o = got[(t, p)]
-        val += v
-        off += o
-        topic += [t] * len(v)
-        part += [p] * len(v)
-        stream += [1 if t == cfg.s_topic else 0] * len(v)
-    return Records(np.array(stream, np.uint8), topic, np.array(part, np.int64),
-                   np.array(off, np.int64), val, ranges)
+    """:class:`Records` from :meth:`Fetcher.read`'s answer, ranges in ``want`` order."""
+    tables = [got[(t, p)] for t, p, _, _ in want]
+    sizes = [x.num_rows for x in tables]
+    topic = [t for (t, _, _, _), n in zip(want, sizes, strict=True) for _ in range(n)]
+    part = np.repeat([p for _, p, _, _ in want], sizes).astype(np.int64)
+    stream = np.repeat([int(t == cfg.s_topic) for t, _, _, _ in want], sizes).astype(np.uint8)
+    if not tables:
+        tables = [fetcher.SCHEMA.empty_table()]
+    both = pa.concat_tables(tables)
+    return Records(stream, topic, part, both.column("offset").to_numpy(),
+                   both.column("value").combine_chunks(), ranges)
 
 
 def parse_batch(table: pa.Table | Records, cfg: PipelineConfig) -> Parsed:
@@ -238,13 +246,13 @@ def parse_batch(table: pa.Table | Records, cfg: PipelineConfig) -> Parsed:
     if fast is not None:
         ids, keys, ts_a = fast
         perm = np.lexsort((rec.offset, rec.partition, rec.stream, ts_a))
-        return Parsed(rec.stream[perm], ids[perm], keys[perm], ts_a[perm],
-                      pa.array(vals, pa.binary()).take(perm), [], rec.ranges)
+        return Parsed(rec.stream[perm], ids[perm], keys[perm], ts_a[perm], vals.take(perm),
+                      [], rec.ranges)
     topics, parts, offs = rec.topic, rec.partition.tolist(), rec.offset.tolist()
     codes = rec.stream.tolist()
     float_keys = cfg.key_type == "float64"
     st, ids, keys, tss, order, bad = [], [], [], [], [], []
-    for i, v in enumerate(vals):
+    for i, v in enumerate(vals.to_pylist()):
         reason = None
         try:
             obj = json.loads(v) if v is not None else None
@@ -290,7 +298,7 @@ def parse_batch(table: pa.Table | Records, cfg: PipelineConfig) -> Parsed:
     bad.sort(key=lambda b: (b[0], b[1], b[2]))
     return Parsed(stream[perm], np.array(ids, np.int64)[perm],
                   np.array(keys, np.float64 if float_keys else np.int64)[perm], ts_a[perm],
-                  pa.array([vals[i] for i in order], pa.binary()).take(perm), bad, rec.ranges)
+                  vals.take(pa.array(order, pa.int64())).take(perm), bad, rec.ranges)
 
 
 def _raw(v: bytes | None) -> dict:
@@ -314,7 +322,7 @@ class ReadAhead:
     "available now" run the end offsets are fixed (``endingOffsets``), so the next
     plan is known as soon as this one is: its records are read and parsed ahead.
     When Spark hands other ranges (a restart, a partition that was not seen yet) the
-    records go back to the reader (:meth:`RangeReader.unread`) and the batch is read
+    records go back to the reader (:meth:`Fetcher.unread`) and the batch is read
     as usual, so a wrong guess costs time, never a record.
 
     Example: batch 3 is R[0] 400..600; with R[0] ending at 900 and 200 records per
@@ -349,26 +357,26 @@ class ReadAhead:
                for t, ps in nxt.items()}
         return {t: ps for t, ps in out.items() if ps} or None
 
-    def prime(self, reader: io.RangeReader, begin: dict) -> None:
+    def prime(self, reader: Fetcher, begin: dict) -> None:
         """Before the first batch: read the one the source will plan from ``begin``
         (``{topic: {partition: offset}}``, where a fresh query starts)."""
         self.pos = {t: dict(ps) for t, ps in begin.items()}
         self.start(reader, {})
 
-    def start(self, reader: io.RangeReader, ranges: dict) -> None:
+    def start(self, reader: Fetcher, ranges: dict) -> None:
         """After a batch of ``ranges`` is planned: read the next one in the background."""
         nxt = self.guess(ranges)
         if nxt is not None and self._job is None:
             self._job = (nxt, self.pool.submit(self._read, reader, nxt))
 
-    def _read(self, reader: io.RangeReader, ranges: dict):
+    def _read(self, reader: Fetcher, ranges: dict):
         want = [(t, int(p), lo, hi) for t in sorted(ranges)
                 for p, (lo, hi) in sorted(ranges[t].items(), key=lambda x: int(x[0]))]
         got = reader.read(want)
         rec = records_of(got, want, ranges, self.cfg)
         return got, rec, parse_batch(rec, self.cfg)
 
-    def take(self, reader: io.RangeReader, ranges: dict | None):
+    def take(self, reader: Fetcher, ranges: dict | None):
         """``(Records, Parsed)`` of ``ranges`` if they were read ahead, else None. Waits
         for the read in flight: the reader is never used by two threads. ``None``
         gives back whatever was read ahead."""
@@ -541,7 +549,7 @@ class Pipeline:
         self.read_ahead = ReadAhead(cfg, ending)
         self._ends = None  # future of the output topics' ends, measured after a write
         self._probe = None
-        self.producer = None
+        self.writer: BatchWriter | None = None
         self.entries: dict | None = None
         self.stats = {"batches": 0, "tuples": 0, "joined": 0, "late": 0, "dead": 0,
                       "replayed_batches": 0, "skipped_records": 0}
@@ -594,8 +602,7 @@ class Pipeline:
         order = np.lexsort((s, r))
         if len(order):
             take = pa.array(order)
-            out.joined = joined_records(r[order], s[order], rp.take(take),
-                                        sp.take(take)).to_pylist()
+            out.joined = joined_records(r[order], s[order], rp.take(take), sp.take(take))
         # late tuples are this batch's own: find their records by (stream, id)
         lorder = np.lexsort((li, ls))
         ls, li = ls[lorder], li[lorder]
@@ -613,13 +620,10 @@ class Pipeline:
 
     # -- Kafka
 
-    def _producer(self):
-        if self.producer is None:
-            # delivery reports for failures only: no Python callback per record
-            self.producer = io.producer(self.cfg.bootstrap, **{
-                "delivery.report.only.error": True, "queue.buffering.max.messages": 1_000_000,
-                "linger.ms": 20})
-        return self.producer
+    def _writer(self) -> BatchWriter:
+        if self.writer is None:
+            self.writer = BatchWriter(self.cfg.bootstrap)
+        return self.writer
 
     def out_topics(self):
         c = self.cfg
@@ -657,40 +661,16 @@ class Pipeline:
             c.close()
 
     def write(self, batch: int, out: BatchOutput, skip: dict | None) -> None:
-        prod = self._producer()
-        failed = []
-
-        def on_delivery(err, _m):
-            if err is not None:
-                failed.append(err)
-
-        b = str(batch).encode()
-        produce, poll = prod.produce, prod.poll
+        """The batch's output records, each with its batch id and position as headers;
+        the positions in ``skip`` (already in the topic, see :meth:`written`) are not
+        written again."""
+        w = self._writer()
         for topic, recs in zip(self.out_topics(), (out.joined, out.late, out.dead),
                                strict=True):
             done = skip.get(topic, ()) if skip else ()
-            for i, v in enumerate(recs):
-                if done and i in done:
-                    self.stats["skipped_records"] += 1
-                    continue
-                h = [(BATCH_HEADER, b), (SEQ_HEADER, b"%d" % i)]
-                try:
-                    produce(topic, v, headers=h, on_delivery=on_delivery)
-                except BufferError:  # the local queue is full: let deliveries drain
-                    while True:
-                        poll(0.05)
-                        try:
-                            produce(topic, v, headers=h, on_delivery=on_delivery)
-                            break
-                        except BufferError:
-                            pass
-                if not i & 4095:
-                    poll(0)
-        left = prod.flush(120)
-        if left or failed:
-            raise RuntimeError(f"batch {batch}: {left} output records undelivered, "
-                               f"{len(failed)} failed ({failed[:1]}); the restart will "
-                               f"write them")
+            vals = recs if isinstance(recs, pa.Array) else pa.array(recs, pa.large_binary())
+            n = w.write(topic, vals, batch, done)
+            self.stats["skipped_records"] += len(vals) - n
 
     # -- replay after a restart
 
@@ -710,11 +690,9 @@ class Pipeline:
 
     # -- foreachBatch
 
-    def reader(self) -> io.RangeReader:
+    def reader(self) -> Fetcher:
         if self._fetcher is None:
-            self._fetcher = io.RangeReader(io.consumer(
-                self.cfg.bootstrap, **{"enable.partition.eof": True,
-                                       "queued.min.messages": 1_000_000}))
+            self._fetcher = Fetcher(self.cfg.bootstrap)
         return self._fetcher
 
     def fetch(self, ranges: dict) -> Records:
@@ -776,7 +754,7 @@ class Pipeline:
         self._time("write", t0)
         st = self.stats
         st["batches"] += 1
-        n_in = len(table.value) if isinstance(table, Records) else table.num_rows
+        n_in = len(table.offset) if isinstance(table, Records) else table.num_rows
         st["tuples"] += n_in
         st["joined"] += len(out.joined)
         st["late"] += len(out.late)
@@ -790,8 +768,9 @@ class Pipeline:
         if self.session is not None:
             self.session.close()
             self.session = None
-        if self.producer is not None:
-            self.producer.flush(60)
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
         for c in (self._fetcher, self._probe):
             if c is not None:
                 c.close()

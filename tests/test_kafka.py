@@ -74,33 +74,3 @@ def test_cli_produce_and_consume(broker, tmp_path, capsys):  # noqa: F811
 def test_missing_topic_is_a_clear_error(broker):  # noqa: F811
     with pytest.raises(io.KafkaIOError, match="does not exist"):
         io.end_offsets(broker.bootstrap, topic("nope"))
-
-
-def test_range_reader_consecutive_ranges_seeks_and_leftovers(broker):  # noqa: F811
-    """Consecutive micro-batch ranges of two partitions, read with one reader that stays
-    assigned, give exactly each range's records; a range that starts elsewhere (a
-    replay) seeks back; an empty range reads nothing."""
-    a, b = topic("A"), topic("B")
-    io.create_topics(broker.bootstrap, [a, b], partitions=2)
-    p = io.producer(broker.bootstrap)
-    for t in (a, b):
-        for i in range(400):
-            p.produce(t, b"%s-%d" % (t.encode(), i), partition=i % 2)
-    assert p.flush(30) == 0
-    rd = io.RangeReader(io.consumer(broker.bootstrap, **{"enable.partition.eof": True}))
-    try:
-        def want(t, q, lo, hi):
-            return [b"%s-%d" % (t.encode(), 2 * o + q) for o in range(lo, hi)]
-
-        cuts = [0, 7, 8, 60, 61, 150, 200]
-        for lo, hi in zip(cuts, cuts[1:], strict=False):
-            ranges = [(a, 0, lo, hi), (a, 1, lo, hi), (b, 0, lo, lo), (b, 1, lo, hi)]
-            got = rd.read(ranges)
-            for t, q, x, y in ranges:
-                assert got[(t, q)][0] == want(t, q, x, y)
-                assert got[(t, q)][1] == list(range(x, y))
-        got = rd.read([(a, 1, 3, 9), (b, 0, 0, 200)])  # back in a, b 0 from its start
-        assert got[(a, 1)][0] == want(a, 1, 3, 9) and got[(b, 0)][0] == want(b, 0, 0, 200)
-        assert rd.read([(a, 1, 9, 12)])[(a, 1)][0] == want(a, 1, 9, 12)
-    finally:
-        rd.close()

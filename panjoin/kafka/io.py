@@ -18,7 +18,6 @@ of one partition and stops on the offset, never on "no message for a while".
 
 from __future__ import annotations
 
-import bisect
 import json
 import time
 import uuid
@@ -185,108 +184,6 @@ def read_range(c, topic: str, partition: int, start: int, end: int, timeout: flo
                                f"{len(out)} records in {timeout:.0f}s")
     c.unassign()
     return out
-
-
-class RangeReader:
-    """Reads offset ranges ``(topic, partition, start, end)`` with one consumer that
-    stays assigned: a range that starts where the last one of its partition ended
-    goes on from what librdkafka has already fetched, and records read past a range's
-    end are kept for the next range. That matters on noida-db, whose fetch answers
-    with everything from the offset on (see :func:`consumer`): re-assigning for each
-    micro-batch would fetch the rest of the partition again every time. A range that
-    starts elsewhere seeks. All partitions are fetched in parallel.
-
-    Example: ranges (R, 0, 0, 100) then (R, 0, 100, 250): the second read takes the
-    records the first consume calls already pulled past 99, then consumes on."""
-
-    def __init__(self, c):
-        self.c = c
-        self.pos: dict = {}  # (topic, partition) -> next offset librdkafka delivers
-        self.buf: dict = {}  # (topic, partition) -> (values, offsets) read past a range
-
-    def read(self, ranges: list, timeout: float = 60.0) -> dict:
-        """``{(topic, partition): (values, offsets)}`` for the ranges, each in offset
-        order; offsets without a record are skipped, each range ends on its offset."""
-        ck = _ck()
-        out = {(t, p): ([], []) for t, p, _, _ in ranges}
-        todo = {}
-        new, seek = [], []
-        for t, p, a, b in ranges:
-            key = (t, p)
-            if b <= a:
-                continue
-            vals, offs = self.buf.pop(key, ([], []))
-            if (offs and offs[0] == a) or (not offs and self.pos.get(key) == a):
-                k = bisect.bisect_left(offs, b)
-                out[key] = (vals[:k], offs[:k])
-                if k < len(offs):
-                    self.buf[key] = (vals[k:], offs[k:])
-                elif not (k and offs[k - 1] >= b - 1):
-                    todo[key] = b
-                continue
-            (seek if key in self.pos else new).append(ck.TopicPartition(t, p, a))
-            self.pos[key] = a
-            todo[key] = b
-        if new:
-            self.c.incremental_assign(new)
-        for tp in seek:
-            self.c.seek(tp)
-        eof = ck.KafkaError._PARTITION_EOF
-        deadline = time.monotonic() + timeout
-        while todo:
-            msgs = self.c.consume(num_messages=100_000, timeout=0.05)
-            if not msgs and time.monotonic() > deadline:
-                left = {k: len(out[k][0]) for k in todo}
-                raise KafkaIOError(f"reading {sorted(todo)}: only {left} records in "
-                                   f"{timeout:.0f}s")
-            i, n = 0, len(msgs)
-            while i < n:  # runs of records of one partition, split where it changes
-                m = msgs[i]
-                err = m.error()
-                key = (m.topic(), m.partition())
-                if err is not None:
-                    if err.code() != eof:
-                        raise KafkaIOError(f"reading {key[0]}[{key[1]}]: {err}")
-                    if key in todo and m.offset() >= todo[key]:
-                        del todo[key]
-                    i += 1
-                    continue
-                j = i + 1
-                while (j < n and msgs[j].error() is None and msgs[j].partition() == key[1]
-                       and msgs[j].topic() == key[0]):
-                    j += 1
-                run = msgs[i:j]
-                offs = [x.offset() for x in run]
-                vals = [x.value() for x in run]
-                self.pos[key] = offs[-1] + 1
-                end = todo.get(key)
-                k = 0
-                if end is not None:
-                    k = len(offs)
-                    if offs[-1] >= end - 1:  # the range ends inside this run
-                        k = bisect.bisect_left(offs, end)
-                        del todo[key]
-                    v, o = out[key]
-                    v += vals[:k]
-                    o += offs[:k]
-                if k < len(offs):  # past the range (or not asked for now): keep
-                    bv, bo = self.buf.setdefault(key, ([], []))
-                    bv += vals[k:]
-                    bo += offs[k:]
-                i = j
-        return out
-
-    def unread(self, got: dict) -> None:
-        """Give back what :meth:`read` returned (``{(topic, partition): (values,
-        offsets)}``), to be read again first: a read-ahead that guessed the wrong
-        ranges loses nothing."""
-        for key, (vals, offs) in got.items():
-            if offs:
-                bv, bo = self.buf.get(key, ([], []))
-                self.buf[key] = (list(vals) + bv, list(offs) + bo)
-
-    def close(self) -> None:
-        self.c.close()
 
 
 # --------------------------------------------------------------------------- events
