@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
@@ -146,25 +147,22 @@ class KafkaPartition(InputPartition):
 
 
 def read_partition(bootstrap: str, part: KafkaPartition) -> Iterator[pa.RecordBatch]:
-    """Records of one partition range as Arrow batches (the source's row schema)."""
-    from panjoin.kafka import io
+    """Records of one partition range as Arrow batches (the source's row schema), read
+    in bulk by :class:`panjoin.kafka.fetcher.Fetcher`."""
+    from panjoin.kafka.fetcher import Fetcher
 
-    c = io.consumer(bootstrap, **{"enable.partition.eof": True})
+    f = Fetcher(bootstrap)
     try:
-        msgs = io.read_range(c, part.topic, part.partition, part.start, part.end)
+        t = f.read([(part.topic, part.partition, part.start, part.end)])[
+            (part.topic, part.partition)]
     finally:
-        c.close()
-    step = 65536
-    for a in range(0, len(msgs), step):
-        chunk = msgs[a:a + step]
-        yield pa.RecordBatch.from_arrays([
-            pa.array([part.topic] * len(chunk), pa.string()),
-            pa.array([part.partition] * len(chunk), pa.int32()),
-            pa.array([m.offset() for m in chunk], pa.int64()),
-            pa.array([m.timestamp()[1] for m in chunk], pa.int64()),
-            pa.array([m.key() for m in chunk], pa.binary()),
-            pa.array([m.value() for m in chunk], pa.binary()),
-        ], schema=ARROW_SCHEMA)
+        f.close()
+    n = t.num_rows
+    t = pa.table([pa.array([part.topic] * n, pa.string()),
+                  pa.array(np.full(n, part.partition, np.int32)), t.column("offset"),
+                  t.column("timestamp"), t.column("key").cast(pa.binary()),
+                  t.column("value").cast(pa.binary())], schema=ARROW_SCHEMA)
+    yield from t.to_batches(max_chunksize=65536)
 
 
 class KafkaStreamReader(DataSourceStreamReader):

@@ -408,6 +408,35 @@ class ReadAhead:
         self.pool.shutdown(wait=True)
 
 
+def offset_log_ranges(spark_checkpoint: str, batch: int) -> dict | None:
+    """Micro-batch ``batch``'s offset ranges ``{topic: {partition: [start, end]}}`` from
+    Spark's offset log, or None when it cannot say (batch 0, whose start only the
+    source knows, or a log this cannot read).
+
+    Spark writes ``offsets/<b>`` (a version line, the batch's metadata, then each
+    source's end offsets as JSON) before batch b runs, and b starts where b - 1
+    ended. Reading two small files costs far less than a Spark job that collects
+    the planned ranges from the batch's frame (about 0.13 s a batch)."""
+    def end_of(b: int) -> dict:
+        with open(os.path.join(spark_checkpoint, "offsets", str(b))) as f:
+            lines = f.read().splitlines()
+        if len(lines) != 3 or lines[0] != "v1":  # one source, the log format Spark 4 writes
+            raise ValueError(f"offset log {b}: {len(lines)} lines")
+        return json.loads(lines[2])
+
+    if batch < 1:
+        return None
+    try:
+        start, end = end_of(batch - 1), end_of(batch)
+        out = {t: {str(p): [int(start.get(t, {}).get(p, 0)), int(e)] for p, e in ps.items()}
+               for t, ps in end.items()}
+    except (OSError, ValueError, TypeError, AttributeError) as e:
+        log.debug("batch %d: no ranges from Spark's offset log (%s)", batch, e)
+        return None
+    return {t: {p: r for p, r in ps.items() if r[1] > r[0]} for t, ps in out.items()
+            if any(r[1] > r[0] for r in ps.values())}
+
+
 # --------------------------------------------------------------------------- ids
 
 
@@ -598,7 +627,9 @@ class Pipeline:
             return out
         if self.session is None:
             self.session = JoinSession(self.cfg)
+        t0 = time.perf_counter()
         r, s, rp, sp, ls, li = self.session.send(batch + 1, p)
+        self._time("manager", t0)  # a part of "join": the round trip to the cluster
         order = np.lexsort((s, r))
         if len(order):
             take = pa.array(order)
@@ -709,9 +740,13 @@ class Pipeline:
         if "value" in df.columns:
             table = df.select("topic", "partition", "offset", "value").toArrow()
         else:
-            ranges: dict = {}
-            for t, p, lo, hi in df.select("topic", "partition", "start", "end").collect():
-                ranges.setdefault(t, {})[str(p)] = [lo, hi]
+            ranges = offset_log_ranges(os.path.join(self.cfg.checkpoint, "spark"), batch_id)
+            if ranges is None:  # the first batch: Spark's plan is only in the frame
+                ranges = {}
+                for t, p, lo, hi in df.select("topic", "partition", "start", "end").collect():
+                    ranges.setdefault(t, {})[str(p)] = [lo, hi]
+            else:
+                self.stats["ranges_from_log"] = self.stats.get("ranges_from_log", 0) + 1
             t0 = self._time("ranges", t0)
             if self.entries is None:  # a restart replays logged batches first
                 self.entries = self.read_log()

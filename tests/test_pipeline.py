@@ -149,6 +149,18 @@ def test_band_join_equals_reference_with_late_and_malformed(broker, manager, spa
     assert stats["batches"] == 3  # 1210 records, at most 500 per micro-batch
     # batch 0 was read while Spark started, 1 and 2 while the one before joined
     assert (stats["read_ahead_hits"], stats["read_ahead_misses"]) == (3, 0)
+    # batches 1 and 2 took their ranges from Spark's offset log, batch 0 from its frame;
+    # together they tile every partition from its first offset to its end, once
+    assert stats["ranges_from_log"] == 2
+    pipe = Pipeline(cfg)
+    logged = pipe.read_log()
+    pipe.close()
+    for t in (r, s):
+        for p, (_, end) in io.end_offsets(broker.bootstrap, t).items():
+            spans = [logged[b]["ranges"].get(t, {}).get(str(p)) for b in range(3)]
+            spans = [x for x in spans if x]
+            assert spans[0][0] == 0 and spans[-1][1] == end
+            assert all(x[1] == y[0] for x, y in zip(spans, spans[1:], strict=False))
     _check_outputs(broker.bootstrap, cfg, ev)
     # both sides' fields travel with each pair
     m = io.read_topic(broker.bootstrap, cfg.out_topic)[0]
