@@ -140,6 +140,19 @@ def _cpu_busy() -> float:
     return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def quiet(timeout: float = 120.0) -> float:
+    """Wait until the machine is idle (under 10% of a core busy over half a second): a
+    broker may still be persisting the topics just written (noida-db is, for tens of
+    seconds after 3M records), and neither job should pay for that. Returns the wait."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        b0 = _cpu_busy()
+        time.sleep(0.5)
+        if _cpu_busy() - b0 < 0.05:
+            break
+    return time.perf_counter() - t0
+
+
 def pairs_of(bootstrap, t) -> np.ndarray:
     recs = [json.loads(m.value()) for m in io.read_topic(bootstrap, t)]
     a = np.array([[x["r_id"], x["s_id"]] for x in recs], np.int64).reshape(-1, 2)
@@ -203,6 +216,7 @@ def main(argv=None) -> int:
                                  allowed_lateness=window, out_topic="pj-out",
                                  source=args.source, batch_size=args.nbat,
                                  subwindow_size=nsub)
+            print(f"(waited {quiet():.1f} s for the machine to go idle)", flush=True)
             busy0, roles0 = _cpu_busy(), _cpu_by_process()
             st = run(cfg, spark)
             busy, roles = _cpu_busy() - busy0, _cpu_by_process()
@@ -224,6 +238,7 @@ def main(argv=None) -> int:
             if args.skip_spark:
                 return 0
             io.create_topics(b.bootstrap, ["spark-out"])
+            print(f"(waited {quiet():.1f} s for the machine to go idle)", flush=True)
             t_sp = spark_join(spark, b.bootstrap, "R", "S", "spark-out", window,
                               args.per_trigger, os.path.join(tmp, "s"))
             p_sp = pairs_of(b.bootstrap, "spark-out")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -56,8 +56,9 @@ class Subwindow:
     ev_min: int = np.iinfo(np.int64).max  # event time range, for time windows and status
     ev_max: int = np.iinfo(np.int64).min
     _id_buf: np.ndarray | None = None  # user ids by seq - seq_start; capacity slots
-    payload_chunks: list = field(default_factory=list)  # pyarrow arrays, seq order
-    _payloads: object = None
+    _pay_offs: np.ndarray | None = None  # payload i is _pay_data[offs[i]:offs[i+1]]
+    _pay_data: np.ndarray | None = None  # payload bytes in seq order; grows by doubling
+    _pay_null: np.ndarray | None = None  # per slot, once a null payload came
     payload_bytes: int = 0
 
     @property
@@ -89,9 +90,7 @@ class Subwindow:
             self._id_buf = np.empty(self.capacity, np.int64)
         self._id_buf[self.count - seq.size:self.count] = ids_in_seq_order
         if payloads is not None:
-            self.payload_chunks.append(payloads)
-            self.payload_bytes += payloads.nbytes
-            self._payloads = None
+            self._add_payloads(payloads)
         self.state = SubState.FULL if self.count >= self.capacity else SubState.FILLING
 
     def ids(self) -> np.ndarray:
@@ -100,16 +99,49 @@ class Subwindow:
             return np.zeros(0, np.int64)
         return self._id_buf[:self.count]
 
-    def payloads(self):
-        """The payloads in seq order as one pyarrow array, or None when the join has none."""
-        if not self.payload_chunks:
-            return None
-        if self._payloads is None:
-            import pyarrow as pa
+    def _add_payloads(self, p) -> None:
+        """Append a large_binary array's values after the last count - len(p) slots.
 
-            self._payloads = pa.concat_arrays(self.payload_chunks)
-            self.payload_chunks = [self._payloads]
-        return self._payloads
+        The bytes go into one buffer that grows by doubling, so that :meth:`payloads`
+        is a view, not a concatenation of every insert so far (that was O(NSub) per
+        probe). A view taken for a probe in flight stays valid: later inserts write
+        past its end, and a grown buffer is a new one."""
+        n = len(p)
+        k = self.count - n
+        _, offs, data = p.buffers()
+        o = np.frombuffer(offs, np.int64)[p.offset:p.offset + n + 1]
+        d = np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)
+        lo, hi = int(o[0]), int(o[-1])
+        if self._pay_offs is None:  # untouched pages cost nothing: size for a full one
+            self._pay_offs = np.zeros(self.capacity + 1, np.int64)
+            self._pay_data = np.empty(max(1 << 12, (hi - lo) * self.capacity // max(n, 1)
+                                          + (hi - lo)), np.uint8)
+        base = int(self._pay_offs[k])
+        if base + hi - lo > len(self._pay_data):
+            grown = np.empty(max(base + hi - lo, 2 * len(self._pay_data)), np.uint8)
+            grown[:base] = self._pay_data[:base]
+            self._pay_data = grown
+        self._pay_data[base:base + hi - lo] = d[lo:hi]
+        self._pay_offs[k + 1:k + n + 1] = o[1:] - lo + base
+        if p.null_count:
+            if self._pay_null is None:
+                self._pay_null = np.zeros(self.capacity, bool)
+            self._pay_null[k:k + n] = np.asarray(p.is_null())
+        self.payload_bytes += hi - lo + 8 * n
+
+    def payloads(self):
+        """The payloads in seq order as one large_binary array (a view), or None when
+        the join has none."""
+        if self._pay_offs is None:
+            return None
+        import pyarrow as pa
+
+        n = self.count
+        valid = None
+        if self._pay_null is not None and self._pay_null[:n].any():
+            valid = pa.py_buffer(np.packbits(~self._pay_null[:n], bitorder="little"))
+        return pa.Array.from_buffers(pa.large_binary(), n, [
+            valid, pa.py_buffer(self._pay_offs[:n + 1]), pa.py_buffer(self._pay_data)])
 
 
 class SubwindowRing:
@@ -155,7 +187,6 @@ class SubwindowRing:
         sub = self.subs.popleft()
         sub.state = SubState.EXPIRED
         sub._id_buf = None
-        sub.payload_chunks = []
-        sub._payloads = None
+        sub._pay_offs = sub._pay_data = sub._pay_null = None
         self.expired += 1
         return sub
