@@ -191,7 +191,9 @@ class KafkaStreamReader(DataSourceStreamReader):
         from panjoin.kafka import io
 
         if self._probe is None:
-            self._probe = io.consumer(self.bootstrap, **{"enable.partition.eof": True})
+            from panjoin.kafka.fetcher import Fetcher
+
+            self._probe = Fetcher(self.bootstrap)
         return {t: {str(p): v for p, v in io.end_offsets(self.bootstrap, t,
                                                          probe=self._probe).items()}
                 for t in self.topics}

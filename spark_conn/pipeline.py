@@ -65,6 +65,7 @@ import logging
 import os
 import queue
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -578,6 +579,7 @@ class Pipeline:
         self.read_ahead = ReadAhead(cfg, ending)
         self._ends = None  # future of the output topics' ends, measured after a write
         self._probe = None
+        self._probe_lock = threading.Lock()
         self.writer: BatchWriter | None = None
         self.entries: dict | None = None
         self.stats = {"batches": 0, "tuples": 0, "joined": 0, "late": 0, "dead": 0,
@@ -661,11 +663,11 @@ class Pipeline:
         return [c.out_topic, c.late_topic, c.dead_letter_topic]
 
     def out_ends(self) -> dict:
-        if self._probe is None:
-            self._probe = io.consumer(self.cfg.bootstrap, **{"enable.partition.eof": True})
-        return {t: {str(p): v[1] for p, v in io.end_offsets(self.cfg.bootstrap, t,
-                                                            probe=self._probe).items()}
-                for t in self.out_topics()}
+        with self._probe_lock:  # a Fetcher is one thread's; this runs in the background too
+            if self._probe is None:
+                self._probe = Fetcher(self.cfg.bootstrap)
+            return {t: {str(p): v[1] for p, v in io.end_offsets(
+                self.cfg.bootstrap, t, probe=self._probe).items()} for t in self.out_topics()}
 
     def out_start(self) -> dict:
         """Where the output topics end before this batch writes. Measured in the
@@ -682,7 +684,7 @@ class Pipeline:
             seen = {}
             for t in self.out_topics():
                 seen[t] = set()
-                for p, (_, end) in io.end_offsets(self.cfg.bootstrap, t, probe=c).items():
+                for p, (_, end) in io.end_offsets(self.cfg.bootstrap, t).items():
                     for m in io.read_range(c, t, p, since[t].get(str(p), 0), end):
                         h = dict(m.headers() or ())
                         if int(h.get(BATCH_HEADER, b"-1")) == batch:

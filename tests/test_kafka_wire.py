@@ -106,6 +106,8 @@ def test_fetcher_reads_ranges_like_librdkafka(broker, compression):  # noqa: F81
     want = _produce(broker.bootstrap, a, 3000, 2, **{"compression.type": compression})
     f = Fetcher(broker.bootstrap)
     try:
+        # the log's ends, found by fetches past a (possibly short) high watermark
+        assert f.end_offsets(a) == {0: (0, 1500), 1: (0, 1500)}
         cuts = [0, 7, 8, 600, 601, 1100, 1500]
         for lo, hi in zip(cuts, cuts[1:], strict=False):
             got = f.read([(a, 0, lo, hi), (a, 1, lo, lo)])

@@ -110,43 +110,22 @@ def producer(bootstrap: str, **extra):
     return ck.Producer(conf)
 
 
-def end_offsets(bootstrap: str, topic: str, partitions=None, timeout: float = 10.0,
+def end_offsets(bootstrap: str, topic: str, timeout: float = 10.0,
                 probe=None) -> dict[int, tuple[int, int]]:
-    """``{partition: (low, end)}``: the first offset and one past the last record.
+    """``{partition: (low, end)}``: the first offset and one past the last record, exact
+    on brokers whose ListOffsets is short (see :meth:`Fetcher.end_offsets`). ``probe``:
+    a :class:`~panjoin.kafka.fetcher.Fetcher` to reuse (its connections stay open)."""
+    from panjoin.kafka.fetcher import Fetcher
+    from panjoin.kafka.protocol import ProtocolError
 
-    ``end`` comes from a fetch's end-of-partition event, started one record before
-    the ListOffsets high watermark: exact on brokers whose ListOffsets is short.
-    """
-    ck = _ck()
-    parts = partitions if partitions is not None else partitions_of(bootstrap, topic)
-    c = probe or consumer(bootstrap, **{"enable.partition.eof": True})
+    f = probe or Fetcher(bootstrap, timeout)
     try:
-        wm = {}
-        for p in parts:
-            lo, hi = c.get_watermark_offsets(ck.TopicPartition(topic, p), timeout=timeout,
-                                             cached=False)
-            wm[p] = (max(lo, 0), max(hi, 0))
-        c.assign([ck.TopicPartition(topic, p, max(wm[p][0], wm[p][1] - 1)) for p in parts])
-        end = {p: wm[p][1] for p in parts}
-        pending = set(parts)
-        deadline = time.monotonic() + timeout
-        while pending and time.monotonic() < deadline:
-            for m in c.consume(num_messages=len(pending), timeout=0.05):
-                p = m.partition()
-                err = m.error()
-                if err is None:
-                    end[p] = max(end[p], m.offset() + 1)
-                elif err.code() == ck.KafkaError._PARTITION_EOF:
-                    end[p] = max(end[p], m.offset())
-                    pending.discard(p)
-        if pending:
-            raise KafkaIOError(f"topic {topic!r} partitions {sorted(pending)}: no fetch "
-                               f"answered in {timeout:.0f}s; is the broker up?")
-        c.unassign()
-        return {p: (wm[p][0], end[p]) for p in parts}
+        return f.end_offsets(topic, timeout)
+    except ProtocolError as e:
+        raise KafkaIOError(str(e)) from e
     finally:
         if probe is None:
-            c.close()
+            f.close()
 
 
 def read_range(c, topic: str, partition: int, start: int, end: int, timeout: float = 60.0):
@@ -244,7 +223,7 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> list:
     c = consumer(bootstrap, **{"enable.partition.eof": True})
     try:
         out = []
-        for p, (lo, end) in sorted(end_offsets(bootstrap, topic, probe=c).items()):
+        for p, (lo, end) in sorted(end_offsets(bootstrap, topic).items()):
             out.extend(read_range(c, topic, p, lo, end, timeout))
         return out
     finally:

@@ -7,6 +7,7 @@ fields:
 
 * ApiVersions v0, to check that the broker speaks the others;
 * Metadata v1, for the partitions of a topic and their leaders;
+* ListOffsets v1, for where partitions begin and (about) end;
 * Fetch v4, which returns record batches (magic 2);
 * Produce v3, which writes one record batch per partition and request.
 
@@ -25,9 +26,10 @@ import socket
 import struct
 from dataclasses import dataclass
 
-PRODUCE, FETCH, METADATA, API_VERSIONS = 0, 1, 3, 18
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS = 0, 1, 2, 3, 18
 #: the versions this module writes and reads
-VERSIONS = {PRODUCE: 3, FETCH: 4, METADATA: 1, API_VERSIONS: 0}
+VERSIONS = {PRODUCE: 3, FETCH: 4, LIST_OFFSETS: 1, METADATA: 1, API_VERSIONS: 0}
+EARLIEST, LATEST = -2, -1  # ListOffsets' timestamps that ask for the log's ends
 READ_COMMITTED = 1
 CLIENT_ID = b"panjoin"
 
@@ -208,8 +210,11 @@ class Connection:
                 raise Unsupported(f"broker {self.address} does not speak version {v} of "
                                   f"API {api} (it speaks {lo}..{hi})")
 
-    def metadata(self, topics: list[str]) -> Metadata:
-        c = self.call(METADATA, _array([_str(t) for t in topics]))
+    def metadata(self, topics: list[str] | None) -> Metadata:
+        """Brokers and partition leaders of ``topics``; None asks for every topic (and,
+        unlike naming one, never makes a broker create a missing topic)."""
+        body = struct.pack(">i", -1) if topics is None else _array([_str(t) for t in topics])
+        c = self.call(METADATA, body)
         brokers = {}
         for node, host, port, _rack in c.array(lambda: (c.i32(), c.string(), c.i32(),
                                                           c.string())):
@@ -230,6 +235,22 @@ class Connection:
             else:
                 parts[name] = {p: leader for _e, p, leader in ps}
         return Metadata(brokers, parts, errors)
+
+    def list_offsets(self, want: dict, when: int) -> dict:
+        """``{(topic, partition): offset}`` at ``when`` (:data:`EARLIEST` or
+        :data:`LATEST`, the high watermark) for ``{topic: [partitions]}``."""
+        topics = [_str(t) + _array([struct.pack(">iq", p, when) for p in ps])
+                  for t, ps in want.items()]
+        c = self.call(LIST_OFFSETS, struct.pack(">i", -1) + _array(topics))
+        out = {}
+        for _ in range(c.i32()):
+            t = c.string()
+            for _ in range(c.i32()):
+                p, err, _ts, off = c.i32(), c.i16(), c.i64(), c.i64()
+                if err:
+                    raise ProtocolError(f"ListOffsets {t}[{p}]: {error_name(err)}")
+                out[(t, p)] = off
+        return out
 
     def send_fetch(self, want: dict, max_bytes: int, partition_max_bytes: int,
                    max_wait_ms: int = 10) -> int:

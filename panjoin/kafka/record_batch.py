@@ -102,8 +102,9 @@ def scan(buf, start, end):
         last = base + _be(buf, pos + 23, 4)
         if attr & 7:
             flags |= COMPRESSED
-            break
-        if last >= start and not attr & 0x20:  # 0x20: a control batch
+            if end > start:  # records wanted: the caller reads them another way
+                break
+        if last >= start and end > start and not attr & 0x20:  # 0x20: a control batch
             first_ts = _be(buf, pos + 27, 8)
             log_append = attr & 8
             max_ts = _be(buf, pos + 35, 8)
