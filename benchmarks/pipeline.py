@@ -203,10 +203,13 @@ def main(argv=None) -> int:
             # warm-up: Python workers, JIT, the cluster's kernels
             warm = generate(2000, "uniform", key_max=100, seed=1, rate=1000)
             io.produce_events(b.bootstrap, warm, "wR", "wS", partitions=2)
+            # a short window and small subwindows and batches, so that every kernel of
+            # the timed run (insert, probe, merge, expire) is compiled here, not there
             run(PipelineConfig(b.bootstrap, cluster.address, os.path.join(tmp, "w"),
-                               f"time:{window},{window}", "eq", r_topic="wR", s_topic="wS",
-                               out_topic="wout", late_topic="wlate",
-                               dead_letter_topic="wdead"), spark)
+                               "time:100,100", "eq", r_topic="wR", s_topic="wS",
+                               out_topic="wout", late_topic="wlate", dead_letter_topic="wdead",
+                               max_offsets_per_trigger=500, batch_size=128,
+                               subwindow_size=256), spark)
             spark_join(spark, b.bootstrap, "wR", "wS", "wout2", window, 1000,
                        os.path.join(tmp, "w2"))
 

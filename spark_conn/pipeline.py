@@ -869,6 +869,8 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
                                               for t, ps in offs.items()})
 
     def each(df, batch_id):
+        if "s_start" not in pipe.stats:  # Spark's query start and first plan
+            pipe.stats["s_start"] = time.perf_counter() - t0
         pipe.process(df, batch_id)
         if on_batch is not None:
             on_batch(batch_id, pipe)
@@ -888,6 +890,7 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
             _await_end(q, ending)
         else:
             q.awaitTermination()
+        t1 = time.perf_counter()
     finally:
         if q.isActive:
             q.stop()
@@ -895,6 +898,7 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
     if q.exception() is not None:
         raise RuntimeError(f"the streaming query failed: {q.exception()}")
     pipe.stats["seconds"] = time.perf_counter() - t0
+    pipe.stats["s_stop"] = time.perf_counter() - t1  # the query's stop, the join's close
     pipe.stats["spark_ms"] = trigger_ms(q)
     pipe.stats["read_ahead_hits"] = pipe.read_ahead.hits
     pipe.stats["read_ahead_misses"] = pipe.read_ahead.misses
