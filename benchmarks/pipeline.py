@@ -201,16 +201,17 @@ def main(argv=None) -> int:
         with start_broker(args.broker) as b:
             io.produce_events(b.bootstrap, ev, "R", "S", partitions=2)
             # warm-up: Python workers, JIT, the cluster's kernels
-            warm = generate(2000, "uniform", key_max=100, seed=1, rate=1000)
+            warm = generate(20_000, "uniform", key_max=2000, seed=1, rate=1000)
             io.produce_events(b.bootstrap, warm, "wR", "wS", partitions=2)
-            # a short window and small subwindows and batches, so that every kernel of
-            # the timed run (insert, probe, merge, expire) is compiled here, not there
+            # a short window and small subwindows (but larger than BI-Sort's insertion
+            # buffer, so that it merges into the main array), so that every kernel of
+            # the timed run (insert, merge, probe, expire) is compiled here, not there
             run(PipelineConfig(b.bootstrap, cluster.address, os.path.join(tmp, "w"),
-                               "time:100,100", "eq", r_topic="wR", s_topic="wS",
+                               "time:2000,2000", "eq", r_topic="wR", s_topic="wS",
                                out_topic="wout", late_topic="wlate", dead_letter_topic="wdead",
-                               max_offsets_per_trigger=500, batch_size=128,
-                               subwindow_size=256), spark)
-            spark_join(spark, b.bootstrap, "wR", "wS", "wout2", window, 1000,
+                               max_offsets_per_trigger=5000, batch_size=2048,
+                               subwindow_size=4096), spark)
+            spark_join(spark, b.bootstrap, "wR", "wS", "wout2", window, 5000,
                        os.path.join(tmp, "w2"))
 
             cfg = PipelineConfig(b.bootstrap, cluster.address, os.path.join(tmp, "p"),
