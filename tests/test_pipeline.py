@@ -403,6 +403,48 @@ def test_id_window_rejects_repeated_ids_until_they_leave_the_window():
     assert w.add(batch([0, 0, 1], [5, 9, 5], [500, 500, 500])).tolist() == []
 
 
+@pytest.mark.parametrize("spec", ["time:40,25", "count:30,50"])
+def test_record_window_keeps_every_record_a_future_tuple_can_pair_with(spec):
+    """Random micro-batches (out of order, ids reused once they left the window): after
+    each, every tuple that can still pair with a future one (DESIGN section 2) is found
+    with its own record, the newest tuple of a reused id wins, and the window is not
+    much larger than that."""
+    from spark_conn.pipeline import Parsed, RecordWindow
+
+    w = parse_window(spec, 7 if spec.startswith("time") else 0)
+    rw = RecordWindow(w, 16)
+    rng = np.random.default_rng(5)
+    seen = [[], []]  # per stream: (id, ts, record) in arrival order
+    max_ts = 0
+    for b in range(40):
+        n = int(rng.integers(1, 16))
+        st = rng.integers(0, 2, n).astype(np.uint8)
+        ts = np.maximum(0, b * 10 + rng.integers(-8, 8, n))
+        ids = rng.permutation(100)[:n] + 1000 * b  # distinct, none reused soon
+        if b % 5 == 4:
+            ids[0] = seen[int(st[0])][0][0] if seen[int(st[0])] else ids[0]  # a long-gone id
+        recs = [b"r%d-%d" % (b, i) for i in range(n)]
+        rw.add(Parsed(st, ids, np.zeros(n, np.int64), ts, pa.array(recs, pa.binary()), [], {}))
+        for i in range(n):
+            seen[int(st[i])].append((int(ids[i]), int(ts[i]), recs[i]))
+        max_ts = max(max_ts, int(ts.max()))
+        rw.prune(int(ts.max()))
+        for x in (0, 1):
+            if w.kind == "time":
+                live = [t for t in seen[x] if t[1] > max_ts - w.lateness - w.size("RS"[x])]
+            else:
+                live = seen[x][-w.size("RS"[x]):]
+            newest = {i: r for i, _, r in seen[x]}  # the last tuple of each id wins
+            live = [t for t in live if newest[t[0]] == t[2]]
+            if live:
+                got = rw.lookup(x, np.array([t[0] for t in live], np.int64)).to_pylist()
+                assert got == [t[2] for t in live]
+            kept = sum(len(c[0]) for c in rw.chunks[x])
+            assert kept <= len(live) + 2 * 16 + 16  # whole chunks only, at most a few more
+    with pytest.raises(RuntimeError, match="left the job's window"):
+        rw.lookup(0, np.array([-1], np.int64))
+
+
 def test_read_ahead_guesses_the_next_batch_and_gives_back_a_wrong_guess(broker,  # noqa: F811
                                                                         tmp_path):
     """The read-ahead reads the batch the source will plan next (same planner, same
