@@ -10,10 +10,12 @@ multi-partition topic spreads tuples by id). :func:`produce_events` writes an
 in arrival order per stream.
 
 Offsets are read the way both brokers agree on (see :mod:`panjoin.kafka.broker`):
-:func:`end_offsets` takes the ListOffsets high watermark and then lets a fetch
-say where the partition really ends (``enable.partition.eof``), because Tansu's
-ListOffsets is one produce batch short. :func:`read_range` reads ``[start, end)``
-of one partition and stops on the offset, never on "no message for a while".
+:func:`end_offsets` takes the ListOffsets high watermark and then lets fetches say
+where the partition really ends (:meth:`panjoin.kafka.fetcher.Fetcher.end_offsets`),
+because Tansu's ListOffsets is one produce batch short. :func:`read_range` reads
+``[start, end)`` of one partition with librdkafka and stops on the offset, never on
+"no message for a while"; the pipeline's bulk path is :mod:`panjoin.kafka.fetcher`
+and :mod:`panjoin.kafka.writer`.
 """
 
 from __future__ import annotations
