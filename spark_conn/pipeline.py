@@ -497,10 +497,12 @@ class RecordWindow:
     manager's pairs: the manager gets ids, keys and times only, so no record travels to
     it and back (that round trip cost a third of the join's time).
 
-    One chunk per micro-batch and stream: the ids in arrival order, the records, and
-    the ids sorted (with the permutation) for lookups. A chunk goes once none of its
-    tuples can pair with a future one, by the rule of :class:`IdWindow`. Lookups search
-    the newest chunk first: an id may come back once its first tuple left the window.
+    One chunk per micro-batch and stream: the ids sorted, with their rows in the
+    micro-batch's records (shared by both streams' chunks, not copied). A chunk goes
+    once none of its tuples can pair with a future one, by the rule of
+    :class:`IdWindow`. Lookups search the newest chunk first (an id may come back
+    once its first tuple left the window), and only for ids within a chunk's range
+    (ids that grow with arrival fall in one chunk each).
 
     Example: chunks of batches 3 and 4 for R; ``lookup(0, [17, 4])`` finds id 17 in
     batch 4's sorted ids and 4 in batch 3's, and returns their records in that order.
@@ -508,16 +510,15 @@ class RecordWindow:
 
     def __init__(self, window: Window, batch: int):
         self.window, self.batch = window, batch
-        self.chunks: list = [[], []]  # per stream: [(ids, records, sorted, perm, max_ts)]
+        self.chunks: list = [[], []]  # per stream: [(records, sorted ids, rows, max_ts)]
         self.max_ts = None
 
     def add(self, p: Parsed) -> None:
         for s in (0, 1):
             pos = np.flatnonzero(p.stream == s)
             if len(pos):
-                ids = p.id[pos]
-                perm = np.argsort(ids, kind="stable")
-                self.chunks[s].append((ids, p.record.take(pa.array(pos)), ids[perm], perm,
+                perm = np.argsort(p.id[pos], kind="stable")
+                self.chunks[s].append((p.record, p.id[pos[perm]], pos[perm],
                                        int(p.ts[pos].max())))
 
     def lookup(self, s: int, ids: np.ndarray) -> pa.Array:
@@ -528,18 +529,23 @@ class RecordWindow:
         for c in range(len(self.chunks[s]) - 1, -1, -1):
             if not len(todo):
                 break
-            _, _, srt, perm, _ = self.chunks[s][c]
-            k = np.minimum(np.searchsorted(srt, ids[todo]), len(srt) - 1)
-            hit = srt[k] == ids[todo]
-            where[todo[hit]], at[todo[hit]] = c, perm[k[hit]]
-            todo = todo[~hit]
+            _, srt, rows, _ = self.chunks[s][c]
+            q = ids[todo]
+            inside = np.flatnonzero((q >= srt[0]) & (q <= srt[-1]))
+            k = np.searchsorted(srt, q[inside])
+            hit = srt[k] == q[inside]
+            found = todo[inside[hit]]
+            where[found], at[found] = c, rows[k[hit]]
+            miss = np.ones(len(todo), bool)
+            miss[inside[hit]] = False
+            todo = todo[miss]
         if len(todo):
             raise RuntimeError(f"the manager paired {'RS'[s]} ids {ids[todo[:5]].tolist()} "
                                f"whose records left the job's window; this is a bug")
         parts, order = [], []
         for c in np.unique(where).tolist():
             rows = np.flatnonzero(where == c)
-            parts.append(self.chunks[s][c][1].take(pa.array(at[rows])))
+            parts.append(self.chunks[s][c][0].take(pa.array(at[rows])))
             order.append(rows)
         if not parts:
             return pa.array([], PAYLOAD_TYPE)
@@ -552,12 +558,12 @@ class RecordWindow:
         for s in (0, 1):
             chunks = self.chunks[s]
             if w.kind == "count":
-                keep, n = w.size("RS"[s]) + self.batch, sum(len(c[0]) for c in chunks)
-                while chunks and n - len(chunks[0][0]) >= keep:
-                    n -= len(chunks.pop(0)[0])
+                keep, n = w.size("RS"[s]) + self.batch, sum(len(c[1]) for c in chunks)
+                while chunks and n - len(chunks[0][1]) >= keep:
+                    n -= len(chunks.pop(0)[1])
             else:
                 dead = self.max_ts - w.lateness - w.size("RS"[s])
-                while chunks and chunks[0][4] <= dead:
+                while chunks and chunks[0][3] <= dead:
                     chunks.pop(0)
 
 

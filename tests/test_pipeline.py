@@ -439,7 +439,7 @@ def test_record_window_keeps_every_record_a_future_tuple_can_pair_with(spec):
             if live:
                 got = rw.lookup(x, np.array([t[0] for t in live], np.int64)).to_pylist()
                 assert got == [t[2] for t in live]
-            kept = sum(len(c[0]) for c in rw.chunks[x])
+            kept = sum(len(c[1]) for c in rw.chunks[x])
             assert kept <= len(live) + 2 * 16 + 16  # whole chunks only, at most a few more
     with pytest.raises(RuntimeError, match="left the job's window"):
         rw.lookup(0, np.array([-1], np.int64))
