@@ -22,8 +22,20 @@ def _buffers(vals: list[bytes]):
     return np.frombuffer(b"".join(vals) or b"\0", np.uint8)[:offs[-1]], offs
 
 
-def test_crc32c_known_value():
+def test_crc32c_known_value_and_every_tail_length():
     assert int(rb.crc32c(np.frombuffer(b"123456789", np.uint8), 0, 9)) == 0xE3069283
+
+    def bitwise(data):  # the definition, a bit at a time
+        c = 0xFFFFFFFF
+        for byte in data:
+            c ^= byte
+            for _ in range(8):
+                c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        return c ^ 0xFFFFFFFF
+
+    x = np.random.default_rng(1).integers(0, 256, 200).astype(np.uint8)
+    for a, n in [(0, 0), (3, 1), (3, 7), (5, 8), (5, 9), (1, 16), (2, 17), (0, 200)]:
+        assert int(rb.crc32c(x, a, a + n)) == bitwise(x[a:a + n].tolist()), (a, n)
 
 
 @settings(max_examples=60, deadline=None)

@@ -175,45 +175,58 @@ def join_lines(data, offs):
     newlines the values themselves hold."""
     n = len(offs) - 1
     out = np.empty(len(data) + max(n - 1, 0), np.uint8)
-    inner = 0
     q = 0
     for i in range(n):
         if i:
             out[q] = 10
             q += 1
-        for j in range(offs[i], offs[i + 1]):
-            c = data[j]
-            if c == 10:
-                inner += 1
-            out[q] = c
-            q += 1
+        a, b = offs[i], offs[i + 1]
+        out[q:q + b - a] = data[a:b]  # a slice copy: several times a byte loop's speed
+        q += b - a
+    inner = 0
+    for j in range(offs[0], offs[n]):  # a separate pass, which LLVM vectorizes
+        inner += data[j] == 10
     return out, inner
 
 
 # --------------------------------------------------------------------------- encoding
 
 
-@njit(cache=True, nogil=True)
-def _crc32c_table():
-    t = np.empty(256, np.uint32)
+def _crc32c_tables() -> np.ndarray:
+    """The slicing-by-8 tables of CRC-32C (reflected polynomial 0x82F63B78): row 0 is
+    the byte-at-a-time table, row k advances a byte through k more zero bytes."""
+    t = np.zeros((8, 256), np.uint32)
     for i in range(256):
-        c = np.uint32(i)
+        c = i
         for _ in range(8):
-            if c & np.uint32(1):
-                c = (c >> np.uint32(1)) ^ np.uint32(0x82F63B78)
-            else:
-                c = c >> np.uint32(1)
-        t[i] = c
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        t[0, i] = c
+    for k in range(1, 8):
+        t[k] = (t[k - 1] >> 8) ^ t[0][t[k - 1] & 0xFF]
     return t
+
+
+_CRC = _crc32c_tables()
 
 
 @njit(cache=True, nogil=True)
 def crc32c(buf, a, b):
-    """CRC-32C (Castagnoli) of ``buf[a:b]``, the checksum of a record batch."""
-    t = _crc32c_table()
+    """CRC-32C (Castagnoli) of ``buf[a:b]``, the checksum of a record batch; eight
+    bytes a step (slicing-by-8), several times the speed of a byte at a time."""
+    t = _CRC
     c = np.uint32(0xFFFFFFFF)
-    for i in range(a, b):
-        c = t[(c ^ np.uint32(buf[i])) & np.uint32(0xFF)] ^ (c >> np.uint32(8))
+    i = a
+    while i + 8 <= b:
+        one = c ^ (np.uint32(buf[i]) | (np.uint32(buf[i + 1]) << np.uint32(8))
+                   | (np.uint32(buf[i + 2]) << np.uint32(16))
+                   | (np.uint32(buf[i + 3]) << np.uint32(24)))
+        c = (t[7, one & np.uint32(0xFF)] ^ t[6, (one >> np.uint32(8)) & np.uint32(0xFF)]
+             ^ t[5, (one >> np.uint32(16)) & np.uint32(0xFF)] ^ t[4, one >> np.uint32(24)]
+             ^ t[3, buf[i + 4]] ^ t[2, buf[i + 5]] ^ t[1, buf[i + 6]] ^ t[0, buf[i + 7]])
+        i += 8
+    while i < b:
+        c = t[0, (c ^ np.uint32(buf[i])) & np.uint32(0xFF)] ^ (c >> np.uint32(8))
+        i += 1
     return c ^ np.uint32(0xFFFFFFFF)
 
 
@@ -286,8 +299,7 @@ def _encode(data, offs, lo, hi, batch, seq0, timestamp, bkey, skey):
         q = _put_varint(out, q + 2, d)
         out[q] = 1  # key length -1: no key
         q = _put_varint(out, q + 1, vl)
-        for j in range(vl):
-            out[q + j] = data[offs[i] + j]
+        out[q:q + vl] = data[offs[i]:offs[i] + vl]
         q += vl
         out[q] = 4  # two headers (zigzag 2)
         q = _put_varint(out, q + 1, nb)
