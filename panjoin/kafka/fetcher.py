@@ -86,51 +86,15 @@ class Fetcher:
     def __init__(self, bootstrap: str, timeout: float = 60.0):
         self.bootstrap = bootstrap
         self.timeout = timeout
-        boot = protocol.Connection(bootstrap, timeout)
-        boot.check_versions()  # raises Unsupported: the caller uses librdkafka then
-        self.conns = {None: boot}
-        self.leaders: dict = {}  # (topic, partition) -> leader node id
-        self.brokers: dict = {}
+        self.brokers = protocol.Brokers(bootstrap, timeout)
         self.pos: dict = {}  # (topic, partition) -> next offset to fetch
         self.buf: dict = {}  # (topic, partition) -> [tables] fetched, not yet read
         self.cover: dict = {}  # (topic, partition) -> where buf (then pos) goes on from
         self._consumer = None
         self.fell_back = 0  # ranges read with librdkafka
 
-    # -- where partitions live
-
-    def _leader(self, key) -> protocol.Connection:
-        if key not in self.leaders:
-            md = self.conns[None].metadata(sorted({t for t, _ in [*self.leaders, key]}))
-            if key[0] in md.errors:
-                raise protocol.ProtocolError(
-                    f"topic {key[0]!r}: {protocol.error_name(md.errors[key[0]])}")
-            self.brokers.update(md.brokers)
-            for t, ps in md.partitions.items():
-                for p, node in ps.items():
-                    self.leaders[(t, p)] = node
-            if key not in self.leaders:
-                raise protocol.ProtocolError(f"topic {key[0]!r} has no partition {key[1]}")
-        node = self.leaders[key]
-        if node not in self.conns:
-            self.conns[node] = protocol.Connection(self.brokers[node], self.timeout)
-        return self.conns[node]
-
     def partitions(self, topic: str) -> list[int]:
-        """The topic's partitions (metadata for every topic: naming a missing one may
-        make the broker create it)."""
-        if not any(t == topic for t, _ in self.leaders):
-            md = self.conns[None].metadata(None)
-            self.brokers.update(md.brokers)
-            for t, ps in md.partitions.items():
-                for p, node in ps.items():
-                    self.leaders[(t, p)] = node
-        parts = sorted(p for t, p in self.leaders if t == topic)
-        if not parts:
-            raise protocol.ProtocolError(
-                f"topic {topic!r} does not exist on {self.bootstrap}; create it first "
-                f"(panjoin kafka produce creates its topics)")
-        return parts
+        return sorted(self.brokers.partitions(topic))
 
     def end_offsets(self, topic: str, timeout: float = 10.0) -> dict[int, tuple[int, int]]:
         """``{partition: (low, end)}``: the first offset and one past the last record.
@@ -141,7 +105,7 @@ class Fetcher:
         ends, as librdkafka's end-of-partition event would say."""
         by_leader: dict = {}
         for p in self.partitions(topic):
-            by_leader.setdefault(self._leader((topic, p)), []).append(p)
+            by_leader.setdefault(self.brokers.leader(topic, p), []).append(p)
         out = {}
         deadline = time.monotonic() + timeout
         for conn, parts in by_leader.items():
@@ -197,7 +161,7 @@ class Fetcher:
         while todo:
             by_leader: dict = {}
             for key in todo:
-                by_leader.setdefault(self._leader(key), []).append(key)
+                by_leader.setdefault(self.brokers.leader(*key), []).append(key)
             sent = []
             for conn, keys in by_leader.items():
                 want: dict = {}
@@ -291,9 +255,7 @@ class Fetcher:
                 self.cover[key] = _first(t)
 
     def close(self) -> None:
-        for c in self.conns.values():
-            c.close()
-        self.conns.clear()
+        self.brokers.close()
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None

@@ -295,3 +295,45 @@ class Connection:
                 p, err, base, _time = c.i32(), c.i16(), c.i64(), c.i64()
                 out[(t, p)] = (err, base)
         return out
+
+
+# --------------------------------------------------------------------------- a cluster
+
+
+class Brokers:
+    """Connections to a Kafka cluster, opened as needed, and each partition's leader:
+    what the reader and the writer share. One thread at a time."""
+
+    def __init__(self, bootstrap: str, timeout: float = 60.0):
+        self.bootstrap, self.timeout = bootstrap, timeout
+        boot = Connection(bootstrap, timeout)
+        boot.check_versions()  # raises Unsupported: the caller uses librdkafka then
+        self.conns: dict = {None: boot}
+        self.addresses: dict = {}  # node id -> "host:port"
+        self.topics: dict = {}  # topic -> {partition: leader node id}
+
+    def partitions(self, topic: str) -> dict[int, int]:
+        """``{partition: leader node}`` (metadata of every topic: naming a missing one
+        may make the broker create it)."""
+        if topic not in self.topics:
+            md = self.conns[None].metadata(None)
+            self.addresses.update(md.brokers)
+            self.topics.update(md.partitions)
+            if not self.topics.get(topic):
+                raise ProtocolError(f"topic {topic!r} does not exist on {self.bootstrap}; "
+                                    f"create it first (panjoin kafka produce creates its "
+                                    f"topics)")
+        return self.topics[topic]
+
+    def leader(self, topic: str, partition: int) -> Connection:
+        node = self.partitions(topic).get(partition)
+        if node is None:
+            raise ProtocolError(f"topic {topic!r} has no partition {partition}")
+        if node not in self.conns:
+            self.conns[node] = Connection(self.addresses[node], self.timeout)
+        return self.conns[node]
+
+    def close(self) -> None:
+        for c in self.conns.values():
+            c.close()
+        self.conns.clear()

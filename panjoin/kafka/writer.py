@@ -61,27 +61,8 @@ class BatchWriter:
                  timeout: float = 60.0):
         self.bootstrap, self.limit = bootstrap, max_batch_bytes
         self.in_flight, self.timeout = in_flight, timeout
-        boot = protocol.Connection(bootstrap, timeout)
-        boot.check_versions()  # raises Unsupported: the caller uses librdkafka then
-        self.conns = {None: boot}
-        self.partitions: dict = {}  # topic -> {partition: leader node}
-        self.brokers: dict = {}
+        self.brokers = protocol.Brokers(bootstrap, timeout)
         self.next: dict = {}  # topic -> the partition its next record batch goes to
-
-    def _partitions(self, topic: str) -> dict:
-        if topic not in self.partitions:
-            md = self.conns[None].metadata([topic])
-            if topic in md.errors or not md.partitions.get(topic):
-                err = protocol.error_name(md.errors.get(topic, 3))
-                raise protocol.ProtocolError(f"cannot write to topic {topic!r}: {err}")
-            self.brokers.update(md.brokers)
-            self.partitions[topic] = md.partitions[topic]
-        return self.partitions[topic]
-
-    def _conn(self, node: int) -> protocol.Connection:
-        if node not in self.conns:
-            self.conns[node] = protocol.Connection(self.brokers[node], self.timeout)
-        return self.conns[node]
 
     def write(self, topic: str, values: pa.Array, batch: int, skip=()) -> int:
         """Write ``values`` (record i with ``panjoin.seq = i``), except the positions in
@@ -89,8 +70,7 @@ class BatchWriter:
         n = len(values)
         if n == 0:
             return 0
-        parts = self._partitions(topic)
-        order = sorted(parts)
+        order = sorted(self.brokers.partitions(topic))
         data, offs = value_buffers(values)
         keep = np.ones(n, bool)
         if skip:
@@ -119,7 +99,7 @@ class BatchWriter:
                 i = self.next.get(topic, 0) % len(order)
                 self.next[topic] = i + 1
                 p = order[i]
-                conn = self._conn(parts[p])
+                conn = self.brokers.leader(topic, p)
                 if p in pending.get(conn, {}):
                     send(conn)
                 pending.setdefault(conn, {})[p] = rb.encode(data, offs, a, b, tag, a, now)
@@ -135,6 +115,4 @@ class BatchWriter:
         return written
 
     def close(self) -> None:
-        for c in self.conns.values():
-            c.close()
-        self.conns.clear()
+        self.brokers.close()
