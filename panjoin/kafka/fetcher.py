@@ -93,9 +93,6 @@ class Fetcher:
         self._consumer = None
         self.fell_back = 0  # ranges read with librdkafka
 
-    def partitions(self, topic: str) -> list[int]:
-        return sorted(self.brokers.partitions(topic))
-
     def end_offsets(self, topic: str, timeout: float = 10.0) -> dict[int, tuple[int, int]]:
         """``{partition: (low, end)}``: the first offset and one past the last record.
 
@@ -104,7 +101,7 @@ class Fetcher:
         before it go on until one returns nothing: ``end`` is where the log really
         ends, as librdkafka's end-of-partition event would say."""
         by_leader: dict = {}
-        for p in self.partitions(topic):
+        for p in sorted(self.brokers.partitions(topic)):
             by_leader.setdefault(self.brokers.leader(topic, p), []).append(p)
         out = {}
         deadline = time.monotonic() + timeout

@@ -79,15 +79,6 @@ def create_topics(bootstrap: str, topics, partitions: int = 1, timeout: float = 
         time.sleep(0.1)
 
 
-def partitions_of(bootstrap: str, topic: str, timeout: float = 30.0) -> list[int]:
-    md = admin(bootstrap).list_topics(timeout=timeout)  # naming the topic may auto-create it
-    t = md.topics.get(topic)
-    if t is None or t.error is not None or not t.partitions:
-        raise KafkaIOError(f"topic {topic!r} does not exist on {bootstrap}; create it first "
-                           f"(panjoin kafka produce creates its topics)")
-    return sorted(t.partitions)
-
-
 def consumer(bootstrap: str, **extra):
     ck = _ck()
     conf = {"bootstrap.servers": bootstrap, "group.id": f"panjoin-{uuid.uuid4().hex[:8]}",
