@@ -51,6 +51,15 @@ output after seq 0..41 reached the broker: on restart batches 0..6 are replayed
 into a new join (nothing written), batch 7 yields the same 100 records, and seq
 42..99 are written.
 
+Joining ahead: when the next micro-batch's ranges are known in advance (an
+"available now" run, :class:`ReadAhead`), the job joins it right after this one,
+in a background thread, while this batch's output is written and Spark commits
+and plans the next trigger. Nothing of it is logged or written until Spark hands
+that batch: with the ranges joined ahead, its output is written as is; with other
+ranges (a wrong guess), the join is rebuilt from the log and the batch is joined
+as usual. Example: batch 4 joins while batch 3's 70,000 records are written; when
+Spark hands batch 4 with the guessed ranges, it is logged and written at once.
+
 Records: the manager gets each tuple's id, key and ts, and answers pairs of ids.
 The job keeps the window's records itself (:class:`RecordWindow`, one chunk per
 micro-batch, dropped by the window's own rule) and joins them back onto the pairs,
@@ -371,6 +380,10 @@ class ReadAhead:
         if nxt is not None and self._job is None:
             self._job = (nxt, self.pool.submit(self._read, reader, nxt))
 
+    def guessed(self) -> dict | None:
+        """The ranges being read ahead, if any."""
+        return self._job[0] if self._job is not None else None
+
     def _read(self, reader: Fetcher, ranges: dict):
         want = [(t, int(p), lo, hi) for t in sorted(ranges)
                 for p, (lo, hi) in sorted(ranges[t].items(), key=lambda x: int(x[0]))]
@@ -651,13 +664,16 @@ class Pipeline:
         self.records = RecordWindow(self.window, cfg.batch_size)
         self._fetcher = None
         self.read_ahead = ReadAhead(cfg, ending)
+        self._ahead = None  # (batch, future of (ranges, Records, Parsed, BatchOutput))
+        self._ahead_pool = None
         self._ends = None  # future of the output topics' ends, measured after a write
         self._probe = None
         self._probe_lock = threading.Lock()
         self.writer: BatchWriter | None = None
         self.entries: dict | None = None
         self.stats = {"batches": 0, "tuples": 0, "joined": 0, "late": 0, "dead": 0,
-                      "replayed_batches": 0, "skipped_records": 0}
+                      "replayed_batches": 0, "skipped_records": 0, "joined_ahead": 0,
+                      "joined_ahead_wrong": 0}
 
     # -- join log
 
@@ -830,11 +846,66 @@ class Pipeline:
             if self.entries is None:  # a restart replays logged batches first
                 self.entries = self.read_log()
                 self.rebuild(batch_id, self.entries)
+            done = self._joined_ahead(batch_id, ranges)
+            if done is not None:
+                self._time("read", t0)
+                self.process_table(done[0], batch_id, done[1], done[2])
+                return
             ahead = self.read_ahead.take(self.reader(), ranges)
             table, parsed = ahead if ahead is not None else (self.fetch(ranges), None)
             self.read_ahead.start(self.reader(), ranges)
         self._time("read", t0)
         self.process_table(table, batch_id, parsed)
+
+    # -- joining ahead
+
+    def _join_ahead(self, batch: int) -> None:
+        """Join the batch that the read-ahead guessed next, in the background."""
+        nxt = self.read_ahead.guessed()
+        if nxt is None or batch in self.entries:
+            return
+        if self._ahead_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="panjoin-join-ahead")
+
+        def job():
+            got = self.read_ahead.take(self.reader(), nxt)  # None if the read failed
+            rec, parsed = got if got is not None else (self.fetch(nxt), None)
+            parsed = parsed if parsed is not None else parse_batch(rec, self.cfg)
+            self.read_ahead.start(self.reader(), nxt)
+            t0 = time.perf_counter()
+            out = self.apply(batch, parsed)
+            self._time("join", t0)
+            return nxt, rec, parsed, out
+
+        self._ahead = (batch, self._ahead_pool.submit(job))
+
+    def _joined_ahead(self, batch: int, ranges: dict):
+        """``(Records, Parsed, BatchOutput)`` of ``batch`` if it was joined ahead with
+        these ranges. A batch joined ahead with other ranges is undone: the join is
+        rebuilt from the log, and the batch is then joined as usual (None)."""
+        if self._ahead is None:
+            return None
+        (b, fut), self._ahead = self._ahead, None
+        nxt, rec, parsed, out = fut.result()  # its failure is this batch's failure
+        if b == batch and nxt == ranges:
+            self.stats["joined_ahead"] += 1
+            return rec, parsed, out
+        log.warning("batch %d was joined ahead as %s but Spark planned %s; rebuilding the "
+                    "join from the log", b, nxt, ranges)
+        self.stats["joined_ahead_wrong"] += 1
+        self.read_ahead.take(self.reader(), None)  # gives back what it read past the guess
+        self._reset_join()
+        self.rebuild(batch, self.entries)
+        return None
+
+    def _reset_join(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+        self.ids = IdWindow(self.window, self.cfg.batch_size)
+        self.records = RecordWindow(self.window, self.cfg.batch_size)
 
     def _time(self, what: str, t0: float) -> float:
         now = time.perf_counter()
@@ -843,7 +914,9 @@ class Pipeline:
         return now
 
     def process_table(self, table: pa.Table | Records, batch: int,
-                      parsed: Parsed | None = None) -> None:
+                      parsed: Parsed | None = None, out: BatchOutput | None = None) -> None:
+        """One micro-batch: log it, join it (unless ``out`` is its output, joined
+        ahead), join the next one ahead, and write this one's output."""
         if self.entries is None:  # the first batch of this run: rebuild what came before
             self.entries = self.read_log()
             self.rebuild(batch, self.entries)
@@ -859,10 +932,14 @@ class Pipeline:
                                    f"log disagree (were they mixed up?)")
             skip = self.written(batch, logged["out_start"])
         else:
-            self.append_log({"batch": batch, "ranges": p.ranges, "out_start": self.out_start()})
+            entry = {"batch": batch, "ranges": p.ranges, "out_start": self.out_start()}
+            self.append_log(entry)
+            self.entries[batch] = entry
         t0 = self._time("log", t0)
-        out = self.apply(batch, p)
-        t0 = self._time("join", t0)
+        if out is None:
+            out = self.apply(batch, p)
+            t0 = self._time("join", t0)
+        self._join_ahead(batch + 1)
         self.write(batch, out, skip)
         self._ends = self.read_ahead.pool.submit(self.out_ends)
         self._time("write", t0)
@@ -877,6 +954,15 @@ class Pipeline:
                  n_in, len(out.joined), len(out.late), len(out.dead))
 
     def close(self) -> None:
+        if self._ahead is not None:  # joined ahead, never handed by Spark: not logged
+            try:
+                self._ahead[1].result()
+            except Exception:
+                pass
+            self._ahead = None
+        if self._ahead_pool is not None:
+            self._ahead_pool.shutdown(wait=True)
+            self._ahead_pool = None
         self.read_ahead.close()  # before the reader it uses closes
         self._ends = None
         if self.session is not None:
