@@ -671,6 +671,7 @@ class Pipeline:
         self._probe_lock = threading.Lock()
         self.writer: BatchWriter | None = None
         self.entries: dict | None = None
+        self.done_to: dict = {}  # {topic: {partition: end of the last range processed}}
         self.stats = {"batches": 0, "tuples": 0, "joined": 0, "late": 0, "dead": 0,
                       "replayed_batches": 0, "skipped_records": 0, "joined_ahead": 0,
                       "joined_ahead_wrong": 0}
@@ -941,6 +942,9 @@ class Pipeline:
             t0 = self._time("join", t0)
         self._join_ahead(batch + 1)
         self.write(batch, out, skip)
+        for t, ps in p.ranges.items():
+            for q, (_, e) in ps.items():
+                self.done_to.setdefault(t, {})[q] = max(e, self.done_to.get(t, {}).get(q, 0))
         self._ends = self.read_ahead.pool.submit(self.out_ends)
         self._time("write", t0)
         st = self.stats
@@ -1031,12 +1035,16 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
         pipe.read_ahead.prime(pipe.reader(), {t: {p: v[0] for p, v in ps.items()}
                                               for t, ps in offs.items()})
 
+    reached = threading.Event()  # the batch that reaches the ending offsets is done
+
     def each(df, batch_id):
         if "s_start" not in pipe.stats:  # Spark's query start and first plan
             pipe.stats["s_start"] = time.perf_counter() - t0
         pipe.process(df, batch_id)
         if on_batch is not None:
             on_batch(batch_id, pipe)
+        if ending is not None and _covers(pipe.done_to, ending):
+            reached.set()
 
     t0 = time.perf_counter()
     w = (source_frame(spark, cfg, ending).writeStream.foreachBatch(each)
@@ -1050,7 +1058,7 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
     q = w.start()
     try:
         if available_now and cfg.source != "native":
-            _await_end(q, ending)
+            _await_end(q, ending, reached)
         else:
             q.awaitTermination()
         t1 = time.perf_counter()
@@ -1078,10 +1086,15 @@ def trigger_ms(q) -> dict:
     return tot
 
 
-def _await_end(q, ending: dict, poll: float = 0.2) -> None:
-    """Until Spark's progress says the source reached ``ending`` (nothing in flight)."""
+def _await_end(q, ending: dict, reached: threading.Event | None = None,
+               poll: float = 0.2) -> None:
+    """Until Spark's progress says the source reached ``ending`` (nothing in flight).
+    Once ``reached`` is set (the last batch's foreachBatch returned), Spark only has
+    to commit it: the progress is then polled often, so the end is seen at once."""
     want = {t: {p: int(o) for p, o in ps.items()} for t, ps in ending.items()}
     while q.isActive:
+        if reached is not None and reached.is_set():
+            poll = 0.01
         if q.exception() is not None:
             return
         prog = q.lastProgress
@@ -1095,7 +1108,10 @@ def _await_end(q, ending: dict, poll: float = 0.2) -> None:
         if (st["message"] == "Waiting for data to arrive" and not st["isDataAvailable"]
                 and not st["isTriggerActive"]):
             return  # e.g. a restart whose checkpoint already covers everything
-        time.sleep(poll)
+        if reached is not None and not reached.is_set():
+            reached.wait(poll)  # wakes when the last batch is done
+        else:
+            time.sleep(poll)
 
 
 def _covers(end: dict, want: dict) -> bool:
