@@ -186,17 +186,28 @@ class KafkaStreamReader(DataSourceStreamReader):
                                    f"{{\"R\": {{\"0\": 42}}}}") from None
         self.ranges = _ranges_mode(options)
         self._probe = None
+        self._reached = None  # the broker's ends once they reached every ending offset
 
     def _ends(self) -> dict:
         from panjoin.kafka import io
 
+        if self._reached is not None:
+            # ends only grow: past the ending offsets, asking the broker again would
+            # change no plan (it saves a round trip per partition at every trigger)
+            return self._reached
         if self._probe is None:
             from panjoin.kafka.fetcher import Fetcher
 
             self._probe = Fetcher(self.bootstrap)
-        return {t: {str(p): v for p, v in io.end_offsets(self.bootstrap, t,
+        ends = {t: {str(p): v for p, v in io.end_offsets(self.bootstrap, t,
                                                          probe=self._probe).items()}
                 for t in self.topics}
+        capped = self.ending is not None and all(  # every partition has an ending offset
+            p in self.ending.get(t, {}) for t, ps in ends.items() for p in ps)
+        if capped and all(int(o) <= ends.get(t, {}).get(str(p), (0, -1))[1]
+                          for t, ps in self.ending.items() for p, o in ps.items()):
+            self._reached = ends
+        return ends
 
     def initialOffset(self) -> dict:
         ends = self._ends()

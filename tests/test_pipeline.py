@@ -447,6 +447,45 @@ def test_record_window_keeps_every_record_a_future_tuple_can_pair_with(spec):
         rw.lookup(0, np.array([-1], np.int64))
 
 
+def test_source_stops_asking_the_broker_once_its_ends_reach_the_ending_offsets(
+        broker, tmp_path):  # noqa: F811
+    """With ``endingOffsets`` the source's plans are capped there: once the broker's
+    ends reach them, ``latestOffset`` plans the same batches without asking again
+    (here the broker is made unreachable), while ends short of them are asked anew."""
+    from spark_conn.kafka_source import KafkaStreamReader
+
+    r, s = topic("R"), topic("S")
+    io.produce_events(broker.bootstrap, generate(400, "uniform", key_max=50, seed=2,
+                                                 rate=1000), r, s, partitions=2)
+    ending = {t: {str(p): v[1] for p, v in io.end_offsets(broker.bootstrap, t).items()}
+              for t in (r, s)}
+    short = {t: {p: e - 1 for p, e in ps.items()} for t, ps in ending.items()}
+    more = dict(ending, **{r: {p: e + 5 for p, e in ending[r].items()}})  # not there yet
+
+    def reader(end):
+        return KafkaStreamReader({"kafka.bootstrap.servers": broker.bootstrap,
+                                  "subscribe": f"{r},{s}", "maxOffsetsPerTrigger": "150",
+                                  "endingOffsets": json.dumps(end)})
+
+    for end, cached in ((ending, True), (short, True), (more, False)):
+        src = reader(end)
+        try:
+            start = src.initialOffset()
+            plans = [src.latestOffset(start, src.getDefaultReadLimit())]
+            src._probe.close()
+            src._probe, src.bootstrap = None, "127.0.0.1:1"  # nothing listens there
+            if cached:
+                plans.append(src.latestOffset(start, src.getDefaultReadLimit()))
+                assert plans[0] == plans[1]
+                assert sum(e - start[t][p] for t, ps in plans[1].items()
+                           for p, e in ps.items()) == 150
+            else:
+                with pytest.raises(Exception):  # noqa: B017 (whatever the failed dial raises)
+                    src.latestOffset(start, src.getDefaultReadLimit())
+        finally:
+            src.stop()
+
+
 class _RangesFrame:
     """The frame Spark hands foreachBatch with the ranges source (one row per planned
     partition range), for driving ``Pipeline.process`` batch by batch."""
