@@ -82,7 +82,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from panjoin.kafka import fetcher, io
+from panjoin.kafka import fetcher, io, json_fields
 from panjoin.kafka.fetcher import Fetcher
 from panjoin.kafka.io import BATCH_HEADER, SEQ_HEADER
 from panjoin.kafka.writer import BatchWriter
@@ -161,36 +161,40 @@ def _int_field(obj, name):
     return v, None
 
 
-def _parse_all_good(vals: pa.Array, cfg: PipelineConfig):
-    """The fast path: every record one JSON object on one line whose fields have the
-    configured types, read by Arrow's JSON reader in one pass; None if any is not
-    (the record-by-record path then finds which and why)."""
-    import pyarrow.json as pj
-
-    from panjoin.kafka.fetcher import value_buffers
-    from panjoin.kafka.record_batch import join_lines
-
-    if not len(vals) or vals.null_count:
-        return None
-    blob, inner = join_lines(*value_buffers(vals))
-    if inner:
-        return None
-    key_t = pa.float64() if cfg.key_type == "float64" else pa.int64()
-    schema = pa.schema([(cfg.id_field, pa.int64()), (cfg.key_field, key_t),
-                        (cfg.ts_field, pa.int64())])
+def _parse_record(v: bytes | None, cfg: PipelineConfig):
+    """One record by Python's json (the rules of DESIGN section 6): ``(reason, id, key,
+    ts)`` with ``reason`` None when it is good."""
     try:
-        # one block for the whole micro-batch: no block boundaries to cut records at
-        t = pj.read_json(pa.BufferReader(blob), read_options=pj.ReadOptions(
-            block_size=max(1 << 20, len(blob) + 1)), parse_options=pj.ParseOptions(
-            explicit_schema=schema, unexpected_field_behavior="ignore"))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        return None
-    if t.num_rows != len(vals) or any(c.null_count for c in t.columns):
-        return None
-    cols = [t.column(f).to_numpy() for f in (cfg.id_field, cfg.key_field, cfg.ts_field)]
-    if key_t == pa.float64() and not np.isfinite(cols[1]).all():
-        return None
-    return cols
+        obj = json.loads(v) if v is not None else None
+    except (ValueError, UnicodeDecodeError) as e:
+        return f"not JSON ({e})", None, None, None
+    except RecursionError:
+        return "not JSON (nested too deeply)", None, None, None
+    if not isinstance(obj, dict):
+        return ("not a JSON object" if v is not None else "empty record (null value)",
+                None, None, None)
+    rid, reason = _int_field(obj, cfg.id_field)
+    if reason is not None:
+        return reason, None, None, None
+    ts, reason = _int_field(obj, cfg.ts_field)
+    if reason is not None:
+        return reason, None, None, None
+    k = obj.get(cfg.key_field)
+    if isinstance(k, bool) or not isinstance(k, (int, float)):
+        return f"field {cfg.key_field!r} is {k!r}, not a number", None, None, None
+    if cfg.key_type == "float64":
+        k = float(k)
+        if not np.isfinite(k):
+            return f"field {cfg.key_field!r} = {k} is not finite", None, None, None
+        return None, rid, k, ts
+    if isinstance(k, float):
+        if not k.is_integer():
+            return (f"field {cfg.key_field!r} = {k} is not an integer (run with "
+                    f"--key-type float64 for float keys)", None, None, None)
+        k = int(k)
+    if not _I64_MIN <= k <= _I64_MAX:
+        return f"field {cfg.key_field!r} = {k} is outside int64", None, None, None
+    return None, rid, k, ts
 
 
 @dataclass
@@ -198,7 +202,6 @@ class Records:
     """A micro-batch's records as they came: one entry per record (columns)."""
 
     stream: np.ndarray  # uint8: 0 = the R topic, 1 = the S topic
-    topic: list  # topic names, per record (only read for rejects)
     partition: np.ndarray  # int64
     offset: np.ndarray  # int64
     value: pa.Array  # large_binary; null for a record without a value
@@ -218,8 +221,7 @@ class Records:
             ranges.setdefault(t, {})[str(p)] = [lo, hi + 1]
         stream = pc.equal(table.column("topic"), cfg.s_topic).to_numpy(
             zero_copy_only=False).astype(np.uint8)
-        return cls(stream, table.column("topic").to_pylist(),
-                   table.column("partition").to_numpy().astype(np.int64),
+        return cls(stream, table.column("partition").to_numpy().astype(np.int64),
                    table.column("offset").to_numpy().astype(np.int64),
                    table.column("value").combine_chunks().cast(pa.large_binary()), ranges)
 
@@ -236,13 +238,12 @@ def records_of(got: dict, want: list, ranges: dict, cfg: PipelineConfig) -> Reco
     """:class:`Records` from :meth:`Fetcher.read`'s answer, ranges in ``want`` order."""
     tables = [got[(t, p)] for t, p, _, _ in want]
     sizes = [x.num_rows for x in tables]
-    topic = [t for (t, _, _, _), n in zip(want, sizes, strict=True) for _ in range(n)]
     part = np.repeat([p for _, p, _, _ in want], sizes).astype(np.int64)
     stream = np.repeat([int(t == cfg.s_topic) for t, _, _, _ in want], sizes).astype(np.uint8)
     if not tables:
         tables = [fetcher.SCHEMA.empty_table()]
     both = pa.concat_tables(tables)
-    return Records(stream, topic, part, both.column("offset").to_numpy(),
+    return Records(stream, part, both.column("offset").to_numpy(),
                    both.column("value").combine_chunks(), ranges)
 
 
@@ -250,66 +251,38 @@ def parse_batch(table: pa.Table | Records, cfg: PipelineConfig) -> Parsed:
     """Records (a table of the source's rows, or :class:`Records`) to tuples by the
     configured fields; anything that is not a JSON object with an integer id and ts
     and a finite key of the configured type is a reject with the reason. Good tuples
-    are sorted by event time (ties: stream, partition, offset)."""
+    are sorted by event time (ties: stream, partition, offset).
+
+    The fields are read by a Numba pass over the records' bytes
+    (:func:`panjoin.kafka.json_fields.read_fields`); the records it does not vouch
+    for (malformed ones, ``1.0`` for an integer, ...) are parsed by Python's json,
+    whose rules decide."""
     rec = table if isinstance(table, Records) else Records.from_table(table, cfg)
     vals = rec.value
-    fast = _parse_all_good(vals, cfg)
-    if fast is not None:
-        ids, keys, ts_a = fast
-        perm = np.lexsort((rec.offset, rec.partition, rec.stream, ts_a))
-        return Parsed(rec.stream[perm], ids[perm], keys[perm], ts_a[perm], vals.take(perm),
-                      [], rec.ranges)
-    topics, parts, offs = rec.topic, rec.partition.tolist(), rec.offset.tolist()
-    codes = rec.stream.tolist()
     float_keys = cfg.key_type == "float64"
-    st, ids, keys, tss, order, bad = [], [], [], [], [], []
-    for i, v in enumerate(vals.to_pylist()):
-        reason = None
-        try:
-            obj = json.loads(v) if v is not None else None
-        except (ValueError, UnicodeDecodeError) as e:
-            obj, reason = None, f"not JSON ({e})"
-        if reason is None and not isinstance(obj, dict):
-            reason = "not a JSON object" if v is not None else "empty record (null value)"
-        if reason is None:
-            rid, reason = _int_field(obj, cfg.id_field)
-        if reason is None:
-            ts, reason = _int_field(obj, cfg.ts_field)
-        if reason is None:
-            k = obj.get(cfg.key_field)
-            if isinstance(k, bool) or not isinstance(k, (int, float)):
-                reason = f"field {cfg.key_field!r} is {k!r}, not a number"
-            elif float_keys:
-                k = float(k)
-                if not np.isfinite(k):
-                    reason = f"field {cfg.key_field!r} = {k} is not finite"
+    ints, floats, ok = json_fields.read_fields(
+        *fetcher.value_buffers(vals),
+        [f.encode() for f in (cfg.id_field, cfg.key_field, cfg.ts_field)],
+        [json_fields.INT, json_fields.FLOAT if float_keys else json_fields.INT, json_fields.INT])
+    ids, ts_a = ints[:, 0].copy(), ints[:, 2].copy()
+    keys = floats[:, 1].copy() if float_keys else ints[:, 1].copy()
+    bad = []
+    marked = np.flatnonzero(~ok)
+    if len(marked):  # nulls and empty values are among them: they are no JSON object
+        topics = (cfg.r_topic, cfg.s_topic)
+        for i, v in zip(marked.tolist(), vals.take(marked).to_pylist(), strict=True):
+            reason, rid, k, t = _parse_record(v, cfg)
+            if reason is None:
+                ids[i], keys[i], ts_a[i], ok[i] = rid, k, t, True
             else:
-                if isinstance(k, float):
-                    if not k.is_integer():
-                        reason = (f"field {cfg.key_field!r} = {k} is not an integer "
-                                  f"(run with --key-type float64 for float keys)")
-                    else:
-                        k = int(k)
-                if reason is None and not _I64_MIN <= k <= _I64_MAX:
-                    reason = f"field {cfg.key_field!r} = {k} is outside int64"
-        if reason is not None:
-            bad.append((topics[i], parts[i], offs[i], reason, v))
-            continue
-        st.append(codes[i])
-        ids.append(rid)
-        keys.append(k)
-        tss.append(ts)
-        order.append(i)
-    stream = np.array(st, np.uint8)
-    ts_a = np.array(tss, np.int64)
-    pos = np.array(order, np.int64)
+                bad.append((topics[rec.stream[i]], int(rec.partition[i]), int(rec.offset[i]),
+                            reason, v))
+        bad.sort(key=lambda b: (b[0], b[1], b[2]))
+    pos = np.flatnonzero(ok) if len(marked) else np.arange(len(ok))
     # event-time order; ties by stream, then the records' own (partition, offset)
-    perm = (np.lexsort((rec.offset[pos], rec.partition[pos], stream, ts_a)) if len(order)
-            else pos)
-    bad.sort(key=lambda b: (b[0], b[1], b[2]))
-    return Parsed(stream[perm], np.array(ids, np.int64)[perm],
-                  np.array(keys, np.float64 if float_keys else np.int64)[perm], ts_a[perm],
-                  vals.take(pa.array(order, pa.int64())).take(perm), bad, rec.ranges)
+    perm = pos[np.lexsort((rec.offset[pos], rec.partition[pos], rec.stream[pos], ts_a[pos]))]
+    return Parsed(rec.stream[perm], ids[perm], keys[perm], ts_a[perm], vals.take(perm), bad,
+                  rec.ranges)
 
 
 def _raw(v: bytes | None) -> dict:
