@@ -10,7 +10,11 @@ records to Kafka:
   event time, and an inner stream-stream join ``r.key = s.key AND
   s.ts > r.ts - TS AND s.ts < r.ts + TR``, written to Kafka with the sink.
 
-Both result sets are read back from Kafka and compared as (r_id, s_id) sets.
+Each job runs in a process and JVM of its own, after a warm-up of many small
+micro-batches (Python workers, kernels, the JIT): the pipeline's JVM only plans
+micro-batches (C1 JIT, :func:`spark_conn.session.spark_session`), Spark's join holds
+its state in a JVM with Spark's defaults. Both result sets are read back from Kafka
+and compared as (r_id, s_id) sets.
 A band join (``|r.key - s.key| <= E``) has no equality key: Spark refuses the
 query, and the script prints Spark's error.
 
@@ -29,6 +33,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -181,7 +187,10 @@ def main(argv=None) -> int:
     ap.add_argument("--driver-memory", default="6g", help="Spark's driver (JVM) memory")
     ap.add_argument("--skip-spark", action="store_true",
                     help="the pipeline alone (no Spark join, no comparison)")
+    ap.add_argument("--as-spark-join", metavar="BOOTSTRAP", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.as_spark_join:
+        return _as_spark_join(args)
     if args.quick:
         args.n, args.window_ms, args.per_trigger = 20_000, 2_000, 5_000
     keys = args.keys or max(1, args.window_ms)  # ~1 match per tuple
@@ -194,25 +203,23 @@ def main(argv=None) -> int:
           f"in the window), {keys:,} keys, {args.per_trigger:,} records per micro-batch, "
           f"NBat {args.nbat:,}, NSub {nsub:,}, {args.workers} workers, broker {args.broker}")
     cluster = start_cluster(args.workers)  # workers and manager: one process each
-    # Spark's join keeps both windows as state in the driver's JVM (local mode)
-    spark = spark_session("panjoin-bench", conf={"spark.driver.memory": args.driver_memory})
+    # each job has a JVM of its own: the pipeline's plans micro-batches only (C1 JIT, see
+    # spark_conn.session); Spark's join keeps both windows as state in its driver's
+    # JVM (local mode, Spark's default JIT), in a process of its own (_spark_join_process)
+    spark = spark_session("panjoin-bench", planning_only=args.source == "python")
     tmp = tempfile.mkdtemp(prefix="panjoin-bench-")
     try:
         with start_broker(args.broker) as b:
             io.produce_events(b.bootstrap, ev, "R", "S", partitions=2)
-            # warm-up: Python workers, JIT, the cluster's kernels
-            warm = generate(20_000, "uniform", key_max=2000, seed=1, rate=1000)
-            io.produce_events(b.bootstrap, warm, "wR", "wS", partitions=2)
+            io.produce_events(b.bootstrap, _warm_events(), "wR", "wS", partitions=2)
             # a short window and small subwindows (but larger than BI-Sort's insertion
             # buffer, so that it merges into the main array), so that every kernel of
             # the timed run (insert, merge, probe, expire) is compiled here, not there
             run(PipelineConfig(b.bootstrap, cluster.address, os.path.join(tmp, "w"),
                                "time:2000,2000", "eq", r_topic="wR", s_topic="wS",
                                out_topic="wout", late_topic="wlate", dead_letter_topic="wdead",
-                               max_offsets_per_trigger=5000, batch_size=2048,
+                               max_offsets_per_trigger=400, batch_size=2048,
                                subwindow_size=4096), spark)
-            spark_join(spark, b.bootstrap, "wR", "wS", "wout2", window, 5000,
-                       os.path.join(tmp, "w2"))
 
             cfg = PipelineConfig(b.bootstrap, cluster.address, os.path.join(tmp, "p"),
                                  f"time:{window},{window}", "eq",
@@ -241,27 +248,62 @@ def main(argv=None) -> int:
                 f"{k} {v / 1000:.1f}" for k, v in st["spark_ms"].items()), flush=True)
             if args.skip_spark:
                 return 0
-            io.create_topics(b.bootstrap, ["spark-out"])
-            print(f"(waited {quiet():.1f} s for the machine to go idle)", flush=True)
-            t_sp = spark_join(spark, b.bootstrap, "R", "S", "spark-out", window,
-                              args.per_trigger, os.path.join(tmp, "s"))
+            spark.stop()  # the pipeline's JVM and cluster are done: nothing of them runs
+            cluster.stop()
+            t_sp = _spark_join_process(b.bootstrap, window, args.per_trigger,
+                                       args.driver_memory, os.path.join(tmp, "s"))
             p_sp = pairs_of(b.bootstrap, "spark-out")
             same = np.array_equal(p_pj, p_sp)
             print(f"spark stream join: {args.n / t_sp:12,.0f} tuples/s  ({t_sp:.1f} s, "
                   f"{len(p_sp):,} pairs)")
             print(f"speedup: {t_sp / t_pj:.2f}x   identical results: {same}", flush=True)
-            try:
-                spark_join(spark, b.bootstrap, "wR", "wS", "wout3", window, 1000,
-                           os.path.join(tmp, "band"), band=3)
-                print("band join in Spark: accepted (unexpected)")
-            except Exception as e:  # AnalysisException
-                msg = str(e).strip().splitlines()[0][:300]
-                print(f"band join in Spark (|r.key - s.key| <= 3, same time range): "
-                      f"refused: {msg}")
     finally:
         cluster.stop()
     return 0
 
+
+def _warm_events():
+    return generate(20_000, "uniform", key_max=2000, seed=1, rate=1000)
+
+
+def _spark_join_process(bootstrap: str, window: int, per_trigger: int, memory: str,
+                        tmp: str) -> float:
+    """Spark's join on R, S -> topic spark-out in a process (and JVM) of its own, after a
+    warm-up on wR, wS; returns its seconds. Also shows that Spark refuses a band join."""
+    cmd = [sys.executable, "-m", "benchmarks.pipeline", "--as-spark-join", bootstrap,
+           "--window-ms", str(window), "--per-trigger", str(per_trigger),
+           "--driver-memory", memory]
+    done = subprocess.run(cmd, capture_output=True, text=True,
+                          env={**os.environ, "PANJOIN_TMP": tmp})
+    out = done.stdout.splitlines()
+    for line in out[:-1]:
+        print(line, flush=True)
+    if done.returncode != 0 or not out or not out[-1].startswith("{"):
+        raise RuntimeError(f"Spark's join failed (exit {done.returncode}):\n"
+                           f"{done.stderr[-3000:]}")
+    return json.loads(out[-1])["seconds"]
+
+
+def _as_spark_join(args) -> int:
+    """The child of :func:`_spark_join_process`."""
+    bootstrap, window, tmp = args.as_spark_join, args.window_ms, os.environ["PANJOIN_TMP"]
+    spark = spark_session("panjoin-bench-spark", conf={"spark.driver.memory": args.driver_memory})
+    # warm-up: Python workers and the JVM's JIT, many small micro-batches
+    spark_join(spark, bootstrap, "wR", "wS", "wout2", window, 800, os.path.join(tmp, "w2"))
+    io.create_topics(bootstrap, ["spark-out"])
+    print(f"(waited {quiet():.1f} s for the machine to go idle)", flush=True)
+    t = spark_join(spark, bootstrap, "R", "S", "spark-out", window, args.per_trigger,
+                   os.path.join(tmp, "s"))
+    try:
+        spark_join(spark, bootstrap, "wR", "wS", "wout3", window, 1000,
+                   os.path.join(tmp, "band"), band=3)
+        print("band join in Spark: accepted (unexpected)")
+    except Exception as e:  # AnalysisException
+        msg = str(e).strip().splitlines()[0][:300]
+        print(f"band join in Spark (|r.key - s.key| <= 3, same time range): refused: {msg}")
+    spark.stop()
+    print(json.dumps({"seconds": t}), flush=True)
+    return 0
 
 if __name__ == "__main__":
     raise SystemExit(main())

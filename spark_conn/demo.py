@@ -47,7 +47,7 @@ def main(argv=None) -> int:
                                  f"time:{args.window_ms},{args.window_ms}", args.predicate,
                                  allowed_lateness=100, max_offsets_per_trigger=per)
             t0 = time.perf_counter()
-            spark = spark_session("panjoin-demo")
+            spark = spark_session("panjoin-demo", planning_only=True)
             print(f"Spark session started in {time.perf_counter() - t0:.1f} s", flush=True)
             st = run(cfg, spark)
             print(f"pipeline: {st['batches']} micro-batches, {st['tuples']:,} records in "

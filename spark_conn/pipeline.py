@@ -995,7 +995,7 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
 
     io.create_topics(cfg.bootstrap, [cfg.r_topic, cfg.s_topic] + [
         cfg.out_topic, cfg.late_topic, cfg.dead_letter_topic])
-    spark = spark or spark_session("panjoin-pipeline")
+    spark = spark or spark_session("panjoin-pipeline", planning_only=cfg.source == "python")
     available_now = cfg.trigger in ("available-now", "availableNow", "once")
     ending = None
     if available_now:
