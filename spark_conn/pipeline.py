@@ -86,8 +86,9 @@ from panjoin.kafka import fetcher, io, json_fields
 from panjoin.kafka.fetcher import Fetcher
 from panjoin.kafka.io import BATCH_HEADER, SEQ_HEADER
 from panjoin.kafka.writer import BatchWriter
-from panjoin.semantics import Window, parse_predicate, parse_window
-from panjoin.wire import PAYLOAD_TYPE, from_array, to_array
+from panjoin.semantics import parse_predicate, parse_window
+from panjoin.wire import from_array, to_array
+from spark_conn.record_window import IdWindow, RecordWindow
 
 log = logging.getLogger("panjoin.pipeline")
 
@@ -143,7 +144,8 @@ class Parsed:
     id: np.ndarray
     key: np.ndarray
     ts: np.ndarray
-    record: pa.Array  # the raw JSON per tuple (binary): the manager's payload
+    records: pa.Array  # the micro-batch's records as they came (binary, raw JSON)
+    row: np.ndarray  # tuple i's record is records[row[i]]
     bad: list  # (topic, partition, offset, reason, raw value) in offset order
     ranges: dict  # {topic: {partition: [first offset, last offset + 1]}}
 
@@ -281,7 +283,7 @@ def parse_batch(table: pa.Table | Records, cfg: PipelineConfig) -> Parsed:
     pos = np.flatnonzero(ok) if len(marked) else np.arange(len(ok))
     # event-time order; ties by stream, then the records' own (partition, offset)
     perm = pos[np.lexsort((rec.offset[pos], rec.partition[pos], rec.stream[pos], ts_a[pos]))]
-    return Parsed(rec.stream[perm], ids[perm], keys[perm], ts_a[perm], vals.take(perm), bad,
+    return Parsed(rec.stream[perm], ids[perm], keys[perm], ts_a[perm], vals, perm, bad,
                   rec.ranges)
 
 
@@ -425,134 +427,6 @@ def offset_log_ranges(spark_checkpoint: str, batch: int) -> dict | None:
             if any(r[1] > r[0] for r in ps.values())}
 
 
-# --------------------------------------------------------------------------- ids
-
-
-class IdWindow:
-    """The ids of the window's tuples per stream (numpy, no per-tuple Python), to
-    reject a tuple whose id repeats one still in the window: the join names tuples by
-    id. Ids leave once no future tuple can pair with them (time windows: ``ts + T <=
-    max ts - L``; count windows: beyond the last W + one batch)."""
-
-    def __init__(self, window: Window, batch: int):
-        self.window = window
-        self.batch = batch
-        self.ids = [np.empty(0, np.int64), np.empty(0, np.int64)]
-        self.ts = [np.empty(0, np.int64), np.empty(0, np.int64)]
-        self.max_ts = None
-
-    def add(self, p: Parsed) -> np.ndarray:
-        """Store a batch's tuples; returns the positions whose id repeats a stored one
-        (or an earlier one of the batch), which are not stored."""
-        dup = np.zeros(len(p.id), bool)
-        for s in (0, 1):
-            pos = np.flatnonzero(p.stream == s)
-            ids = p.id[pos]
-            first = np.zeros(len(ids), bool)
-            first[np.unique(ids, return_index=True)[1]] = True
-            bad = ~first
-            stored = self.ids[s]
-            # ids that grow with arrival (the usual case) cannot repeat a stored one
-            if len(stored) and len(ids) and ids.min() <= stored.max():
-                bad |= np.isin(ids, stored)
-            dup[pos[bad]] = True
-            self.ids[s] = np.concatenate([self.ids[s], ids[~bad]])
-            self.ts[s] = np.concatenate([self.ts[s], p.ts[pos[~bad]]])
-        return np.flatnonzero(dup)
-
-    def drop(self, s: int, ids: np.ndarray) -> None:
-        if len(ids):
-            keep = ~np.isin(self.ids[s], ids)
-            self.ids[s], self.ts[s] = self.ids[s][keep], self.ts[s][keep]
-
-    def prune(self, batch_max_ts: int | None) -> None:
-        w = self.window
-        if batch_max_ts is not None:
-            self.max_ts = batch_max_ts if self.max_ts is None else max(self.max_ts, batch_max_ts)
-        for s in (0, 1):
-            if w.kind == "count":
-                keep = w.size("RS"[s]) + self.batch
-                self.ids[s], self.ts[s] = self.ids[s][-keep:], self.ts[s][-keep:]
-            elif self.max_ts is not None:
-                live = self.ts[s] > self.max_ts - w.lateness - w.size("RS"[s])
-                self.ids[s], self.ts[s] = self.ids[s][live], self.ts[s][live]
-
-
-class RecordWindow:
-    """Each window tuple's record (its raw JSON), kept by the job to join back onto the
-    manager's pairs: the manager gets ids, keys and times only, so no record travels to
-    it and back (that round trip cost a third of the join's time).
-
-    One chunk per micro-batch and stream: the ids sorted, with their rows in the
-    micro-batch's records (shared by both streams' chunks, not copied). A chunk goes
-    once none of its tuples can pair with a future one, by the rule of
-    :class:`IdWindow`. Lookups search the newest chunk first (an id may come back
-    once its first tuple left the window), and only for ids within a chunk's range
-    (ids that grow with arrival fall in one chunk each).
-
-    Example: chunks of batches 3 and 4 for R; ``lookup(0, [17, 4])`` finds id 17 in
-    batch 4's sorted ids and 4 in batch 3's, and returns their records in that order.
-    """
-
-    def __init__(self, window: Window, batch: int):
-        self.window, self.batch = window, batch
-        self.chunks: list = [[], []]  # per stream: [(records, sorted ids, rows, max_ts)]
-        self.max_ts = None
-
-    def add(self, p: Parsed) -> None:
-        for s in (0, 1):
-            pos = np.flatnonzero(p.stream == s)
-            if len(pos):
-                perm = np.argsort(p.id[pos], kind="stable")
-                self.chunks[s].append((p.record, p.id[pos[perm]], pos[perm],
-                                       int(p.ts[pos].max())))
-
-    def lookup(self, s: int, ids: np.ndarray) -> pa.Array:
-        """The records of ``ids`` of stream ``s``, in that order."""
-        where = np.full(len(ids), -1, np.int64)  # chunk number
-        at = np.zeros(len(ids), np.int64)  # row in the chunk
-        todo = np.arange(len(ids))
-        for c in range(len(self.chunks[s]) - 1, -1, -1):
-            if not len(todo):
-                break
-            _, srt, rows, _ = self.chunks[s][c]
-            q = ids[todo]
-            inside = np.flatnonzero((q >= srt[0]) & (q <= srt[-1]))
-            k = np.searchsorted(srt, q[inside])
-            hit = srt[k] == q[inside]
-            found = todo[inside[hit]]
-            where[found], at[found] = c, rows[k[hit]]
-            miss = np.ones(len(todo), bool)
-            miss[inside[hit]] = False
-            todo = todo[miss]
-        if len(todo):
-            raise RuntimeError(f"the manager paired {'RS'[s]} ids {ids[todo[:5]].tolist()} "
-                               f"whose records left the job's window; this is a bug")
-        parts, order = [], []
-        for c in np.unique(where).tolist():
-            rows = np.flatnonzero(where == c)
-            parts.append(self.chunks[s][c][0].take(pa.array(at[rows])))
-            order.append(rows)
-        if not parts:
-            return pa.array([], PAYLOAD_TYPE)
-        got = pa.concat_arrays([x.cast(PAYLOAD_TYPE) for x in parts])
-        return got.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
-
-    def prune(self, batch_max_ts: int) -> None:
-        w = self.window
-        self.max_ts = batch_max_ts if self.max_ts is None else max(self.max_ts, batch_max_ts)
-        for s in (0, 1):
-            chunks = self.chunks[s]
-            if w.kind == "count":
-                keep, n = w.size("RS"[s]) + self.batch, sum(len(c[1]) for c in chunks)
-                while chunks and n - len(chunks[0][1]) >= keep:
-                    n -= len(chunks.pop(0)[1])
-            else:
-                dead = self.max_ts - w.lateness - w.size("RS"[s])
-                while chunks and chunks[0][3] <= dead:
-                    chunks.pop(0)
-
-
 # --------------------------------------------------------------------------- the manager
 
 
@@ -594,19 +468,6 @@ class JoinSession:
         except Exception:  # the stream's end may have closed it already
             pass
         self.client.close()
-
-
-def joined_records(r, s, rp: pa.Array, sp: pa.Array) -> pa.Array:
-    """``{"r_id":1,"s_id":2,"r":{R record},"s":{S record}}`` per pair, built by Arrow
-    kernels (no per-pair Python)."""
-    import pyarrow.compute as pc
-
-    b = pa.large_binary()
-    return pc.binary_join_element_wise(
-        pa.scalar(b'{"r_id":', b), pc.cast(pc.cast(pa.array(r), pa.large_string()), b),
-        pa.scalar(b',"s_id":', b), pc.cast(pc.cast(pa.array(s), pa.large_string()), b),
-        pa.scalar(b',"r":', b), rp.cast(b), pa.scalar(b',"s":', b), sp.cast(b),
-        pa.scalar(b"}", b), pa.scalar(b"", b))
 
 
 # --------------------------------------------------------------------------- the job
@@ -685,9 +546,10 @@ class Pipeline:
                 dead.append({"topic": self.cfg.r_topic if p.stream[i] == 0 else self.cfg.s_topic,
                              "reason": f"id {int(p.id[i])} repeats an id of its stream that "
                                        f"is still in the window; ids must be unique",
-                             "record": p.record[i].as_py().decode("utf-8", "replace")})
-            p = Parsed(p.stream[keep], p.id[keep], p.key[keep], p.ts[keep],
-                       p.record.filter(pa.array(keep)), p.bad, p.ranges)
+                             "record": p.records[int(p.row[i])].as_py().decode("utf-8",
+                                                                               "replace")})
+            p = Parsed(p.stream[keep], p.id[keep], p.key[keep], p.ts[keep], p.records,
+                       p.row[keep], p.bad, p.ranges)
         out = BatchOutput([], [], [json.dumps(d).encode() for d in dead], len(p.id))
         if len(p.id) == 0:
             return out
@@ -700,19 +562,19 @@ class Pipeline:
         order = np.lexsort((s, r))
         if len(order):
             r, s = r[order], s[order]
-            out.joined = joined_records(r, s, self.records.lookup(0, r),
-                                        self.records.lookup(1, s))
+            out.joined = self.records.joined(r, s)
         # late tuples are this batch's own: find their records by (stream, id)
         lorder = np.lexsort((li, ls))
         ls, li = ls[lorder], li[lorder]
         tags = (b"R", b"S")
-        for st in (0, 1):
+        for st in (0, 1) if len(li) else ():
             pos = np.flatnonzero(p.stream == st)
             by_id = pos[np.argsort(p.id[pos], kind="stable")]
             at = by_id[np.searchsorted(p.id[by_id], li[ls == st])]
             for rid, i in zip(li[ls == st].tolist(), at.tolist(), strict=True):
                 out.late.append(b'{"stream":"%s","id":%d,"ts":%d,"record":%s}'
-                                % (tags[st], rid, int(p.ts[i]), p.record[i].as_py()))
+                                % (tags[st], rid, int(p.ts[i]),
+                                   p.records[int(p.row[i])].as_py()))
             self.ids.drop(st, li[ls == st])
         self.ids.prune(int(p.ts.max()))
         self.records.prune(int(p.ts.max()))

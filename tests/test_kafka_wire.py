@@ -67,12 +67,6 @@ def test_scan_stops_before_a_cut_batch_and_keeps_the_offsets_asked_for():
     assert len(o) == 0 and nxt == 0
 
 
-def test_join_lines_counts_newlines_inside_values():
-    data, offs = _buffers([b'{"a":1}', b"", b'{"b":\n2}'])
-    blob, inner = rb.join_lines(data, offs)
-    assert bytes(blob) == b'{"a":1}\n\n{"b":\n2}' and inner == 1
-
-
 def test_runs_and_chunks_cover_every_position_once():
     keep = np.array([True, True, False, True, False, False, True])
     assert runs(keep) == [(0, 2), (3, 4), (6, 7)]

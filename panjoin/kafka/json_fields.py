@@ -412,6 +412,10 @@ def _record(buf, pos, end, ndata, noffs, kinds, ints, floats, spans, row, stack,
                 floats[row, j] = np.nan  # converted from its text afterwards
                 spans[row, j, 0] = a
                 spans[row, j, 1] = pos - a
+        elif pos < end and buf[pos] == _QUOTE:  # the usual other fields: a string
+            pos = _string(buf, pos, end)[0]
+            if pos < 0:
+                return False
         else:
             pos = _skip(buf, pos, end, stack)
             if pos < 0:

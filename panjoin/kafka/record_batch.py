@@ -169,26 +169,6 @@ def gather(buf, vstart, vlen):
     return data, offs
 
 
-@njit(cache=True, nogil=True)
-def join_lines(data, offs):
-    """The values separated by newlines (one JSON document per line), and how many
-    newlines the values themselves hold."""
-    n = len(offs) - 1
-    out = np.empty(len(data) + max(n - 1, 0), np.uint8)
-    q = 0
-    for i in range(n):
-        if i:
-            out[q] = 10
-            q += 1
-        a, b = offs[i], offs[i + 1]
-        out[q:q + b - a] = data[a:b]  # a slice copy: several times a byte loop's speed
-        q += b - a
-    inner = 0
-    for j in range(offs[0], offs[n]):  # a separate pass, which LLVM vectorizes
-        inner += data[j] == 10
-    return out, inner
-
-
 # --------------------------------------------------------------------------- encoding
 
 
