@@ -189,18 +189,17 @@ class KafkaStreamReader(DataSourceStreamReader):
         self._reached = None  # the broker's ends once they reached every ending offset
 
     def _ends(self) -> dict:
-        from panjoin.kafka import io
+        # the protocol module alone (no Numba, no event files): this runs in the
+        # process Spark starts for the source at each query start, on its critical path
+        from panjoin.kafka import protocol
 
         if self._reached is not None:
             # ends only grow: past the ending offsets, asking the broker again would
             # change no plan (it saves a round trip per partition at every trigger)
             return self._reached
         if self._probe is None:
-            from panjoin.kafka.fetcher import Fetcher
-
-            self._probe = Fetcher(self.bootstrap)
-        ends = {t: {str(p): v for p, v in io.end_offsets(self.bootstrap, t,
-                                                         probe=self._probe).items()}
+            self._probe = protocol.Brokers(self.bootstrap)
+        ends = {t: {str(p): v for p, v in protocol.log_ends(self._probe, t).items()}
                 for t in self.topics}
         capped = self.ending is not None and all(  # every partition has an ending offset
             p in self.ending.get(t, {}) for t, ps in ends.items() for p in ps)

@@ -695,6 +695,17 @@ class Pipeline:
 
     # -- joining ahead
 
+    def join_first_ahead(self, begin: dict) -> None:
+        """A fresh job (nothing logged) whose query starts at ``begin`` (``{topic:
+        {partition: offset}}``): read and join batch 0 as the source will plan it, in
+        the background, while Spark starts its query (about 1.5 s); when Spark hands
+        batch 0 with other ranges it is joined again from scratch (:meth:`_joined_ahead`)."""
+        if self.read_log():
+            raise RuntimeError(f"{self.log_path} holds batches: this job is not fresh")
+        self.entries = {}
+        self.read_ahead.prime(self.reader(), begin)
+        self._join_ahead(0)
+
     def _join_ahead(self, batch: int) -> None:
         """Join the batch that the read-ahead guessed next, in the background."""
         nxt = self.read_ahead.guessed()
@@ -867,8 +878,7 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
     pipe = Pipeline(cfg, ending if cfg.source == "python" else None)
     if (ending is not None and cfg.source == "python" and cfg.starting_offsets == "earliest"
             and not pipe.read_log()):  # a fresh query starts at the earliest offsets
-        pipe.read_ahead.prime(pipe.reader(), {t: {p: v[0] for p, v in ps.items()}
-                                              for t, ps in offs.items()})
+        pipe.join_first_ahead({t: {p: v[0] for p, v in ps.items()} for t, ps in offs.items()})
 
     reached = threading.Event()  # the batch that reaches the ending offsets is done
 

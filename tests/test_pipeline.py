@@ -149,8 +149,8 @@ def test_band_join_equals_reference_with_late_and_malformed(broker, manager, spa
     assert stats["batches"] == 3  # 1210 records, at most 500 per micro-batch
     # batch 0 was read while Spark started, 1 and 2 while the one before joined
     assert (stats["read_ahead_hits"], stats["read_ahead_misses"]) == (3, 0)
-    # batches 1 and 2 were joined while the one before wrote
-    assert (stats["joined_ahead"], stats["joined_ahead_wrong"]) == (2, 0)
+    # batch 0 was joined while Spark started, 1 and 2 while the one before wrote
+    assert (stats["joined_ahead"], stats["joined_ahead_wrong"]) == (3, 0)
     # batches 1 and 2 took their ranges from Spark's offset log, batch 0 from its frame;
     # together they tile every partition from its first offset to its end, once
     assert stats["ranges_from_log"] == 2
@@ -449,8 +449,13 @@ class _RangesFrame:
         return self.rows
 
 
+@pytest.mark.parametrize("limits,first_ahead,ahead,replayed", [
+    ([500, 500, 100, 500], False, 2, 2),  # batch 2 is short: batches 0, 1 replayed
+    ([100, 500, 500, 500], True, 3, 0),  # batch 0, joined while Spark started, is short
+])
 def test_a_batch_joined_ahead_on_a_wrong_guess_is_undone(broker, manager,  # noqa: F811
-                                                         tmp_path):
+                                                         tmp_path, limits, first_ahead,
+                                                         ahead, replayed):
     """Batches whose ranges the read-ahead guessed right are joined ahead; when Spark
     hands other ranges (here a short batch), the batch joined ahead is undone (the
     join is rebuilt from the log) and the output still equals the reference: no
@@ -465,7 +470,9 @@ def test_a_batch_joined_ahead_on_a_wrong_guess_is_undone(broker, manager,  # noq
     pipe = Pipeline(cfg, ending)
     try:
         pos = {t: {p: 0 for p in ps} for t, ps in ending.items()}
-        for b, limit in enumerate([500, 500, 100, 500]):  # Spark's plans: 500, 500, 100, rest
+        if first_ahead:
+            pipe.join_first_ahead(pos)
+        for b, limit in enumerate(limits):  # Spark's plans
             rng = {t: {p: [pos[t][p], e] for p, e in ps.items() if e > pos[t][p]}
                    for t, ps in plan_batch(pos, ending, limit).items()}
             rng = {t: ps for t, ps in rng.items() if ps}
@@ -476,8 +483,8 @@ def test_a_batch_joined_ahead_on_a_wrong_guess_is_undone(broker, manager,  # noq
     finally:
         pipe.close()
     _check_outputs(broker.bootstrap, cfg, ev)
-    assert (pipe.stats["joined_ahead"], pipe.stats["joined_ahead_wrong"]) == (2, 1)
-    assert pipe.stats["replayed_batches"] == 2  # batches 0 and 1, into a new join
+    assert (pipe.stats["joined_ahead"], pipe.stats["joined_ahead_wrong"]) == (ahead, 1)
+    assert pipe.stats["replayed_batches"] == replayed  # into a new join
 
 
 def test_read_ahead_guesses_the_next_batch_and_gives_back_a_wrong_guess(broker,  # noqa: F811

@@ -94,43 +94,8 @@ class Fetcher:
         self.fell_back = 0  # ranges read with librdkafka
 
     def end_offsets(self, topic: str, timeout: float = 10.0) -> dict[int, tuple[int, int]]:
-        """``{partition: (low, end)}``: the first offset and one past the last record.
-
-        ListOffsets gives both ends, but some brokers' high watermark is short (Tansu's
-        is the last produce batch's first offset + 1), so fetches from one record
-        before it go on until one returns nothing: ``end`` is where the log really
-        ends, as librdkafka's end-of-partition event would say."""
-        by_leader: dict = {}
-        for p in sorted(self.brokers.partitions(topic)):
-            by_leader.setdefault(self.brokers.leader(topic, p), []).append(p)
-        out = {}
-        deadline = time.monotonic() + timeout
-        for conn, parts in by_leader.items():
-            lo = conn.list_offsets({topic: parts}, protocol.EARLIEST)
-            hi = conn.list_offsets({topic: parts}, protocol.LATEST)
-            pos = {p: max(lo[(topic, p)], hi[(topic, p)] - 1, 0) for p in parts}
-            end = {p: max(hi[(topic, p)], 0) for p in parts}
-            todo = set(parts)
-            while todo:
-                conn.send_fetch({topic: {p: pos[p] for p in todo}}, 1 << 20, 1 << 20)
-                for (_, p), fp in conn.read_fetch().items():
-                    if fp.error:
-                        raise protocol.ProtocolError(
-                            f"{topic}[{p}] at offset {pos[p]}: {protocol.error_name(fp.error)}")
-                    buf = (np.frombuffer(fp.records, np.uint8) if fp.records is not None
-                           else np.empty(0, np.uint8))
-                    nxt = rb.scan(buf, pos[p], pos[p])[-2]
-                    if nxt > pos[p]:
-                        pos[p] = nxt
-                    else:
-                        end[p] = max(end[p], pos[p])
-                        todo.discard(p)
-                if todo and time.monotonic() > deadline:
-                    raise protocol.ProtocolError(f"{topic} partitions {sorted(todo)}: the "
-                                                 f"log's end not found in {timeout:.0f}s")
-            for p in parts:
-                out[p] = (max(lo[(topic, p)], 0), end[p])
-        return out
+        """``{partition: (low, end)}``, exact (:func:`protocol.log_ends`)."""
+        return protocol.log_ends(self.brokers, topic, timeout)
 
     # -- reading
 

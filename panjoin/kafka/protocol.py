@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from dataclasses import dataclass
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS = 0, 1, 2, 3, 18
@@ -337,3 +338,61 @@ class Brokers:
         for c in self.conns.values():
             c.close()
         self.conns.clear()
+
+
+# --------------------------------------------------------------------------- log ends
+
+_BATCH = struct.Struct(">qi")  # base offset, batch length (after these 12 bytes)
+
+
+def next_offset(records, start: int) -> int:
+    """One past the last complete record batch (magic 2) in a fetch's ``records``, or
+    ``start`` if none: where a following fetch would begin. Headers only: base offset
+    at byte 0, length at 8, magic at 16, last offset delta at 23."""
+    buf = memoryview(records) if records is not None else memoryview(b"")
+    pos, nxt = 0, start
+    while pos + 61 <= len(buf):
+        base, length = _BATCH.unpack_from(buf, pos)
+        if pos + 12 + length > len(buf) or buf[pos + 16] != 2:
+            break
+        nxt = max(nxt, base + struct.unpack_from(">i", buf, pos + 23)[0] + 1)
+        pos += 12 + length
+    return nxt
+
+
+def log_ends(brokers: Brokers, topic: str, timeout: float = 10.0) -> dict[int, tuple[int, int]]:
+    """``{partition: (low, end)}``: the first offset and one past the last record.
+
+    ListOffsets gives both ends, but some brokers' high watermark is short (Tansu's
+    is the last produce batch's first offset + 1), so fetches from one record
+    before it go on until one returns nothing: ``end`` is where the log really
+    ends, as librdkafka's end-of-partition event would say."""
+    by_leader: dict = {}
+    for p in sorted(brokers.partitions(topic)):
+        by_leader.setdefault(brokers.leader(topic, p), []).append(p)
+    out = {}
+    deadline = time.monotonic() + timeout
+    for conn, parts in by_leader.items():
+        lo = conn.list_offsets({topic: parts}, EARLIEST)
+        hi = conn.list_offsets({topic: parts}, LATEST)
+        pos = {p: max(lo[(topic, p)], hi[(topic, p)] - 1, 0) for p in parts}
+        end = {p: max(hi[(topic, p)], 0) for p in parts}
+        todo = set(parts)
+        while todo:
+            conn.send_fetch({topic: {p: pos[p] for p in todo}}, 1 << 20, 1 << 20)
+            for (_, p), fp in conn.read_fetch().items():
+                if fp.error:
+                    raise ProtocolError(
+                        f"{topic}[{p}] at offset {pos[p]}: {error_name(fp.error)}")
+                nxt = next_offset(fp.records, pos[p])
+                if nxt > pos[p]:
+                    pos[p] = nxt
+                else:
+                    end[p] = max(end[p], pos[p])
+                    todo.discard(p)
+            if todo and time.monotonic() > deadline:
+                raise ProtocolError(f"{topic} partitions {sorted(todo)}: the log's end not "
+                                    f"found in {timeout:.0f}s")
+        for p in parts:
+            out[p] = (max(lo[(topic, p)], 0), end[p])
+    return out
