@@ -10,12 +10,12 @@ Per micro-batch ``b`` (Spark's batch id), on the driver (``foreachBatch``)::
        (topic, partition,                   │
         start, end)                         ▼
                     parse by schema ──► bad: dead-letter topic (reason, record)
-                    (id, key, ts by Arrow's JSON reader; the raw JSON = payload)
+                    (id, key, ts by a Numba JSON pass: panjoin.kafka.json_fields)
                                             │ good ones, sorted by event time
                                             ▼
-                    manager Join(batch_id = b + 1, flush, payloads)
+                    manager Join(batch_id = b + 1, flush): ids, keys, times
                                             │
-      pairs + both payloads ──► output topic: {"r_id", "s_id", "r": {R record}, "s": {S record}}
+      id pairs + the records ──► output topic: {"r_id", "s_id", "r": {R record}, "s": {S record}}
       late tuples ──► late topic: {"stream", "id", "ts", "record"}
 
 Spark's source (``format("panjoin_kafka")`` with ``ranges``) hands the job only
