@@ -187,6 +187,21 @@ def _fraction_and_exponent(buf, pos, end):
 
 
 @njit(**NJIT)
+def _member_key(buf, pos, end):
+    """An object member's ``"key" :`` at ``pos``: the position of its value (whitespace
+    skipped), -1 when there is none."""
+    if pos >= end or buf[pos] != _QUOTE:
+        return -1
+    pos = _string(buf, pos, end)[0]
+    if pos < 0:
+        return -1
+    pos = _ws(buf, pos, end)
+    if pos >= end or buf[pos] != _COLON:
+        return -1
+    return _ws(buf, pos + 1, end)
+
+
+@njit(**NJIT)
 def _skip(buf, pos, end, stack):
     """Validate the JSON value at ``pos`` (whitespace skipped before it) and return
     the position after it; -1 when it is invalid or nested deeper than the stack."""
@@ -209,16 +224,10 @@ def _skip(buf, pos, end, stack):
                     return -1
                 stack[depth] = c
                 depth += 1
-                if c == _LBRACE:  # a member: "key" : value
-                    if buf[pos] != _QUOTE:
-                        return -1
-                    pos, _ = _string(buf, pos, end)
+                if c == _LBRACE:
+                    pos = _member_key(buf, pos, end)
                     if pos < 0:
                         return -1
-                    pos = _ws(buf, pos, end)
-                    if pos >= end or buf[pos] != _COLON:
-                        return -1
-                    pos = _ws(buf, pos + 1, end)
                 continue
         elif c == _QUOTE:
             pos, _ = _string(buf, pos, end)
@@ -264,15 +273,9 @@ def _skip(buf, pos, end, stack):
             if c == _COMMA:
                 pos = _ws(buf, pos + 1, end)
                 if top == _LBRACE:
-                    if pos >= end or buf[pos] != _QUOTE:
-                        return -1
-                    pos, _ = _string(buf, pos, end)
+                    pos = _member_key(buf, pos, end)
                     if pos < 0:
                         return -1
-                    pos = _ws(buf, pos, end)
-                    if pos >= end or buf[pos] != _COLON:
-                        return -1
-                    pos = _ws(buf, pos + 1, end)
                 closed = False
             elif (c == _RBRACE and top == _LBRACE) or (c == _RBRACKET and top == _LBRACKET):
                 depth -= 1
