@@ -36,7 +36,8 @@ def _check_java() -> None:
 #: AbstractFileSystem, which on the local file system without Hadoop's native library
 #: runs a ``readlink`` process per rename and a ``chmod`` per directory: about 17
 #: processes forked from the driver's JVM per micro-batch (counted with JFR). The
-#: FileSystem one renames with one rename(2), atomic on a local or POSIX file system.
+#: FileSystem one renames with one rename(2), atomic on a local or POSIX file system
+#: (set in local mode only).
 _CHECKPOINT_FILES = ("org.apache.spark.sql.execution.streaming.checkpointing."
                      "FileSystemBasedCheckpointFileManager")
 
@@ -109,8 +110,9 @@ def spark_session(app: str = "panjoin", master: str = "local[2]", conf: dict | N
          .config("spark.sql.execution.arrow.pyspark.enabled", "true")
          .config("spark.python.worker.reuse", "true")
          .config("spark.driver.memory", "1g")
-         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-         .config("spark.sql.streaming.checkpointFileManagerClass", _CHECKPOINT_FILES))
+         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false"))
+    if master.startswith("local"):  # checkpoints on this machine's file system
+        b = b.config("spark.sql.streaming.checkpointFileManagerClass", _CHECKPOINT_FILES)
     conf = dict(conf or {})
     if planning_only:
         opts = conf.get("spark.driver.extraJavaOptions", "")

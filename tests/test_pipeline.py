@@ -51,7 +51,8 @@ MALFORMED = [
 
 
 @pytest.fixture(scope="module")
-def manager():
+def manager(spark):
+    # Spark's session first, before this process serves gRPC (see conftest.py)
     ws = start_workers(2)
     srv, port = serve_manager([w.address for w in ws], 0)
     yield f"127.0.0.1:{port}"
@@ -535,3 +536,19 @@ def test_read_ahead_guesses_the_next_batch_and_gives_back_a_wrong_guess(broker, 
         assert (pipe.read_ahead.hits, pipe.read_ahead.misses) == (1, 1)
     finally:
         pipe.close()
+
+
+def test_local_spark_session_imports_compiled_pyspark_and_checkpoints_without_shell(spark):
+    """In local mode Spark's Python processes import the venv's pyspark, not the
+    sources in pyspark.zip (compiled anew by every process Spark starts), and the
+    checkpoint manager renames without Hadoop's shell commands (spark_conn.session)."""
+    from spark_conn.session import local_spark_home
+
+    home = local_spark_home()
+    assert home is not None and os.path.isfile(os.path.join(home, "bin", "spark-submit"))
+    assert not os.path.exists(os.path.join(home, "python", "lib", "pyspark.zip"))
+    where = spark.sparkContext.parallelize([0], 1).map(
+        lambda _: __import__("pyspark").__file__).collect()[0]
+    assert ".zip" not in where and where.endswith(".py"), where
+    assert spark.conf.get("spark.sql.streaming.checkpointFileManagerClass").endswith(
+        "FileSystemBasedCheckpointFileManager")
