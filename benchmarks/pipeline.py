@@ -40,6 +40,7 @@ import time
 
 import numpy as np
 
+from panjoin.baselines.duckdb_join import duckdb_join
 from panjoin.generate import generate
 from panjoin.kafka import io
 from panjoin.kafka.broker import start_broker
@@ -159,55 +160,6 @@ def quiet(timeout: float = 120.0) -> float:
     return time.perf_counter() - t0
 
 
-def eq_time_pairs(ev, window_ms: int, lateness: int) -> np.ndarray:
-    """The (r_id, s_id) pairs, sorted, of an equi join with time window ``time:T,T``
-    and allowed lateness L, by DESIGN section 2 (a tuple more than L behind the largest
-    ts before it is late and joins nothing; ``r.ts - T < s.ts < r.ts + T``), vectorized
-    for millions of tuples: S sorted by (key, ts), each R tuple's matches one range of
-    it. Tested against :func:`panjoin.reference.reference_join`."""
-    ts = ev.ts.astype(np.int64)
-    prev = np.maximum.accumulate(ts)
-    late = np.zeros(len(ts), bool)
-    late[1:] = ts[1:] < prev[:-1] - lateness
-    r = np.flatnonzero((ev.stream == 0) & ~late)
-    s = np.flatnonzero((ev.stream == 1) & ~late)
-    o = np.lexsort((ts[s], ev.key[s]))
-    sk, st, sid = ev.key[s][o], ts[s][o], ev.id[s][o]
-    rk, rt = ev.key[r], ts[r]
-    # matches of r: key equal and r.ts - T < s.ts < r.ts + T, i.e. one run of (sk, st)
-    lo = np.empty(len(r), np.int64)
-    hi = np.empty(len(r), np.int64)
-    klo = np.searchsorted(sk, rk, "left")
-    khi = np.searchsorted(sk, rk, "right")
-    for i in range(0, len(r), 1 << 16):  # per key run: ts bounds by a second search
-        sl = slice(i, i + (1 << 16))
-        a, b = klo[sl], khi[sl]
-        lo[sl] = a + _count_below(st, a, b, rt[sl] - window_ms, "right")
-        hi[sl] = a + _count_below(st, a, b, rt[sl] + window_ms, "left")
-    n = np.maximum(hi - lo, 0)
-    rid = np.repeat(ev.id[r], n)
-    at = np.repeat(lo - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(n.sum())
-    pairs = np.stack([rid, sid[at]], axis=1) if len(rid) else np.zeros((0, 2), np.int64)
-    return pairs[np.lexsort((pairs[:, 1], pairs[:, 0]))]
-
-
-def _count_below(st, a, b, x, side):
-    """Per i, how many of ``st[a[i]:b[i]]`` (sorted) lie below ``x[i]`` (``side`` as
-    in ``np.searchsorted``)."""
-    out = np.zeros(len(a), np.int64)
-    width = b - a
-    lo, hi = np.zeros(len(a), np.int64), width.copy()
-    while (lo < hi).any():  # a binary search per run, all runs at once
-        mid = (lo + hi) // 2
-        v = st[np.minimum(a + mid, len(st) - 1)]
-        go = (v <= x) if side == "right" else (v < x)
-        go &= lo < hi
-        lo = np.where(go, mid + 1, lo)
-        hi = np.where(~go & (lo < hi), mid, hi)
-    out[:] = lo
-    return out
-
-
 def pairs_of(bootstrap, t) -> np.ndarray:
     recs = [json.loads(m.value()) for m in io.read_topic(bootstrap, t)]
     a = np.array([[x["r_id"], x["s_id"]] for x in recs], np.int64).reshape(-1, 2)
@@ -299,7 +251,9 @@ def main(argv=None) -> int:
             t_sp = _spark_join_process(b.bootstrap, window, args.per_trigger,
                                        args.driver_memory, os.path.join(tmp, "s"))
             p_sp = pairs_of(b.bootstrap, "spark-out")
-            ref = eq_time_pairs(ev, window, window)
+            # DESIGN section 2's pairs by the DuckDB peer (tested against the oracle)
+            ref = duckdb_join(ev, f"time:{window},{window}", "eq", allowed_lateness=window,
+                              pairs=True).pairs
             same = np.array_equal(p_pj, p_sp) and same_runs
             if not same:
                 _differences(p_pj, p_sp, outs)
