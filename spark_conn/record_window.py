@@ -32,21 +32,33 @@ from spark_conn.joined import copy_spans, frame
 
 class IdWindow:
     """The ids of the window's tuples per stream (numpy, no per-tuple Python): chunks of
-    ``(ids, ts)`` in arrival order. Ids leave once no future tuple can pair with them
-    (time windows: ``ts + T <= max ts - L``; count windows: beyond the last W + one
-    batch)."""
+    ``[ids, ts, bounds]`` in arrival order, ``bounds`` their (min id, max id, min ts,
+    max ts), so that a micro-batch reads only the chunks its ids or the window's edge
+    reach. Ids leave once no future tuple can pair with them (time windows: ``ts + T
+    <= max ts - L``; count windows: beyond the last W + one batch)."""
 
     def __init__(self, window: Window, batch: int):
         self.window = window
         self.batch = batch
-        self.chunks: list = [[], []]  # per stream: [ids, ts] per batch, in arrival order
+        self.chunks: list = [[], []]  # per stream: [ids, ts, bounds] per batch, in arrival order
         self.max_ts = None
+
+    @staticmethod
+    def _chunk(ids: np.ndarray, ts: np.ndarray) -> list:
+        return [ids, ts, (ids.min(), ids.max(), ts.min(), ts.max()) if len(ids) else None]
 
     @property
     def ids(self) -> list[np.ndarray]:
         """Per stream, every id kept, in arrival order."""
         return [np.concatenate([c[0] for c in cs]) if cs else np.empty(0, np.int64)
                 for cs in self.chunks]
+
+    def _overlapping(self, s: int, ids: np.ndarray) -> list:
+        """The chunks of stream ``s`` whose id range meets that of ``ids`` (ids that grow
+        with arrival, the usual case, meet none of the older chunks)."""
+        lo, hi = ids.min(), ids.max()
+        return [c for c in self.chunks[s] if c[2] is not None and lo <= c[2][1]
+                and c[2][0] <= hi]
 
     def add(self, p) -> np.ndarray:
         """Store a batch's tuples; returns the positions whose id repeats a stored one
@@ -60,24 +72,19 @@ class IdWindow:
             first = np.zeros(len(ids), bool)
             first[np.unique(ids, return_index=True)[1]] = True
             bad = ~first
-            lo, hi = ids.min(), ids.max()
-            for c in self.chunks[s]:
-                # ids that grow with arrival (the usual case) miss every older chunk's range
-                if len(c[0]) and lo <= c[0].max() and c[0].min() <= hi:
-                    bad |= np.isin(ids, c[0])
+            for c in self._overlapping(s, ids):
+                bad |= np.isin(ids, c[0])
             dup[pos[bad]] = True
             if (~bad).any():
-                self.chunks[s].append([ids[~bad], p.ts[pos[~bad]]])
+                self.chunks[s].append(self._chunk(ids[~bad], p.ts[pos[~bad]]))
         return np.flatnonzero(dup)
 
     def drop(self, s: int, ids: np.ndarray) -> None:
         if not len(ids):
             return
-        lo, hi = ids.min(), ids.max()
-        for c in self.chunks[s]:
-            if len(c[0]) and lo <= c[0].max() and c[0].min() <= hi:
-                keep = ~np.isin(c[0], ids)
-                c[0], c[1] = c[0][keep], c[1][keep]
+        for c in self._overlapping(s, ids):
+            keep = ~np.isin(c[0], ids)
+            c[:] = self._chunk(c[0][keep], c[1][keep])
 
     def prune(self, batch_max_ts: int | None) -> None:
         w = self.window
@@ -92,16 +99,16 @@ class IdWindow:
                     n -= len(chunks.pop(0)[0])
                 if chunks and n > keep:
                     cut = n - keep
-                    chunks[0] = [chunks[0][0][cut:], chunks[0][1][cut:]]
+                    chunks[0] = self._chunk(chunks[0][0][cut:], chunks[0][1][cut:])
             elif self.max_ts is not None:
                 dead = self.max_ts - w.lateness - w.size("RS"[s])
                 kept = []
                 for c in chunks:
-                    if not len(c[1]) or c[1].max() <= dead:
+                    if c[2] is None or c[2][3] <= dead:
                         continue  # every tuple of the chunk left the window
-                    if c[1].min() <= dead:
+                    if c[2][2] <= dead:
                         live = c[1] > dead
-                        c = [c[0][live], c[1][live]]
+                        c = self._chunk(c[0][live], c[1][live])
                     kept.append(c)
                 self.chunks[s] = kept
 

@@ -67,6 +67,50 @@ def test_id_window_rejects_repeated_ids_until_they_leave_the_window():
 
 
 @pytest.mark.parametrize("spec", ["time:40,25", "count:30,50"])
+def test_id_window_equals_a_list_of_the_window_s_ids(spec):
+    """Random micro-batches (ids reused, out-of-order ts, late tuples dropped) against
+    a plain list of (id, ts) per stream pruned by the same rule: the same repeats are
+    rejected and the same ids kept, whatever the chunks' bounds say."""
+    w = parse_window(spec, 7 if spec.startswith("time") else 0)
+    ids_w = IdWindow(w, 16)
+    rng = np.random.default_rng(11)
+    model = [[], []]  # per stream: [id, ts] in arrival order
+    max_ts = None
+    rejected = 0
+    for b in range(60):
+        n = int(rng.integers(0, 16))
+        stream = rng.integers(0, 2, n).astype(np.uint8)
+        ids = rng.integers(b, b + 40, n)  # mostly growing, with repeats and overlaps
+        ts = np.sort(rng.integers(4 * b, 4 * b + 30, n))
+        p = Parsed(stream, ids, np.zeros(n, np.int64), ts, pa.array([b"{}"] * n, pa.binary()),
+                   np.arange(n), [], {})
+        want = []
+        for i in range(n):
+            s = int(stream[i])
+            if any(x[0] == ids[i] for x in model[s]):
+                want.append(i)
+            else:
+                model[s].append([int(ids[i]), int(ts[i])])
+        assert ids_w.add(p).tolist() == want, b
+        rejected += len(want)
+        late = [x for s in (0, 1) for x in model[s] if rng.random() < 0.05]
+        for s in (0, 1):
+            gone = np.array([x[0] for x in model[s] if x in late], np.int64)
+            ids_w.drop(s, gone)
+            model[s] = [x for x in model[s] if x not in late]
+        if n:
+            ids_w.prune(int(ts.max()))
+            max_ts = int(ts.max()) if max_ts is None else max(max_ts, int(ts.max()))
+        for s in (0, 1):
+            if w.kind == "count":
+                model[s] = model[s][-(w.size("RS"[s]) + 16):]
+            elif max_ts is not None:
+                model[s] = [x for x in model[s] if x[1] > max_ts - w.lateness - w.size("RS"[s])]
+            assert ids_w.ids[s].tolist() == [x[0] for x in model[s]], (b, s)
+    assert rejected > 20
+
+
+@pytest.mark.parametrize("spec", ["time:40,25", "count:30,50"])
 def test_record_window_keeps_every_record_a_future_tuple_can_pair_with(spec):
     """Random micro-batches (out of order, ids reused once they left the window): after
     each, every tuple that can still pair with a future one (DESIGN section 2) is found
