@@ -39,9 +39,11 @@ for an ``INT``: marked; for a ``FLOAT`` its text ``1.5`` is converted.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 from numba import njit
 
 from panjoin.config import NJIT
+from panjoin.kafka.record_batch import gather
 
 #: field kinds for :func:`read_fields`
 INT, FLOAT = 0, 1
@@ -477,10 +479,6 @@ def read_fields(data: np.ndarray, offs: np.ndarray, names, kinds):
     for j in np.flatnonzero(np.asarray(kinds) == FLOAT).tolist():
         text = np.flatnonzero(ok & np.isnan(floats[:, j]))
         if len(text):  # decimal literals: Arrow's cast rounds as Python's float() does
-            import pyarrow as pa
-
-            from panjoin.kafka.record_batch import gather
-
             d, o = gather(data, spans[text, j, 0].copy(), spans[text, j, 1].copy())
             arr = pa.Array.from_buffers(pa.large_string(), len(text),
                                         [None, pa.py_buffer(o), pa.py_buffer(d)])
