@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test,bench,opencl,spark,peers]'
+	sh scripts/system_deps.sh
 	touch $(STAMP)
 
 # the whole Kafka path: embedded broker, local cluster, a generated stream produced into

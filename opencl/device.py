@@ -3,8 +3,10 @@
 The device is named by a spec (``--device`` / ``--opencl-device``, or the
 ``PANJOIN_OPENCL_DEVICE`` environment variable), matched in this order:
 
-- ``""`` or ``default``: the pocl CPU device (pip's pocl-binary-distribution, so that
-  it runs on any machine), else the first GPU or accelerator, else the first device;
+- ``""`` or ``default``: a pocl CPU device that can build kernels (pip's pocl, or
+  Debian's pocl-opencl-icd, which `make` installs where apt is at hand: pip's pocl
+  cannot compile for CPUs its LLVM does not know, e.g. AMD Zen 5), else the first GPU
+  or accelerator, else the first device;
 - ``cpu``, ``gpu``, ``accelerator``: the first device of that type;
 - ``P:D`` (two integers): device D of platform P, as ``panjoin opencl-devices`` lists;
 - any other text: the first device whose platform vendor, platform name or device
@@ -100,7 +102,8 @@ def choose_device(spec: str | None = None):
     found = None
     if low in ("", "default"):
         found = next((d for _, _, d in devs if "portable computing language" in
-                      d.platform.name.lower() and is_type(d, cl.device_type.CPU)), None)
+                      d.platform.name.lower() and is_type(d, cl.device_type.CPU)
+                      and _builds(d)), None)
         found = found or next((d for _, _, d in devs if is_type(
             d, cl.device_type.GPU | cl.device_type.ACCELERATOR)), None)
         found = found or devs[0][2]
@@ -119,6 +122,24 @@ def choose_device(spec: str | None = None):
             f"the devices here are:\n{device_table()}\n"
             "name one by 'P:D', by type (cpu, gpu, accelerator) or by part of its name")
     return found
+
+
+_PROBE = "__kernel void probe(__global long *a) { a[get_global_id(0)] += 1; }"
+_BUILDS: dict = {}
+
+
+def _builds(dev) -> bool:
+    """Whether ``dev`` compiles a trivial kernel (once per device and process): pocl's
+    LLVM names an unknown host CPU 'generic', which its clang then refuses."""
+    cl = _cl()
+    key = (dev.platform.name, dev.name, dev.int_ptr)
+    if key not in _BUILDS:
+        try:
+            cl.Program(cl.Context([dev]), _PROBE).build()
+            _BUILDS[key] = True
+        except cl.Error:
+            _BUILDS[key] = False
+    return _BUILDS[key]
 
 
 @dataclass

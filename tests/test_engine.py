@@ -247,3 +247,80 @@ def test_pipeline_depth_never_changes_the_result(pipeline):
     r, s = eng.take_results()
     assert eng.status()["probes_in_flight"] == 0
     assert_same(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+
+
+def _partitioned_stream(n_parts: int, lead_ms: int, disorder: int, seed: int):
+    """Tuples from ``n_parts`` sources (think Kafka partitions) whose event times run
+    ``lead_ms`` apart: source q is ``q * lead_ms`` ahead of source 0, each within
+    ``disorder`` ms of in-order. Arrival interleaves them in random chunks, so the
+    largest ts seen is far ahead of the slow sources' tuples."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for q in range(n_parts):
+        m = 300
+        ts = q * lead_ms + np.arange(m) * 3 + rng.integers(0, disorder + 1, m)
+        parts.append((np.full(m, q), rng.integers(0, 2, m).astype(np.uint8),
+                      rng.integers(-10, 30, m), ts))
+    pos = [0] * n_parts
+    order = []
+    while any(p < 300 for p in pos):
+        q = int(rng.integers(0, n_parts))
+        take = min(300 - pos[q], int(rng.integers(1, 60)))
+        order += [(q, i) for i in range(pos[q], pos[q] + take)]
+        pos[q] += take
+    src = np.array([q for q, _ in order])
+    st_ = np.array([parts[q][1][i] for q, i in order], np.uint8)
+    key = np.array([parts[q][2][i] for q, i in order], np.int64)
+    ts = np.array([parts[q][3][i] for q, i in order], np.int64)
+    return src, st_, np.arange(len(src), dtype=np.int64), key, ts
+
+
+@pytest.mark.parametrize("index", INDEX_KINDS)
+@pytest.mark.parametrize("disorder,lateness", [(0, 0), (20, 20), (40, 10)])
+@pytest.mark.parametrize("lead", [0, 2000])
+def test_client_watermark_decides_lateness_and_expiry(index, disorder, lateness, lead):
+    """A client watermark W (least over sources of the largest ts each sent so far):
+    exactly the tuples with ts < W - L are late, and the pairs among the rest equal
+    the reference, also when the sources' event times run 2,000 ms apart (the manager's
+    own rule would call the slow ones late, and expire their partners)."""
+    src, stream_, ids, key, ts = _partitioned_stream(3, lead, disorder, seed=disorder + 1)
+    eng = JoinEngine(parse_window("time:60,90", lateness), "band:2", index=index, threads=2,
+                     subwindow_size=64, batch_size=50)
+    top = np.full(3, I64_MIN)
+    late = np.zeros(len(ids), bool)
+    cuts = np.unique(np.r_[0, np.random.default_rng(5).integers(1, len(ids), 25), len(ids)])
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        w = int(top.min())  # W of this micro-batch: from the batches before it
+        late[a:b] = ts[a:b] < w - lateness
+        if not late[a:b].all():
+            w_stored = w  # expiry runs when a batch is processed
+        eng.push_arrays(stream_[a:b], ids[a:b], key[a:b], ts[a:b], watermark=w)
+        eng.flush()
+        np.maximum.at(top, src[a:b], ts[a:b])
+    r, s = eng.take_results()
+    got_late = eng.take_late()
+    assert sorted(np.r_[got_late["R"], got_late["S"]].tolist()) == ids[late].tolist()
+    assert late.any() == (disorder > lateness)
+    keep = ~late
+    ref = reference_join(stream_[keep], ids[keep], key[keep], ts[keep],
+                         parse_window("time:60,90", 1 << 40), parse_predicate("band:2"))
+    assert len(ref.pairs) > 100
+    assert np.array_equal(sort_pairs(np.c_[r, s]), ref.pairs)
+    # expiry went as far as W allows: each stream's oldest subwindow can still pair
+    # with a tuple at W - L (expiring too early would have lost pairs above)
+    for name, reach in (("R", 60), ("S", 90)):
+        oldest = eng.rings[name].oldest
+        assert oldest is None or oldest.ts_max > w_stored - lateness - reach
+    if not lead:
+        assert sum(eng.window_tuples().values()) < keep.sum() // 2
+
+
+def test_client_watermark_on_a_count_window_or_after_the_own_rule_is_rejected():
+    one = (np.zeros(1, np.uint8), np.zeros(1, np.int64), np.zeros(1, np.int64),
+           np.zeros(1, np.int64))
+    with pytest.raises(ValueError, match="time windows only"):
+        JoinEngine("count:5,5", "eq").push_arrays(*one, watermark=0)
+    eng = JoinEngine("time:5,5", "eq")
+    eng.push_arrays(*one)
+    with pytest.raises(ValueError, match="from its first push on"):
+        eng.push_arrays(*one, watermark=0)

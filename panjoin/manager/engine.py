@@ -74,6 +74,7 @@ log = logging.getLogger("panjoin.manager")
 
 STREAM_NAMES = ("R", "S")
 _I64 = np.int64
+_I64_MIN = -(1 << 63)
 
 
 @dataclass
@@ -220,6 +221,9 @@ class JoinEngine:
         self.total = {s: 0 for s in STREAM_NAMES}  # tuples stored so far = next seq
         self.maxts: int | None = None  # largest ts pushed (decides lateness)
         self.seen_maxts: int | None = None  # largest ts appended to a buffer (the watermark)
+        # the client's watermark W (push_arrays(watermark=...)); once given, it alone
+        # decides lateness and expiry: None = never given, _I64_MIN = none yet (-inf)
+        self.client_wm: int | None = None
         self.late_ids: dict[str, list[np.ndarray]] = {s: [] for s in STREAM_NAMES}
         self._results: list[tuple] = []  # (r_id, s_id, r_payload, s_payload)
         self._inflight: deque[_InFlight] = deque()
@@ -237,8 +241,17 @@ class JoinEngine:
         self.push_arrays(events.stream, events.id, events.key, events.ts,
                          getattr(events, "payload", None), getattr(events, "key2", None))
 
-    def push_arrays(self, stream, ids, keys, ts, payload=None, key2=None) -> None:
+    def push_arrays(self, stream, ids, keys, ts, payload=None, key2=None, *,
+                    watermark: int | None = None) -> None:
         """Push tuples in arrival order; ``stream`` holds 0 for R and 1 for S.
+
+        ``watermark`` (time windows) is the client's event-time watermark W, as in
+        Flink: a pushed tuple is late iff ``ts < W - L``, and subwindows expire once no
+        tuple at or above ``W - L`` can reach them. The Kafka pipeline takes W as the
+        least, over its input partitions, of the largest ts read from each (DESIGN,
+        addendum). A join given one watermark keeps that rule for good (a later push
+        without one keeps the last W); without any, a tuple is late iff it is more than
+        L behind the largest ts pushed before it.
 
         ``payload`` (strings or bytes, one per tuple) is kept by the manager and joined
         back onto the results (:meth:`take_results` with ``payloads=True``); a join has
@@ -283,10 +296,22 @@ class JoinEngine:
             raise TypeError(f"keys are {keys.dtype} but this join's keys are {self.key_dtype}")
         if np.any(stream > 1):
             raise ValueError("stream must be 0 (R) or 1 (S)")
+        if watermark is not None:
+            if self.window.kind != "time":
+                raise ValueError("a watermark applies to time windows only")
+            if self.client_wm is None and self.maxts is not None:
+                raise ValueError("this join's lateness is already decided by the largest ts "
+                                 "pushed; give a watermark from its first push on")
+            self.client_wm = max(int(watermark), self.client_wm if self.client_wm is not None
+                                 else _I64_MIN)
         self.stats.tuples_in += n
 
         keep = np.ones(n, dtype=bool)
-        if self.window.kind == "time":
+        if self.client_wm is not None:
+            low = self.client_wm - self.window.lateness
+            if low > _I64_MIN:  # an int64 compare: W = -inf (none yet) makes nothing late
+                keep = ts >= low
+        elif self.window.kind == "time":
             # late iff ts < (largest ts of all earlier arrivals) - L, per tuple in arrival order
             run = np.maximum.accumulate(ts)
             prev = np.empty(n, dtype=_I64)
@@ -299,16 +324,16 @@ class JoinEngine:
                 has_prev[0] = False
             keep = ~(has_prev & (ts < prev - self.window.lateness))
             self.maxts = int(run[-1]) if self.maxts is None else max(self.maxts, int(run[-1]))
-            if not keep.all():
-                for x, name in enumerate(STREAM_NAMES):
-                    lm = ~keep & (stream == x)
-                    if lm.any():
-                        self.late_ids[name].append(ids[lm])
-                        self.stats.late += int(lm.sum())
+        if not keep.all():
+            for x, name in enumerate(STREAM_NAMES):
+                lm = ~keep & (stream == x)
+                if lm.any():
+                    self.late_ids[name].append(ids[lm])
+                    self.stats.late += int(lm.sum())
             stream, ids, keys, ts = stream[keep], ids[keep], keys[keep], ts[keep]
             if key2 is not None:
                 key2 = key2[keep]
-            if payload is not None and not keep.all():
+            if payload is not None:
                 payload = payload.filter(pa.array(keep))
         k = stream.shape[0]
         is_r = stream == 0
@@ -541,9 +566,12 @@ class JoinEngine:
                 reach = (buf.first_opp if buf.n else self.total[y]) - wy
                 dead = sub.seq_end <= reach
             else:
-                if self.seen_maxts is None:
+                if self.client_wm is not None:  # no tuple below W - L is to come
+                    low = self.client_wm - self.window.lateness
+                elif self.seen_maxts is None:
                     return
-                low = self.seen_maxts - self.window.lateness
+                else:
+                    low = self.seen_maxts - self.window.lateness
                 if buf.n:
                     low = min(low, buf.min_ts)
                 dead = sub.ts_max <= low - wy and sub.count > 0

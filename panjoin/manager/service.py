@@ -145,7 +145,14 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                 raise WireError("stream must be 0 (R) or 1 (S)")
             payload = from_payloads(msg.payload, ids.size)
             key2 = from_array(msg.key2, "<f8", "key2") if msg.HasField("key2") else None
-            j.engine.push_arrays(stream, ids, keys, ts, payload, key2)
+            if msg.HasField("watermark"):
+                if self.topology == "handshake":
+                    raise ValueError("a client watermark needs the ring topology; the "
+                                     "handshake chain decides lateness by the largest ts")
+                j.engine.push_arrays(stream, ids, keys, ts, payload, key2,
+                                     watermark=msg.watermark)
+            else:
+                j.engine.push_arrays(stream, ids, keys, ts, payload, key2)
             if msg.flush:
                 j.engine.flush()
         except (WireError, ValueError, TypeError) as e:

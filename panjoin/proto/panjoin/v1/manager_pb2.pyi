@@ -58,7 +58,7 @@ class Payloads(_message.Message):
     def __init__(self, offsets: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class JoinInput(_message.Message):
-    __slots__ = ("join_id", "batch_id", "stream", "id", "key", "ts", "payload", "flush", "key2")
+    __slots__ = ("join_id", "batch_id", "stream", "id", "key", "ts", "payload", "flush", "key2", "watermark")
     JOIN_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class JoinInput(_message.Message):
     PAYLOAD_FIELD_NUMBER: _ClassVar[int]
     FLUSH_FIELD_NUMBER: _ClassVar[int]
     KEY2_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_FIELD_NUMBER: _ClassVar[int]
     join_id: str
     batch_id: int
     stream: _common_pb2.Array
@@ -77,7 +78,8 @@ class JoinInput(_message.Message):
     payload: Payloads
     flush: bool
     key2: _common_pb2.Array
-    def __init__(self, join_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., payload: _Optional[_Union[Payloads, _Mapping]] = ..., flush: _Optional[bool] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
+    watermark: int
+    def __init__(self, join_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., payload: _Optional[_Union[Payloads, _Mapping]] = ..., flush: _Optional[bool] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., watermark: _Optional[int] = ...) -> None: ...
 
 class JoinOutput(_message.Message):
     __slots__ = ("batch_id", "r_id", "s_id", "r_payload", "s_payload", "late_stream", "late_id", "duplicate")
