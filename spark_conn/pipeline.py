@@ -89,6 +89,7 @@ from panjoin.kafka.writer import BatchWriter
 from panjoin.semantics import parse_predicate, parse_window
 from panjoin.wire import from_array, to_array
 from spark_conn.record_window import IdWindow, RecordWindow
+from spark_conn.watermark import PartitionWatermarks
 
 log = logging.getLogger("panjoin.pipeline")
 
@@ -120,6 +121,8 @@ class PipelineConfig:
     starting_offsets: str = "earliest"
     trigger: str = "available-now"
     source: str = "python"
+    idle_timeout: float | None = None  # s without records before a partition stops holding W
+    manager_timeout: float = 60.0  # s to wait for a lost manager to come back
     extra_open: dict = field(default_factory=dict)
 
     def open_settings(self) -> dict:
@@ -148,6 +151,13 @@ class Parsed:
     row: np.ndarray  # tuple i's record is records[row[i]]
     bad: list  # (topic, partition, offset, reason, raw value) in offset order
     ranges: dict  # {topic: {partition: [first offset, last offset + 1]}}
+    partition: np.ndarray | None = None  # int64: each tuple's Kafka partition
+
+    def take(self, keep: np.ndarray) -> Parsed:
+        """The tuples where ``keep`` is true (records, rejects and ranges unchanged)."""
+        return Parsed(self.stream[keep], self.id[keep], self.key[keep], self.ts[keep],
+                      self.records, self.row[keep], self.bad, self.ranges,
+                      None if self.partition is None else self.partition[keep])
 
 
 def _int_field(obj, name):
@@ -284,7 +294,7 @@ def parse_batch(table: pa.Table | Records, cfg: PipelineConfig) -> Parsed:
     # event-time order; ties by stream, then the records' own (partition, offset)
     perm = pos[np.lexsort((rec.offset[pos], rec.partition[pos], rec.stream[pos], ts_a[pos]))]
     return Parsed(rec.stream[perm], ids[perm], keys[perm], ts_a[perm], vals, perm, bad,
-                  rec.ranges)
+                  rec.ranges, rec.partition[perm])
 
 
 def _raw(v: bytes | None) -> dict:
@@ -441,15 +451,19 @@ class JoinSession:
         self.client = Client(cfg.manager)
         self.join_id = self.client.open(cfg.window, cfg.predicate, cfg.index,
                                         **cfg.open_settings())
+        self.time_window = parse_window(cfg.window).kind == "time"
         self._q: queue.Queue = queue.Queue()
         self._out = self.client.stub.Join(iter(self._q.get, None))
 
-    def send(self, batch_id: int, p: Parsed):
+    def send(self, batch_id: int, p: Parsed, watermark: int | None = None):
+        """One micro-batch; on a time window with the job's watermark (None: none yet)."""
         from panjoin.proto.panjoin.v1 import manager_pb2
 
         msg = manager_pb2.JoinInput(
             join_id=self.join_id, batch_id=batch_id, stream=to_array(p.stream),
             id=to_array(p.id), key=to_array(p.key), ts=to_array(p.ts), flush=True)
+        if self.time_window:  # from the first batch on: the manager's own rule stays off
+            msg.watermark = _I64_MIN if watermark is None else watermark
         self._q.put(msg)
         out = next(self._out)
         if out.batch_id != batch_id:
@@ -479,6 +493,19 @@ class BatchOutput:
     late: list
     dead: list
     n_in: int = 0
+    # what the join log keeps of the batch (a replay repeats its decisions, and the
+    # log is compacted by them): the watermark W it was joined under, the positions of
+    # its repeated ids, per stream the tuples stored and their largest ts, and the
+    # partitions' largest ts after it
+    watermark: int | None = None
+    dups: list = field(default_factory=list)
+    stored: list = field(default_factory=lambda: [0, 0])
+    ts_max: list = field(default_factory=lambda: [None, None])
+    wm_after: list = field(default_factory=list)
+
+    def log_fields(self) -> dict:
+        return {"watermark": self.watermark, "dups": self.dups, "stored": self.stored,
+                "ts_max": self.ts_max, "wm_after": self.wm_after}
 
 
 class Pipeline:
@@ -494,6 +521,8 @@ class Pipeline:
         os.makedirs(self.dir, exist_ok=True)
         self.log_path = os.path.join(self.dir, "join.log")
         self.session: JoinSession | None = None
+        self._stale = False  # the window must be rebuilt from the log before the next batch
+        self.wm: PartitionWatermarks | None = None
         self.ids = IdWindow(self.window, cfg.batch_size)
         self.records = RecordWindow(self.window, cfg.batch_size)
         self._fetcher = None
@@ -535,8 +564,36 @@ class Pipeline:
 
     # -- one batch through the manager
 
-    def apply(self, batch: int, p: Parsed) -> BatchOutput:
-        dup = self.ids.add(p)
+    def watermarks(self) -> PartitionWatermarks:
+        """The job's per-partition watermark (:mod:`spark_conn.watermark`), over every
+        partition of both input topics (from the ending offsets, else the broker)."""
+        if self.wm is None:
+            c = self.cfg
+            ends = self.read_ahead.ending
+            if ends is None:
+                with self._probe_lock:
+                    if self._probe is None:
+                        self._probe = Fetcher(c.bootstrap)
+                    ends = {t: io.end_offsets(c.bootstrap, t, probe=self._probe)
+                            for t in (c.r_topic, c.s_topic)}
+            self.wm = PartitionWatermarks(
+                [(int(t == c.s_topic), int(q)) for t in (c.r_topic, c.s_topic)
+                 for q in ends.get(t, {})], c.idle_timeout)
+        return self.wm
+
+    def apply(self, batch: int, p: Parsed, logged: dict | None = None) -> BatchOutput:
+        """Join one micro-batch. ``logged`` (its join-log entry, on a replay) gives the
+        watermark and repeated ids it was first joined with, so a replay repeats its
+        decisions whatever the clock or the ids of batches no longer replayed."""
+        wm = self.watermarks()
+        if self.window.kind == "time":
+            w = logged["watermark"] if logged and "watermark" in logged else wm.current()
+        else:
+            w = None
+        dup = self.ids.add(p, None if not logged or "dups" not in logged
+                           else np.asarray(logged["dups"], np.int64))
+        if p.partition is not None:  # every well-formed tuple read moves its partition
+            wm.observe(p.stream, p.partition, p.ts)
         dead = [{"topic": t, "partition": q, "offset": o, "reason": r, **_raw(v)}
                 for t, q, o, r, v in p.bad]
         if len(dup):  # an id seen before in its stream: the join names tuples by id
@@ -548,16 +605,16 @@ class Pipeline:
                                        f"is still in the window; ids must be unique",
                              "record": p.records[int(p.row[i])].as_py().decode("utf-8",
                                                                                "replace")})
-            p = Parsed(p.stream[keep], p.id[keep], p.key[keep], p.ts[keep], p.records,
-                       p.row[keep], p.bad, p.ranges)
-        out = BatchOutput([], [], [json.dumps(d).encode() for d in dead], len(p.id))
+            p = p.take(keep)
+        out = BatchOutput([], [], [json.dumps(d).encode() for d in dead], len(p.id),
+                          watermark=w, dups=dup.tolist(), wm_after=wm.snapshot())
         if len(p.id) == 0:
             return out
         if self.session is None:
             self.session = JoinSession(self.cfg)
         self.records.add(p)
         t0 = time.perf_counter()
-        r, s, ls, li = self.session.send(batch + 1, p)
+        r, s, ls, li = self.session.send(batch + 1, p, w)
         self._time("manager", t0)  # a part of "join": the round trip to the cluster
         order = np.lexsort((s, r))
         if len(order):
@@ -566,18 +623,27 @@ class Pipeline:
         # late tuples are this batch's own: find their records by (stream, id)
         lorder = np.lexsort((li, ls))
         ls, li = ls[lorder], li[lorder]
+        stored = np.ones(len(p.id), bool)
         tags = (b"R", b"S")
         for st in (0, 1) if len(li) else ():
             pos = np.flatnonzero(p.stream == st)
             by_id = pos[np.argsort(p.id[pos], kind="stable")]
             at = by_id[np.searchsorted(p.id[by_id], li[ls == st])]
+            stored[at] = False
             for rid, i in zip(li[ls == st].tolist(), at.tolist(), strict=True):
                 out.late.append(b'{"stream":"%s","id":%d,"ts":%d,"record":%s}'
                                 % (tags[st], rid, int(p.ts[i]),
                                    p.records[int(p.row[i])].as_py()))
             self.ids.drop(st, li[ls == st])
-        self.ids.prune(int(p.ts.max()))
-        self.records.prune(int(p.ts.max()))
+        for st in (0, 1):
+            m = stored & (p.stream == st)
+            out.stored[st] = int(m.sum())
+            out.ts_max[st] = int(p.ts[m].max()) if m.any() else None
+        # ids and records leave once no tuple at or above W - L can pair with them
+        edge = int(p.ts.max()) if self.window.kind == "count" else w
+        if edge is not None:
+            self.ids.prune(edge)
+            self.records.prune(edge)
         return out
 
     # -- Kafka
@@ -636,19 +702,91 @@ class Pipeline:
 
     # -- replay after a restart
 
+    def first_needed(self, entries: dict, upto: int) -> int:
+        """The oldest logged batch a join rebuilt for batch ``upto`` must replay: older
+        ones hold no tuple that a tuple of ``upto`` or later can pair with, nor an id
+        that can still repeat (bounded recovery: restart time follows the window, not
+        the job's age; the join log is compacted to this point).
+
+        Time windows: batch j is needed while one of its stored tuples of stream X has
+        ``ts + T_X > W - L``, W the newest logged watermark (no later tuple is below
+        ``W - L``). Count windows: the newest batches holding the last ``W_X + NBat``
+        stored tuples of each stream (the ids kept by :class:`IdWindow`). Entries of an
+        older log, without these counts, are all needed."""
+        older = sorted(b for b in entries if b < upto)
+        if not older:
+            return upto
+        if any("stored" not in entries[b] for b in older):
+            return older[0]
+        w = self.window
+        if w.kind == "time":
+            marks = [e.get("watermark") for e in entries.values()]
+            marks = [m for m in marks if m is not None]
+            if not marks:
+                return older[0]
+            edge = max(marks) - w.lateness
+            need = [b for b in older if any(
+                t is not None and t + w.size("RS"[x]) > edge
+                for x, t in enumerate(entries[b]["ts_max"]))]
+            return need[0] if need else upto
+        want = [w.size("RS"[x]) + self.cfg.batch_size for x in (0, 1)]
+        have = [0, 0]
+        for b in reversed(older):
+            have = [h + n for h, n in zip(have, entries[b]["stored"], strict=True)]
+            if all(h >= n for h, n in zip(have, want, strict=True)):
+                return b
+        return older[0]
+
     def rebuild(self, upto: int, entries: dict) -> None:
-        """Replay logged batches ``< upto`` into a fresh join, writing nothing."""
-        missing = [b for b in range(upto) if b not in entries]
+        """Replay the logged batches ``< upto`` that the window still needs
+        (:meth:`first_needed`) into a fresh join, writing nothing."""
+        self._stale = True  # until the replay is done: a failure leaves a window to redo
+        first = self.first_needed(entries, upto)
+        missing = [b for b in range(first, upto) if b not in entries]
         if missing:
             raise RuntimeError(f"join log {self.log_path} lacks batches {missing[:5]}: the "
                                f"window cannot be rebuilt; start over with a new --checkpoint")
-        replay = sorted(x for x in entries if x < upto)
+        prev = [b for b in entries if b < upto]
+        if prev and "wm_after" in entries[max(prev)]:  # partitions' maxima before upto
+            last = entries[max(prev)]
+            self.watermarks().restore(last["wm_after"], last.get("watermark"))
+        replay = list(range(first, upto))
         if replay:  # the reader is needed here: no read-ahead may hold it
             self.read_ahead.take(self.reader(), None)
+        t0 = time.perf_counter()
         for b in replay:
-            self.apply(b, parse_batch(self.fetch(entries[b]["ranges"]), self.cfg))
+            self.apply(b, parse_batch(self.fetch(entries[b]["ranges"]), self.cfg), entries[b])
             self.stats["replayed_batches"] += 1
-        log.info("rebuilt the join from %d logged batches", self.stats["replayed_batches"])
+        self.stats["s_rebuild"] = self.stats.get("s_rebuild", 0.0) + time.perf_counter() - t0
+        self._stale = False
+        log.info("rebuilt the join from %d logged batches (%d..%d) in %.2f s; %d older ones "
+                 "are out of the window", len(replay), first, upto - 1,
+                 time.perf_counter() - t0, first - min(entries, default=first))
+
+    def compact_log(self, batch: int) -> None:
+        """Drop the log entries that a rebuild for ``batch`` no longer needs, rewriting the
+        log (atomically) once they are at least as many as the ones kept."""
+        first = self.first_needed(self.entries, batch)
+        gone = [b for b in self.entries if b < first]
+        if len(gone) < max(16, len(self.entries) - len(gone)):
+            return
+        for b in gone:
+            del self.entries[b]
+        tmp = self.log_path + ".tmp"
+        with open(tmp, "w") as f:
+            for b in sorted(self.entries):
+                f.write(json.dumps(self.entries[b]) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.log_path)
+        fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the rename itself survives a crash
+        finally:
+            os.close(fd)
+        self.stats["log_compactions"] = self.stats.get("log_compactions", 0) + 1
+        log.info("join log compacted: %d batches out of the window dropped, %d kept",
+                 len(gone), len(self.entries))
 
     # -- foreachBatch
 
@@ -681,12 +819,14 @@ class Pipeline:
             t0 = self._time("ranges", t0)
             if self.entries is None:  # a restart replays logged batches first
                 self.entries = self.read_log()
-                self.rebuild(batch_id, self.entries)
+                self._stale = True  # rebuilt by apply_reconnecting, before this batch
             done = self._joined_ahead(batch_id, ranges)
             if done is not None:
                 self._time("read", t0)
                 self.process_table(done[0], batch_id, done[1], done[2])
                 return
+            if self._stale:  # before the read-ahead starts: a rebuild takes the reader
+                self.apply_reconnecting(batch_id, None)
             ahead = self.read_ahead.take(self.reader(), ranges)
             table, parsed = ahead if ahead is not None else (self.fetch(ranges), None)
             self.read_ahead.start(self.reader(), ranges)
@@ -735,7 +875,12 @@ class Pipeline:
         if self._ahead is None:
             return None
         (b, fut), self._ahead = self._ahead, None
-        nxt, rec, parsed, out = fut.result()  # its failure is this batch's failure
+        try:
+            nxt, rec, parsed, out = fut.result()
+        except Exception as e:  # e.g. the manager went away: join it again, as usual
+            log.warning("batch %d failed while joined ahead (%s); rebuilding the join from "
+                        "the log", b, e)
+            nxt = None
         if b == batch and nxt == ranges:
             self.stats["joined_ahead"] += 1
             return rec, parsed, out
@@ -744,7 +889,7 @@ class Pipeline:
         self.stats["joined_ahead_wrong"] += 1
         self.read_ahead.take(self.reader(), None)  # gives back what it read past the guess
         self._reset_join()
-        self.rebuild(batch, self.entries)
+        self._stale = True  # apply_reconnecting rebuilds, waiting for the manager if need be
         return None
 
     def _reset_join(self) -> None:
@@ -753,6 +898,40 @@ class Pipeline:
             self.session = None
         self.ids = IdWindow(self.window, self.cfg.batch_size)
         self.records = RecordWindow(self.window, self.cfg.batch_size)
+        self.wm = None  # a rebuild restores it from the log
+
+    def apply_reconnecting(self, batch: int, p: Parsed | None, logged: dict | None = None):
+        """:meth:`apply`, surviving a manager that goes away (killed, restarted, its
+        host rebooted): the join is opened again once the manager answers (for up to
+        ``manager_timeout`` seconds), rebuilt from the join log, and the batch joined
+        again. Nothing of the batch was logged or written, so nothing is lost or
+        doubled; past the timeout the batch fails, and a restart rebuilds the same way."""
+        import grpc
+
+        deadline = time.monotonic() + self.cfg.manager_timeout
+        while True:
+            try:
+                if self._stale:  # a restart, a wrong guess, or the manager's loss
+                    self._reset_join()
+                    self.rebuild(batch, self.entries or {})
+                return self.apply(batch, p, logged) if p is not None else None
+            except grpc.RpcError as e:
+                code = e.code() if hasattr(e, "code") else None
+                if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                                grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNKNOWN,
+                                grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the manager at {self.cfg.manager} has not answered for "
+                        f"{self.cfg.manager_timeout:.0f} s ({code}); start it and run the "
+                        "job again: it rebuilds its window from the join log") from e
+                log.warning("batch %d: lost the manager at %s (%s); reconnecting and "
+                            "rebuilding the join from the log", batch, self.cfg.manager,
+                            code.name if code else e)
+                self.stats["manager_reconnects"] = self.stats.get("manager_reconnects", 0) + 1
+                self._stale = True
+                time.sleep(0.5)
 
     def _time(self, what: str, t0: float) -> float:
         now = time.perf_counter()
@@ -766,7 +945,7 @@ class Pipeline:
         ahead), join the next one ahead, and write this one's output."""
         if self.entries is None:  # the first batch of this run: rebuild what came before
             self.entries = self.read_log()
-            self.rebuild(batch, self.entries)
+            self._stale = True  # apply_reconnecting rebuilds, waiting for the manager
         t0 = time.perf_counter()
         p = parsed if parsed is not None else parse_batch(table, self.cfg)
         t0 = self._time("parse", t0)
@@ -778,14 +957,20 @@ class Pipeline:
                                    f"join log has {logged['ranges']}; checkpoint and join "
                                    f"log disagree (were they mixed up?)")
             skip = self.written(batch, logged["out_start"])
+            out = self.apply_reconnecting(batch, p, logged)
+            t0 = self._time("join", t0)
         else:
-            entry = {"batch": batch, "ranges": p.ranges, "out_start": self.out_start()}
+            if out is None:
+                out = self.apply_reconnecting(batch, p)
+                t0 = self._time("join", t0)
+            # logged before anything is written: where the output topics ended, and the
+            # decisions a replay must repeat
+            entry = {"batch": batch, "ranges": p.ranges, "out_start": self.out_start(),
+                     **out.log_fields()}
             self.append_log(entry)
             self.entries[batch] = entry
-        t0 = self._time("log", t0)
-        if out is None:
-            out = self.apply(batch, p)
-            t0 = self._time("join", t0)
+            self.compact_log(batch)
+            t0 = self._time("log", t0)
         self._join_ahead(batch + 1)
         self.write(batch, out, skip)
         for t, ps in p.ranges.items():
@@ -974,7 +1159,8 @@ def config_from_args(args) -> PipelineConfig:
         index=args.index, allowed_lateness=args.allowed_lateness,
         subwindow_size=args.subwindow_size, partitions=args.partitions,
         batch_size=args.batch_size, max_offsets_per_trigger=args.max_offsets_per_trigger,
-        starting_offsets=args.starting_offsets, trigger=args.trigger, source=args.source)
+        starting_offsets=args.starting_offsets, trigger=args.trigger, source=args.source,
+        idle_timeout=args.idle_timeout, manager_timeout=args.manager_timeout)
 
 
 def run_from_args(args) -> int:

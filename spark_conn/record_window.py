@@ -60,21 +60,27 @@ class IdWindow:
         return [c for c in self.chunks[s] if c[2] is not None and lo <= c[2][1]
                 and c[2][0] <= hi]
 
-    def add(self, p) -> np.ndarray:
+    def add(self, p, dups: np.ndarray | None = None) -> np.ndarray:
         """Store a batch's tuples; returns the positions whose id repeats a stored one
-        (or an earlier one of the batch), which are not stored."""
+        (or an earlier one of the batch), which are not stored. ``dups`` (positions)
+        gives that answer instead of computing it: a replay repeats the first run's."""
         dup = np.zeros(len(p.id), bool)
+        if dups is not None:
+            dup[dups] = True
         for s in (0, 1):
             pos = np.flatnonzero(p.stream == s)
             ids = p.id[pos]
             if not len(ids):
                 continue
-            first = np.zeros(len(ids), bool)
-            first[np.unique(ids, return_index=True)[1]] = True
-            bad = ~first
-            for c in self._overlapping(s, ids):
-                bad |= np.isin(ids, c[0])
-            dup[pos[bad]] = True
+            if dups is not None:
+                bad = dup[pos]
+            else:
+                first = np.zeros(len(ids), bool)
+                first[np.unique(ids, return_index=True)[1]] = True
+                bad = ~first
+                for c in self._overlapping(s, ids):
+                    bad |= np.isin(ids, c[0])
+                dup[pos[bad]] = True
             if (~bad).any():
                 self.chunks[s].append(self._chunk(ids[~bad], p.ts[pos[~bad]]))
         return np.flatnonzero(dup)

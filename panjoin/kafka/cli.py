@@ -89,6 +89,16 @@ def add_pipeline_opts(p: argparse.ArgumentParser) -> None:
                         "python-records: the records travel through Spark's Python Data "
                         "Source; native: Spark's format('kafka') (needs the JVM connector "
                         "jar on the classpath)")
+    g.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
+                   help="time windows: a partition nothing was read from for this long stops "
+                        "holding the watermark back (as Flink's withIdleness); the watermark "
+                        "W is the least, over the input partitions, of the largest ts read "
+                        "from each, and a tuple is late iff ts < W - allowed lateness "
+                        "(default: never idle, so an empty partition holds W at -inf)")
+    g.add_argument("--manager-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="how long to wait for a lost manager to come back before the batch "
+                        "fails (the job then reconnects and rebuilds its window from the join "
+                        "log; default: %(default)s)")
 
 
 def run_kafka(args) -> int:
