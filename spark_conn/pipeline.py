@@ -36,20 +36,29 @@ Exactly once. Spark's checkpoint fixes each batch's offsets before the batch run
 and replays the last batch after a crash with the same offsets. The manager
 applies a batch id at most once, but its window lives in memory and goes away
 with the connection, so the job keeps a *join log* (``<checkpoint>/panjoin/join.log``,
-one fsynced JSON line per batch, written BEFORE the batch is sent) naming each
-batch's offset ranges and where the output topics ended before the batch wrote.
-A restarted job opens a new join and replays the logged batches before the first
-one Spark hands it (re-read from Kafka, same order, same batch ids, output
-discarded): the window, the watermark and the late/duplicate decisions come back
-exactly. The batch Spark replays is then recomputed (identical output, since the
-state is identical) and only the records whose ``(batch, seq)`` are not already
-in the output topics (read from the logged ends) are written. The writer never
-retries on its own (a failed write fails the batch, and the restart writes what is
-missing), so no record is written twice. So a kill at any point gives the same
-output topics, no loss, no duplicate. Example: killed while writing batch 7's
-output after seq 0..41 reached the broker: on restart batches 0..6 are replayed
-into a new join (nothing written), batch 7 yields the same 100 records, and seq
-42..99 are written.
+one fsynced JSON line per batch, written after the batch is joined and BEFORE any of
+its output is written) naming each batch's offset ranges, where the output topics
+ended before the batch wrote, the watermark it was joined under, its repeated ids,
+and per stream the tuples it stored and their largest ts. A restarted job opens a
+new join and replays the logged batches that the window still needs
+(:meth:`Pipeline.first_needed`: re-read from Kafka, same order, same watermarks,
+same repeated ids, output discarded); older batches hold nothing that a later tuple
+can pair with, so the log is compacted as they leave the window and a restart costs
+what the window holds, not the job's age. The batch Spark replays is then recomputed
+(identical output, since everything it can reach is identical) and only the records
+whose ``(batch, seq)`` are not already in the output topics (read from the logged
+ends) are written. The writer never retries on its own (a failed write fails the
+batch, and the restart writes what is missing), so no record is written twice. So a
+kill at any point gives the same output topics, no loss, no duplicate. Example:
+killed while writing batch 7's output after seq 0..41 reached the broker, with a
+window of three batches: on restart batches 4..6 are replayed into a new join
+(nothing written), batch 7 yields the same 100 records, and seq 42..99 are written.
+A manager that goes away is handled the same way, without a restart
+(:meth:`Pipeline.apply_reconnecting`).
+
+Watermark (:mod:`spark_conn.watermark`): a tuple is late iff ``ts < W - L``, W the
+least over the input partitions of the largest ts read from each, taken at the start
+of the micro-batch; the manager gets W with the batch and expires by it.
 
 Joining ahead: when the next micro-batch's ranges are known in advance (an
 "available now" run, :class:`ReadAhead`), the job joins it right after this one,
