@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 import tomllib
 
+import confluent_kafka
+import confluent_kafka.admin
 import pyarrow as pa
 import pytest
 from kafka_fixtures import broker, brokers, topic  # noqa: F401
@@ -168,3 +170,271 @@ def test_librdkafka_path_failures_are_clear(broker):  # noqa: F811
         io.end_offsets(b, nope, options=SASL_OFF_PLAINTEXT)
     with pytest.raises(io.KafkaIOError, match="does not exist"):
         io.end_offsets(b, nope)  # the built-in path: it was not created meanwhile
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def _no_kafka_no_spark(monkeypatch):
+    """Make anything past option checking fail loudly: no client, no Spark."""
+    import spark_conn.session
+
+    def boom(*_a, **_k):
+        raise AssertionError("got past option checking")
+
+    monkeypatch.setattr(spark_conn.session, "spark_session", boom)
+    for name in ("create_topics", "end_offsets", "produce_events", "consume_to_parquet"):
+        monkeypatch.setattr(io, name, boom)
+
+
+PIPELINE = ["--bootstrap-servers", "127.0.0.1:1", "--manager", "127.0.0.1:2",
+            "--window", "time:100,100", "--predicate", "band:1"]
+
+
+def test_a_bad_option_stops_the_pipeline_before_spark_starts(monkeypatch, tmp_path, capsys):
+    from panjoin.cli import main
+    from spark_conn import pipeline
+
+    _no_kafka_no_spark(monkeypatch)
+    ck = ["--checkpoint", str(tmp_path / "ck")]
+    assert main(["pipeline", *PIPELINE, *ck, "--kafka-option", "client.id=ok",
+                 "--kafka-option", "sasl.mechansim=PLAIN"]) == 2
+    err = capsys.readouterr().err
+    assert "panjoin pipeline: error: unknown Kafka option 'sasl.mechansim'" in err
+    with pytest.raises(SystemExit) as e:  # no '=': argparse's own error
+        main(["pipeline", *PIPELINE, *ck, "--kafka-option", "security.protocol"])
+    assert e.value.code == 2 and "give KEY=VALUE" in capsys.readouterr().err
+    # python -m spark_conn.pipeline
+    with pytest.raises(KafkaOptionError, match="group.id: the project sets it itself"):
+        pipeline.main([*PIPELINE, *ck, "--kafka-option", "group.id=mine"])
+    # a config file's table, and a flag over the file's list
+    conf = tmp_path / "job.toml"
+    conf.write_text('[kafka-option]\nsecurity.protocol = "SASL_SSL"\nbogus.name = 1\n')
+    assert main(["pipeline", *PIPELINE, *ck, "--config", str(conf)]) == 2
+    assert "unknown Kafka option 'bogus.name'" in capsys.readouterr().err
+    from panjoin.cli import _parse
+
+    conf.write_text('kafka-option = ["client.id=a", "socket.timeout.ms=500"]\n')
+    args = _parse(["pipeline", *PIPELINE, *ck, "--config", str(conf),
+                   "--kafka-option", "client.id=b"])
+    assert pipeline.config_from_args(args).kafka_options == {
+        "client.id": "b", "socket.timeout.ms": "500"}
+    assert pipeline.config_from_args(_parse(["pipeline", *PIPELINE, *ck])).kafka_options == {}
+
+
+# --------------------------------------------------------------------------- every client
+
+
+@pytest.fixture
+def made(monkeypatch):
+    """The config of every librdkafka client constructed (the real client is still
+    made and used): ``[(kind, config)]``, the throwaway ones of validate() left out."""
+    got = []
+
+    def note(kind, conf):
+        if "bootstrap.servers" in conf:
+            got.append((kind, dict(conf)))
+
+    def recording(make, kind):
+        def made(conf, *a, **k):
+            note(kind, conf)
+            return make(conf, *a, **k)
+
+        return made
+
+    def admin_init(self, conf, **k):
+        note("admin", conf)
+        init(self, conf, **k)
+
+    # Consumer and Producer are C types: wrapped where the code looks them up;
+    # AdminClient's __init__ names its class (super(AdminClient, self)): wrapped there
+    monkeypatch.setattr(confluent_kafka, "Consumer", recording(confluent_kafka.Consumer,
+                                                               "consumer"))
+    monkeypatch.setattr(confluent_kafka, "Producer", recording(confluent_kafka.Producer,
+                                                               "producer"))
+    init = confluent_kafka.admin.AdminClient.__init__
+    monkeypatch.setattr(confluent_kafka.admin.AdminClient, "__init__", admin_init)
+    return got
+
+
+class Clients:
+    """Which clients each step made, each checked for the option."""
+
+    def __init__(self, made, tag: str):
+        self.made, self.tag, self.seen = made, tag, 0
+
+    def step(self, *kinds):
+        new = self.made[self.seen:]
+        self.seen = len(self.made)
+        assert sorted({k for k, _ in new}) == sorted(kinds), new
+        assert all(c.get("client.id") == self.tag for _, c in new), new
+
+
+def test_options_reach_every_client(broker, made, tmp_path, capsys):  # noqa: F811
+    from panjoin.cli import main
+    from panjoin.events import write_events
+    from panjoin.generate import generate
+    from spark_conn import kafka_source
+    from spark_conn.pipeline import BatchOutput, Pipeline, PipelineConfig
+
+    tag = topic("panjoin-test")
+    opts = {"client.id": tag, **SASL_OFF_PLAINTEXT}
+    seen = Clients(made, tag)
+    b = broker.bootstrap
+    r, s, t = topic("R"), topic("S"), topic("T")
+
+    # panjoin.kafka.io
+    io.create_topics(b, [t], partitions=2, options=opts)
+    seen.step("admin")
+    ev = generate(200, "uniform", seed=1)
+    io.produce_events(b, ev, r, s, partitions=2, options=opts)
+    seen.step("admin", "producer")
+    ends = io.end_offsets(b, r, options=opts)
+    seen.step("consumer")
+    assert sum(e for _, e in ends.values()) == ev.counts()[0]
+    assert len(io.read_topic(b, r, options=opts)) == ev.counts()[0]
+    seen.step("consumer")
+    assert io.consume_to_parquet(b, s, str(tmp_path / "s.parquet"), options=opts) == \
+        ev.counts()[1]
+    seen.step("consumer")
+
+    # the CLI, flags and a config file
+    path = tmp_path / "ev.parquet"
+    write_events(ev, path)
+    assert main(["kafka", "produce", str(path), "--bootstrap-servers", b, "--r-topic",
+                 topic("R"), "--s-topic", topic("S"), "--kafka-option", f"client.id={tag}",
+                 "--kafka-option", "sasl.mechanism=PLAIN"]) == 0
+    seen.step("admin", "producer")
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[kafka-option]\nclient.id = "{tag}"\nsasl.mechanism = "PLAIN"\n')
+    assert main(["kafka", "consume", r, "--bootstrap-servers", b, "--config", str(conf),
+                 "--out", str(tmp_path / "r.parquet")]) == 0
+    seen.step("consumer")
+    assert f"{ev.counts()[0]:,} records of {r}" in capsys.readouterr().out
+
+    # the bulk path: reader and writer through librdkafka
+    f = Fetcher(b, options=opts)
+    w = BatchWriter(b, options=opts)
+    try:
+        assert f.brokers is None and w.brokers is None  # no plain TCP connection at all
+        assert w.write(t, pa.array([b"x", b"y", b"z"]), batch=5) == 3
+        seen.step("producer")
+        got = f.read([(t, p, 0, e) for p, (_, e) in f.end_offsets(t).items()])
+        assert sorted(v for x in got.values() for v in x.column("value").to_pylist()) == \
+            [b"x", b"y", b"z"]
+        seen.step("consumer")
+    finally:
+        f.close()
+        w.close()
+    # the fast path's own fallback to librdkafka (compressed batches) gets them too
+    plain = {"client.id": tag}
+    c = topic("C")
+    io.create_topics(b, [c], options=plain)
+    p = io.producer(b, plain, **{"compression.type": "lz4"})
+    for i in range(50):
+        p.produce(c, b"c%d" % i)
+    assert p.flush(30) == 0
+    seen.step("admin", "producer")
+    f = Fetcher(b, options=plain)
+    try:
+        assert f.brokers is not None  # client.id alone keeps the fast path
+        got = f.read([(c, 0, 0, 50)])[(c, 0)]
+        assert got.num_rows == 50 and f.fell_back == 1
+        seen.step("consumer")
+    finally:
+        f.close()
+
+    # Spark's source and sink, without Spark: the driver's reader, a task's read and write
+    so = {"kafka.bootstrap.servers": b, "subscribe": f"{r},{s}", "kafka.client.id": tag,
+          "kafka.sasl.mechanism": "PLAIN"}
+    src = kafka_source.KafkaStreamReader(so)
+    try:
+        start = src.initialOffset()
+        end = src.latestOffset(start, src.getDefaultReadLimit())
+        seen.step("consumer")
+        assert end == {x: {str(p): e for p, (_, e) in io.end_offsets(b, x).items()}
+                       for x in (r, s)}
+        seen.step()  # that end_offsets had no options: the fast path, no client
+        rows = [batch for part in src.partitions(start, end) for batch in src.read(part)]
+        assert sum(x.num_rows for x in rows) == len(ev)
+        seen.step("consumer")
+    finally:
+        src.stop()
+    out = topic("sink")
+    io.create_topics(b, [out], options=opts)
+    seen.step("admin")
+    row = type("Row", (), {"asDict": lambda self: {"value": "v"}})
+    assert kafka_source.write_rows({**so, "topic": out}, [row()]).count == 1
+    seen.step("producer")
+    with pytest.raises(kafka_source.KafkaOptionError, match="unknown Kafka option 'typo'"):
+        kafka_source.KafkaStreamReader({**so, "kafka.typo": "1"})
+    with pytest.raises(kafka_source.KafkaOptionError, match="unknown Kafka option 'typo'"):
+        kafka_source.KafkaStreamWriter({**so, "kafka.typo": "1"})
+
+    # the pipeline's own clients: reader, writer, output ends, what a restart reads back
+    cfg = PipelineConfig(b, "127.0.0.1:1", str(tmp_path / "ck"), "time:100,100", "band:1",
+                         r_topic=r, s_topic=s, out_topic=topic("J"), late_topic=topic("L"),
+                         dead_letter_topic=topic("D"), kafka_options=opts)
+    io.create_topics(b, [cfg.out_topic, cfg.late_topic, cfg.dead_letter_topic], options=opts)
+    seen.step("admin")
+    pipe = Pipeline(cfg)
+    try:
+        recs = pipe.fetch({r: {str(p): [0, e] for p, (_, e) in ends.items()}})
+        assert len(recs.value) == ev.counts()[0]
+        seen.step("consumer")
+        pipe.write(3, BatchOutput([b"j0", b"j1"], [], [b"d0"]), None)
+        seen.step("producer")
+        assert pipe.out_ends()[cfg.out_topic] != {}
+        seen.step("consumer")
+        since = {x: {} for x in pipe.out_topics()}
+        assert pipe.written(3, since) == {cfg.out_topic: {0, 1}, cfg.late_topic: set(),
+                                          cfg.dead_letter_topic: {0}}
+        seen.step("consumer")
+    finally:
+        pipe.close()
+    _run_until_spark(cfg, seen)
+
+
+class _SparkStop(Exception):
+    pass
+
+
+class _FakeReadStream:
+    """``spark.readStream``: records the source's format and options, then stops."""
+
+    def __init__(self):
+        self.opts = {}
+
+    def format(self, name):
+        self.name = name
+        return self
+
+    def option(self, k, v):
+        self.opts[k] = v
+        return self
+
+    def load(self):
+        raise _SparkStop("stopped before Spark")
+
+
+def _run_until_spark(cfg, seen) -> None:
+    """``pipeline.run`` up to the query's start: the topics it creates, the ends it
+    takes, then the options Spark's source is given."""
+    from spark_conn import pipeline
+
+    spark = type("Spark", (), {})()
+    spark.readStream = _FakeReadStream()
+    cfg.starting_offsets = "latest"  # no batch joined ahead: no manager here
+    with pytest.raises(_SparkStop):
+        pipeline.run(cfg, spark)
+    seen.step("admin", "consumer")
+    opts = spark.readStream.opts
+    assert spark.readStream.name == "panjoin_kafka"
+    assert {k: v for k, v in opts.items() if k.startswith("kafka.")} == {
+        "kafka.bootstrap.servers": cfg.bootstrap, "kafka.client.id": seen.tag,
+        "kafka.sasl.mechanism": "PLAIN"}
+    cfg.source = "native"  # Spark's own source gets them too (Java's client reads kafka.*)
+    spark.readStream = _FakeReadStream()
+    with pytest.raises(RuntimeError, match="connector"):
+        pipeline.source_frame(spark, cfg, None)
+    assert spark.readStream.opts["kafka.client.id"] == seen.tag
