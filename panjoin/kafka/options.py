@@ -6,10 +6,10 @@ as they would to any librdkafka client: on the command line, repeatable::
     panjoin pipeline ... --kafka-option security.protocol=SASL_SSL \\
         --kafka-option sasl.mechanism=PLAIN --kafka-option sasl.username=joiner ...
 
-in a ``--config`` file, as a list of ``KEY=VALUE`` strings or as a table (TOML nests
-unquoted dotted keys; they are joined back into property names)::
-
-    kafka-option = ["security.protocol=SSL", "ssl.ca.location=/etc/kafka/ca.pem"]
+in a ``--config`` file, either as a list of ``KEY=VALUE`` strings,
+``kafka-option = ["security.protocol=SSL", "ssl.ca.location=/etc/kafka/ca.pem"]``, or
+as a table (TOML nests unquoted dotted keys; they are joined back into property
+names)::
 
     [kafka-option]
     security.protocol = "SSL"
