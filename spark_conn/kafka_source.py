@@ -37,6 +37,14 @@ through a Python worker, the JVM's rows and back (see :mod:`spark_conn.pipeline`
 Where each partition ends is asked of a fetch (see :func:`panjoin.kafka.io.end_offsets`):
 Tansu's ListOffsets is one produce batch short.
 
+Every other ``kafka.*`` option is a librdkafka client property, as the native source
+passes ``kafka.*`` to its Kafka client: ``.option("kafka.security.protocol",
+"SASL_SSL")``, ``.option("kafka.sasl.mechanism", "PLAIN")``, ... They are checked
+when the reader or writer is made (in the driver: an unknown name fails the query
+before any task runs) and reach every client the source and sink open, in the driver
+and in the tasks. TLS or SASL turn the built-in fast path off (see
+:mod:`panjoin.kafka.options`).
+
 The sink (``df.write.format("panjoin_kafka")`` or ``writeStream``) produces column
 ``value`` (string or binary; optional ``key``, and ``topic`` to override the
 ``topic`` option) with an idempotent producer, flushed before the task commits:
@@ -86,6 +94,23 @@ def _bootstrap(options) -> str:
         raise KafkaOptionError("option kafka.bootstrap.servers is required "
                                "(e.g. .option('kafka.bootstrap.servers', '127.0.0.1:9092'))")
     return b
+
+
+def client_options(options) -> dict[str, str]:
+    """The librdkafka properties among the source's options: ``kafka.X`` -> ``X``
+    (``kafka.bootstrap.servers`` aside), checked by librdkafka
+    (:func:`panjoin.kafka.options.validate`; :class:`KafkaOptionError` names a bad one)."""
+    from panjoin.kafka.options import KafkaOptionError as Bad
+    from panjoin.kafka.options import validate
+
+    got = {k[len("kafka."):]: v for k, v in options.items()
+           if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"}
+    if not got:
+        return {}
+    try:
+        return validate(got)
+    except Bad as e:
+        raise KafkaOptionError(f"{e} (given as option kafka.<name>)") from None
 
 
 def _topics(options) -> list[str]:
@@ -146,12 +171,13 @@ class KafkaPartition(InputPartition):
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
 
 
-def read_partition(bootstrap: str, part: KafkaPartition) -> Iterator[pa.RecordBatch]:
+def read_partition(bootstrap: str, part: KafkaPartition,
+                   kafka_options: dict | None = None) -> Iterator[pa.RecordBatch]:
     """Records of one partition range as Arrow batches (the source's row schema), read
     in bulk by :class:`panjoin.kafka.fetcher.Fetcher`."""
     from panjoin.kafka.fetcher import Fetcher
 
-    f = Fetcher(bootstrap)
+    f = Fetcher(bootstrap, options=kafka_options)
     try:
         t = f.read([(part.topic, part.partition, part.start, part.end)])[
             (part.topic, part.partition)]
@@ -168,6 +194,7 @@ def read_partition(bootstrap: str, part: KafkaPartition) -> Iterator[pa.RecordBa
 class KafkaStreamReader(DataSourceStreamReader):
     def __init__(self, options):
         self.bootstrap = _bootstrap(options)
+        self.kafka_options = client_options(options)
         self.topics = _topics(options)
         self.starting = _opt(options, "startingOffsets", "earliest")
         mo = _opt(options, "maxOffsetsPerTrigger")
@@ -185,22 +212,33 @@ class KafkaStreamReader(DataSourceStreamReader):
             raise KafkaOptionError(f"endingOffsets={ending!r}: give JSON like "
                                    f"{{\"R\": {{\"0\": 42}}}}") from None
         self.ranges = _ranges_mode(options)
-        self._probe = None
+        self._probe = None  # protocol.Brokers, or a librdkafka consumer under TLS/SASL
         self._reached = None  # the broker's ends once they reached every ending offset
 
     def _ends(self) -> dict:
         # the protocol module alone (no Numba, no event files): this runs in the
         # process Spark starts for the source at each query start, on its critical path
         from panjoin.kafka import protocol
+        from panjoin.kafka.options import fast_path_off
 
         if self._reached is not None:
             # ends only grow: past the ending offsets, asking the broker again would
             # change no plan (it saves a round trip per partition at every trigger)
             return self._reached
-        if self._probe is None:
-            self._probe = protocol.Brokers(self.bootstrap)
-        ends = {t: {str(p): v for p, v in protocol.log_ends(self._probe, t).items()}
-                for t in self.topics}
+        if fast_path_off("Spark source", self.kafka_options):
+            from panjoin.kafka import io
+
+            if self._probe is None:
+                self._probe = io.consumer(self.bootstrap, self.kafka_options,
+                                          **{"enable.partition.eof": True})
+            ends = {t: {str(p): v for p, v in io.log_ends(self._probe, t,
+                                                          where=self.bootstrap).items()}
+                    for t in self.topics}
+        else:
+            if self._probe is None:
+                self._probe = protocol.Brokers(self.bootstrap)
+            ends = {t: {str(p): v for p, v in protocol.log_ends(self._probe, t).items()}
+                    for t in self.topics}
         capped = self.ending is not None and all(  # every partition has an ending offset
             p in self.ending.get(t, {}) for t, ps in ends.items() for p in ps)
         if capped and all(int(o) <= ends.get(t, {}).get(str(p), (0, -1))[1]
@@ -262,7 +300,7 @@ class KafkaStreamReader(DataSourceStreamReader):
     def read(self, partition):
         if isinstance(partition, RangesPartition):
             return iter(partition.ranges)
-        return read_partition(self.bootstrap, partition)
+        return read_partition(self.bootstrap, partition, self.kafka_options)
 
     def commit(self, end: dict) -> None:
         pass  # progress lives in Spark's checkpoint, not in a consumer group
@@ -289,7 +327,7 @@ class KafkaBatchReader(DataSourceReader):
     def read(self, partition):
         if isinstance(partition, RangesPartition):
             return iter(partition.ranges)
-        return read_partition(self.stream.bootstrap, partition)
+        return read_partition(self.stream.bootstrap, partition, self.stream.kafka_options)
 
 
 class _Sent(WriterCommitMessage):
@@ -303,7 +341,7 @@ def write_rows(options, rows) -> _Sent:
 
     bootstrap = _bootstrap(options)
     default_topic = _opt(options, "topic")
-    p = io.producer(bootstrap)
+    p = io.producer(bootstrap, client_options(options))
     failed = []
     n = 0
 
@@ -337,6 +375,7 @@ class KafkaBatchWriter(DataSourceWriter):
     def __init__(self, options):
         self.options = dict(options)
         _bootstrap(self.options)
+        client_options(self.options)  # a bad one fails here, in the driver
 
     def write(self, iterator):
         return write_rows(self.options, iterator)
@@ -346,6 +385,7 @@ class KafkaStreamWriter(DataSourceStreamWriter):
     def __init__(self, options):
         self.options = dict(options)
         _bootstrap(self.options)
+        client_options(self.options)  # a bad one fails here, in the driver
 
     def write(self, iterator):
         return write_rows(self.options, iterator)

@@ -133,6 +133,9 @@ class PipelineConfig:
     idle_timeout: float | None = None  # s without records before a partition stops holding W
     manager_timeout: float = 60.0  # s to wait for a lost manager to come back
     extra_open: dict = field(default_factory=dict)
+    #: librdkafka client properties for every Kafka client the job opens (TLS, SASL;
+    #: see panjoin.kafka.options), and for Spark's source as kafka.* options
+    kafka_options: dict = field(default_factory=dict)
 
     def open_settings(self) -> dict:
         s = {"allowed_lateness": self.allowed_lateness, "batch_size": self.batch_size,
@@ -582,8 +585,9 @@ class Pipeline:
             if ends is None:
                 with self._probe_lock:
                     if self._probe is None:
-                        self._probe = Fetcher(c.bootstrap)
-                    ends = {t: io.end_offsets(c.bootstrap, t, probe=self._probe)
+                        self._probe = Fetcher(c.bootstrap, options=c.kafka_options)
+                    ends = {t: io.end_offsets(c.bootstrap, t, probe=self._probe,
+                                              options=c.kafka_options)
                             for t in (c.r_topic, c.s_topic)}
             self.wm = PartitionWatermarks(
                 [(int(t == c.s_topic), int(q)) for t in (c.r_topic, c.s_topic)
@@ -659,7 +663,7 @@ class Pipeline:
 
     def _writer(self) -> BatchWriter:
         if self.writer is None:
-            self.writer = BatchWriter(self.cfg.bootstrap)
+            self.writer = BatchWriter(self.cfg.bootstrap, options=self.cfg.kafka_options)
         return self.writer
 
     def out_topics(self):
@@ -669,7 +673,7 @@ class Pipeline:
     def out_ends(self) -> dict:
         with self._probe_lock:  # a Fetcher is one thread's; this runs in the background too
             if self._probe is None:
-                self._probe = Fetcher(self.cfg.bootstrap)
+                self._probe = Fetcher(self.cfg.bootstrap, options=self.cfg.kafka_options)
             return {t: {str(p): v[1] for p, v in io.end_offsets(
                 self.cfg.bootstrap, t, probe=self._probe).items()} for t in self.out_topics()}
 
@@ -683,12 +687,14 @@ class Pipeline:
 
     def written(self, batch: int, since: dict) -> dict[str, set]:
         """The seqs of ``batch`` already in each output topic (read from ``since``)."""
-        c = io.consumer(self.cfg.bootstrap, **{"enable.partition.eof": True})
+        c = io.consumer(self.cfg.bootstrap, self.cfg.kafka_options,
+                        **{"enable.partition.eof": True})
         try:
             seen = {}
             for t in self.out_topics():
                 seen[t] = set()
-                for p, (_, end) in io.end_offsets(self.cfg.bootstrap, t).items():
+                for p, (_, end) in io.end_offsets(self.cfg.bootstrap, t,
+                                                  options=self.cfg.kafka_options).items():
                     for m in io.read_range(c, t, p, since[t].get(str(p), 0), end):
                         h = dict(m.headers() or ())
                         if int(h.get(BATCH_HEADER, b"-1")) == batch:
@@ -801,7 +807,7 @@ class Pipeline:
 
     def reader(self) -> Fetcher:
         if self._fetcher is None:
-            self._fetcher = Fetcher(self.cfg.bootstrap)
+            self._fetcher = Fetcher(self.cfg.bootstrap, options=self.cfg.kafka_options)
         return self._fetcher
 
     def fetch(self, ranges: dict) -> Records:
@@ -1034,6 +1040,8 @@ def source_frame(spark, cfg: PipelineConfig, ending: dict | None):
              .option("subscribe", topics).option("startingOffsets", cfg.starting_offsets))
         if cfg.max_offsets_per_trigger:
             r = r.option("maxOffsetsPerTrigger", cfg.max_offsets_per_trigger)
+        for k, v in cfg.kafka_options.items():  # Spark's Kafka client takes kafka.*
+            r = r.option("kafka." + k, v)
         try:
             df = r.load()
         except Exception as e:  # AnalysisException: no data source named kafka
@@ -1052,6 +1060,8 @@ def source_frame(spark, cfg: PipelineConfig, ending: dict | None):
         r = r.option("maxOffsetsPerTrigger", cfg.max_offsets_per_trigger)
     if ending is not None:
         r = r.option("endingOffsets", json.dumps(ending))
+    for k, v in cfg.kafka_options.items():  # the source's clients take kafka.*
+        r = r.option("kafka." + k, v)
     return r.load()
 
 
@@ -1061,12 +1071,13 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
     from spark_conn.session import spark_session
 
     io.create_topics(cfg.bootstrap, [cfg.r_topic, cfg.s_topic] + [
-        cfg.out_topic, cfg.late_topic, cfg.dead_letter_topic])
+        cfg.out_topic, cfg.late_topic, cfg.dead_letter_topic], options=cfg.kafka_options)
     spark = spark or spark_session("panjoin-pipeline", planning_only=cfg.source == "python")
     available_now = cfg.trigger in ("available-now", "availableNow", "once")
     ending = None
     if available_now:
-        offs = {t: {str(p): v for p, v in io.end_offsets(cfg.bootstrap, t).items()}
+        offs = {t: {str(p): v for p, v in
+                    io.end_offsets(cfg.bootstrap, t, options=cfg.kafka_options).items()}
                 for t in (cfg.r_topic, cfg.s_topic)}
         ending = {t: {p: v[1] for p, v in ps.items()} for t, ps in offs.items()}
     pipe = Pipeline(cfg, ending if cfg.source == "python" else None)
@@ -1159,6 +1170,9 @@ def _covers(end: dict, want: dict) -> bool:
 
 
 def config_from_args(args) -> PipelineConfig:
+    """The job's config; the Kafka options are checked here, before Spark starts."""
+    from panjoin.kafka.cli import kafka_options
+
     return PipelineConfig(
         bootstrap=args.bootstrap_servers, manager=args.manager, checkpoint=args.checkpoint,
         window=args.window, predicate=args.predicate, r_topic=args.r_topic,
@@ -1169,7 +1183,8 @@ def config_from_args(args) -> PipelineConfig:
         subwindow_size=args.subwindow_size, partitions=args.partitions,
         batch_size=args.batch_size, max_offsets_per_trigger=args.max_offsets_per_trigger,
         starting_offsets=args.starting_offsets, trigger=args.trigger, source=args.source,
-        idle_timeout=args.idle_timeout, manager_timeout=args.manager_timeout)
+        idle_timeout=args.idle_timeout, manager_timeout=args.manager_timeout,
+        kafka_options=kafka_options(args))
 
 
 def run_from_args(args) -> int:

@@ -7,12 +7,18 @@ and runners, kept apart from :mod:`panjoin.cli` so that it only registers them.
     panjoin kafka consume joined --bootstrap-servers 127.0.0.1:9092 --out joined.parquet
     panjoin pipeline --bootstrap-servers ... --manager 127.0.0.1:50050 \\
         --window time:1000,1000 --predicate band:10 --checkpoint ckpt/
+
+``produce``, ``consume`` and ``pipeline`` take ``--kafka-option KEY=VALUE`` (librdkafka
+properties for every client they open: TLS, SASL; see :mod:`panjoin.kafka.options`),
+checked before anything connects or Spark starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+from panjoin.kafka.options import add_option_arg, parse, validate
 
 
 def add_parsers(sub, add_common, add_join_opts) -> None:
@@ -37,6 +43,7 @@ def add_parsers(sub, add_common, add_join_opts) -> None:
     b.add_argument("--s-topic", default="S")
     b.add_argument("--partitions", type=int, default=1,
                    help="partitions of topics that do not exist yet (default: %(default)s)")
+    add_option_arg(b)
     add_common(b)
 
     b = ksub.add_parser("consume", help="read a topic (e.g. the join output) into Parquet",
@@ -46,6 +53,7 @@ def add_parsers(sub, add_common, add_join_opts) -> None:
     b.add_argument("topic")
     b.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
     b.add_argument("--out", required=True, help="output .parquet file")
+    add_option_arg(b)
     add_common(b)
 
     p = sub.add_parser("pipeline", help="the Spark job: Kafka R,S -> manager -> Kafka output",
@@ -62,6 +70,7 @@ def add_parsers(sub, add_common, add_join_opts) -> None:
 def add_pipeline_opts(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("pipeline")
     g.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
+    add_option_arg(g)
     g.add_argument("--manager", required=True, metavar="HOST:PORT",
                    help="the manager endpoint (panjoin cluster prints it)")
     g.add_argument("--r-topic", default="R")
@@ -101,6 +110,12 @@ def add_pipeline_opts(p: argparse.ArgumentParser) -> None:
                         "log; default: %(default)s)")
 
 
+def kafka_options(args) -> dict[str, str]:
+    """The ``--kafka-option`` values (and a config file's) of parsed ``args``, checked
+    by librdkafka (:func:`panjoin.kafka.options.validate`): a ValueError names a bad one."""
+    return validate(parse(getattr(args, "kafka_option", None)))
+
+
 def run_kafka(args) -> int:
     from panjoin.kafka import io
 
@@ -114,12 +129,14 @@ def run_kafka(args) -> int:
     if args.kafka_cmd == "produce":
         from panjoin.events import read_events
 
+        opts = kafka_options(args)
         events = read_events(args.events)
         counts = io.produce_events(args.bootstrap_servers, events, args.r_topic, args.s_topic,
-                                   args.partitions)
+                                   args.partitions, options=opts)
         print(", ".join(f"{n:,} records to {t}" for t, n in counts.items()))
         return 0
-    n = io.consume_to_parquet(args.bootstrap_servers, args.topic, args.out)
+    n = io.consume_to_parquet(args.bootstrap_servers, args.topic, args.out,
+                              options=kafka_options(args))
     print(f"{n:,} records of {args.topic} written to {args.out}")
     return 0
 

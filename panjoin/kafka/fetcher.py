@@ -14,6 +14,10 @@ once, not once per micro-batch. Records in compressed batches, in the old messag
 formats or under aborted transactions are read with librdkafka instead
 (:func:`~panjoin.kafka.io.read_range`), so every topic reads right.
 
+With client ``options`` that ask for TLS or SASL (see :mod:`panjoin.kafka.options`),
+which the plain TCP connections here cannot speak, every range is read that way:
+same tables, same order, no connection of its own.
+
     >>> f = Fetcher("127.0.0.1:9092")                            # doctest: +SKIP
     >>> got = f.read([("R", 0, 0, 100), ("R", 0, 100, 250)])     # doctest: +SKIP
     >>> got[("R", 0)].column_names, got[("R", 0)].num_rows     # doctest: +SKIP
@@ -30,6 +34,7 @@ import pyarrow as pa
 
 from panjoin.kafka import protocol
 from panjoin.kafka import record_batch as rb
+from panjoin.kafka.options import fast_path_off
 
 log = logging.getLogger("panjoin.kafka")
 
@@ -81,12 +86,16 @@ def _first(t: pa.Table) -> int:
 
 class Fetcher:
     """Reads offset ranges ``(topic, partition, start, end)``; see the module doc. One
-    thread at a time: its connections carry one request stream each."""
+    thread at a time: its connections carry one request stream each. ``options``:
+    librdkafka client properties (:mod:`panjoin.kafka.options`)."""
 
-    def __init__(self, bootstrap: str, timeout: float = 60.0):
+    def __init__(self, bootstrap: str, timeout: float = 60.0, options: dict | None = None):
         self.bootstrap = bootstrap
         self.timeout = timeout
-        self.brokers = protocol.Brokers(bootstrap, timeout)
+        self.options = dict(options or {})
+        # TLS/SASL: no connection of our own; librdkafka reads every range
+        self.librdkafka_only = fast_path_off("reader", self.options)
+        self.brokers = None if self.librdkafka_only else protocol.Brokers(bootstrap, timeout)
         self.pos: dict = {}  # (topic, partition) -> next offset to fetch
         self.buf: dict = {}  # (topic, partition) -> [tables] fetched, not yet read
         self.cover: dict = {}  # (topic, partition) -> where buf (then pos) goes on from
@@ -94,7 +103,12 @@ class Fetcher:
         self.fell_back = 0  # ranges read with librdkafka
 
     def end_offsets(self, topic: str, timeout: float = 10.0) -> dict[int, tuple[int, int]]:
-        """``{partition: (low, end)}``, exact (:func:`protocol.log_ends`)."""
+        """``{partition: (low, end)}``, exact (:func:`protocol.log_ends`, or
+        :func:`io.log_ends <panjoin.kafka.io.log_ends>` through librdkafka)."""
+        if self.librdkafka_only:
+            from panjoin.kafka import io
+
+            return io.log_ends(self._librdkafka(), topic, timeout, self.bootstrap)
         return protocol.log_ends(self.brokers, topic, timeout)
 
     # -- reading
@@ -119,6 +133,9 @@ class Fetcher:
                 self.pos[key] = a
                 todo[key] = b
             self.cover[key] = b
+        if self.librdkafka_only:
+            for key in list(todo):
+                self._read_with_librdkafka(key, todo, out, timeout)
         deadline = time.monotonic() + timeout
         while todo:
             by_leader: dict = {}
@@ -165,7 +182,7 @@ class Fetcher:
                 f"fetching {key[0]}[{key[1]}] at offset {self.pos[key]}: "
                 f"{protocol.error_name(fp.error)}")
         if fp.aborted:  # read committed needs the aborted transactions filtered
-            self._read_with_librdkafka(key, todo, out)
+            self._read_with_librdkafka(key, todo, out, self.timeout, "transactional records")
             return True
         if fp.records is None or not len(fp.records):
             return False
@@ -178,7 +195,8 @@ class Fetcher:
         moved = nxt > start
         self.pos[key] = nxt
         if flags & (rb.COMPRESSED | rb.OLD_FORMAT):
-            self._read_with_librdkafka(key, todo, out)
+            self._read_with_librdkafka(key, todo, out, self.timeout,
+                                       "compressed or old-format records")
             return True
         if flags & rb.TRUNCATED_RECORD:
             raise protocol.ProtocolError(f"{key[0]}[{key[1]}] near offset {nxt}: a record "
@@ -188,16 +206,26 @@ class Fetcher:
             del todo[key]
         return moved
 
-    def _read_with_librdkafka(self, key, todo: dict, out: dict) -> None:
+    def _librdkafka(self):
+        """The librdkafka consumer of the ranges the built-in path does not read."""
+        if self._consumer is None:
+            from panjoin.kafka import io
+
+            self._consumer = io.consumer(self.bootstrap, self.options,
+                                         **{"enable.partition.eof": True})
+        return self._consumer
+
+    def _read_with_librdkafka(self, key, todo: dict, out: dict, timeout: float,
+                              why: str | None = None) -> None:
+        """Read the rest of ``key``'s range (buffered records first) with librdkafka;
+        ``why``: the reason to log (none when every range goes this way)."""
         from panjoin.kafka import io
 
         self._take(key, todo[key], out[key])
         a, b = self.pos[key], todo.pop(key)
-        if self._consumer is None:
-            self._consumer = io.consumer(self.bootstrap, **{"enable.partition.eof": True})
-        msgs = io.read_range(self._consumer, key[0], key[1], a, b)
-        log.info("%s[%d] %d..%d read with librdkafka (compressed, old format or "
-                 "transactional records)", key[0], key[1], a, b)
+        msgs = io.read_range(self._librdkafka(), key[0], key[1], a, b, timeout)
+        if why:
+            log.info("%s[%d] %d..%d read with librdkafka (%s)", key[0], key[1], a, b, why)
         self.fell_back += 1
         if msgs:
             out[key].append(pa.table([
@@ -217,7 +245,8 @@ class Fetcher:
                 self.cover[key] = _first(t)
 
     def close(self) -> None:
-        self.brokers.close()
+        if self.brokers is not None:
+            self.brokers.close()
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None

@@ -16,6 +16,11 @@ because Tansu's ListOffsets is one produce batch short. :func:`read_range` reads
 ``[start, end)`` of one partition with librdkafka and stops on the offset, never on
 "no message for a while"; the pipeline's bulk path is :mod:`panjoin.kafka.fetcher`
 and :mod:`panjoin.kafka.writer`.
+
+Every function takes ``options``: librdkafka client properties from the user (TLS,
+SASL, ...; see :mod:`panjoin.kafka.options`), passed to every client it opens. With
+TLS or SASL among them, :func:`end_offsets` asks librdkafka (:func:`log_ends`)
+instead of the built-in protocol.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from panjoin.events import EventTable
+from panjoin.kafka.options import client_config
 
 #: Headers on every record the pipeline writes: which micro-batch, which position.
 BATCH_HEADER = "panjoin.batch"
@@ -47,18 +53,20 @@ def _ck():
     return confluent_kafka
 
 
-def admin(bootstrap: str):
+def admin(bootstrap: str, options: dict | None = None):
+    _ck()
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    return AdminClient(client_config(bootstrap, options, {"log_level": 0}))
 
 
-def create_topics(bootstrap: str, topics, partitions: int = 1, timeout: float = 30.0) -> None:
+def create_topics(bootstrap: str, topics, partitions: int = 1, timeout: float = 30.0,
+                  options: dict | None = None) -> None:
     """Create topics (``retention.ms=-1``: records carry old event time as timestamps,
     which a time-based retention would delete at once). Existing topics are kept."""
     from confluent_kafka.admin import NewTopic
 
-    a = admin(bootstrap)
+    a = admin(bootstrap, options)
     new = [NewTopic(t, num_partitions=partitions, replication_factor=1,
                     config={"retention.ms": "-1"}) for t in topics]
     for name, fut in a.create_topics(new, operation_timeout=timeout).items():
@@ -79,39 +87,40 @@ def create_topics(bootstrap: str, topics, partitions: int = 1, timeout: float = 
         time.sleep(0.1)
 
 
-def consumer(bootstrap: str, **extra):
+def consumer(bootstrap: str, options: dict | None = None, **extra):
+    """A consumer that reads assigned ranges: no group membership, no commits (the
+    group id is random and never used), read committed."""
     ck = _ck()
-    conf = {"bootstrap.servers": bootstrap, "group.id": f"panjoin-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False, "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest", "log_level": 0,
-            # we read ranges that exist: a fetch at the end should answer at once
-            "fetch.wait.max.ms": 10,
-            # noida-db answers a fetch with everything from the offset on, whatever
-            # fetch.max.bytes says: past 100 MB librdkafka would drop the answer
-            "receive.message.max.bytes": 2_000_000_000}
-    conf.update(extra)
-    return ck.Consumer(conf)
+    tuning = {"log_level": 0,
+              # we read ranges that exist: a fetch at the end should answer at once
+              "fetch.wait.max.ms": 10,
+              # noida-db answers a fetch with everything from the offset on, whatever
+              # fetch.max.bytes says: past 100 MB librdkafka would drop the answer
+              "receive.message.max.bytes": 2_000_000_000}
+    fixed = {"group.id": f"panjoin-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+             "enable.auto.offset.store": False, "auto.offset.reset": "earliest"}
+    return ck.Consumer(client_config(bootstrap, options, tuning, {**fixed, **extra}))
 
 
-def producer(bootstrap: str, **extra):
+def producer(bootstrap: str, options: dict | None = None, **extra):
     """An idempotent producer: a retried send is never written twice, and records of
     one partition land in the order they were produced."""
     ck = _ck()
-    conf = {"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-            "linger.ms": 5, "batch.num.messages": 10000, "log_level": 0}
-    conf.update(extra)
-    return ck.Producer(conf)
+    tuning = {"linger.ms": 5, "batch.num.messages": 10000, "log_level": 0}
+    fixed = {"enable.idempotence": True, "acks": "all"}
+    return ck.Producer(client_config(bootstrap, options, tuning, {**fixed, **extra}))
 
 
 def end_offsets(bootstrap: str, topic: str, timeout: float = 10.0,
-                probe=None) -> dict[int, tuple[int, int]]:
+                probe=None, options: dict | None = None) -> dict[int, tuple[int, int]]:
     """``{partition: (low, end)}``: the first offset and one past the last record, exact
     on brokers whose ListOffsets is short (see :meth:`Fetcher.end_offsets`). ``probe``:
-    a :class:`~panjoin.kafka.fetcher.Fetcher` to reuse (its connections stay open)."""
+    a :class:`~panjoin.kafka.fetcher.Fetcher` to reuse (its connections stay open; it
+    has its own ``options``)."""
     from panjoin.kafka.fetcher import Fetcher
     from panjoin.kafka.protocol import ProtocolError
 
-    f = probe or Fetcher(bootstrap, timeout)
+    f = probe or Fetcher(bootstrap, timeout, options)
     try:
         return f.end_offsets(topic, timeout)
     except ProtocolError as e:
@@ -119,6 +128,49 @@ def end_offsets(bootstrap: str, topic: str, timeout: float = 10.0,
     finally:
         if probe is None:
             f.close()
+
+
+def log_ends(c, topic: str, timeout: float = 10.0,
+             where: str = "the cluster") -> dict[int, tuple[int, int]]:
+    """:func:`end_offsets` through librdkafka, for clusters the built-in protocol cannot
+    reach (TLS, SASL), with the consumer ``c`` (``enable.partition.eof``). The
+    watermarks first; then, as :func:`panjoin.kafka.protocol.log_ends` does, a read
+    from one record before each high watermark to the end-of-partition event, which
+    puts ``end`` where the log really ends on brokers whose watermark is short
+    (Tansu: one produce batch). A partition's end: 3 records in one batch after 1,
+    watermark 2 -> read from offset 1, records 1..3, EOF at 4 -> end 4."""
+    ck = _ck()
+    md = c.list_topics(topic, timeout=timeout)
+    t = md.topics.get(topic)
+    if t is None or t.error is not None or not t.partitions:
+        raise KafkaIOError(f"topic {topic!r} does not exist on {where}; create it first "
+                           f"(panjoin kafka produce creates its topics)")
+    lo, end, pos = {}, {}, {}
+    for p in sorted(t.partitions):
+        a, b = c.get_watermark_offsets(ck.TopicPartition(topic, p), timeout=timeout,
+                                       cached=False)
+        lo[p], end[p] = max(a, 0), max(b, 0)
+        pos[p] = max(lo[p], end[p] - 1)
+    c.assign([ck.TopicPartition(topic, p, pos[p]) for p in pos])
+    todo = set(pos)
+    deadline = time.monotonic() + timeout
+    try:
+        while todo:
+            for m in c.consume(num_messages=10_000, timeout=0.05):
+                err, p = m.error(), m.partition()
+                if err is None:
+                    end[p] = max(end[p], m.offset() + 1)
+                elif err.code() == ck.KafkaError._PARTITION_EOF:
+                    end[p] = max(end[p], m.offset())
+                    todo.discard(p)
+                else:
+                    raise KafkaIOError(f"reading {topic}[{p}]: {err}")
+            if todo and time.monotonic() > deadline:
+                raise KafkaIOError(f"{topic} partitions {sorted(todo)}: the log's end not "
+                                   f"found in {timeout:.0f}s")
+    finally:
+        c.unassign()
+    return {p: (lo[p], end[p]) for p in sorted(lo)}
 
 
 def read_range(c, topic: str, partition: int, start: int, end: int, timeout: float = 60.0):
@@ -176,12 +228,13 @@ def event_records(events: EventTable, rows: np.ndarray) -> list[bytes]:
 
 
 def produce_events(bootstrap: str, events: EventTable, r_topic: str, s_topic: str,
-                   partitions: int = 1, create: bool = True, timeout: float = 120.0) -> dict:
+                   partitions: int = 1, create: bool = True, timeout: float = 120.0,
+                   options: dict | None = None) -> dict:
     """Write R rows to ``r_topic`` and S rows to ``s_topic`` (each in arrival order;
     Kafka timestamp = ts, Kafka key = id). Returns counts per topic."""
     if create:
-        create_topics(bootstrap, [r_topic, s_topic], partitions)
-    p = producer(bootstrap)
+        create_topics(bootstrap, [r_topic, s_topic], partitions, options=options)
+    p = producer(bootstrap, options)
     failed = []
 
     def on_delivery(err, _msg):
@@ -211,12 +264,13 @@ def produce_events(bootstrap: str, events: EventTable, r_topic: str, s_topic: st
     return counts
 
 
-def read_topic(bootstrap: str, topic: str, timeout: float = 60.0) -> list:
+def read_topic(bootstrap: str, topic: str, timeout: float = 60.0,
+               options: dict | None = None) -> list:
     """Every record of a topic now, partition by partition in offset order."""
-    c = consumer(bootstrap, **{"enable.partition.eof": True})
+    c = consumer(bootstrap, options, **{"enable.partition.eof": True})
     try:
         out = []
-        for p, (lo, end) in sorted(end_offsets(bootstrap, topic).items()):
+        for p, (lo, end) in sorted(end_offsets(bootstrap, topic, options=options).items()):
             out.extend(read_range(c, topic, p, lo, end, timeout))
         return out
     finally:
@@ -244,14 +298,15 @@ def records_table(msgs) -> pa.Table:
     })
 
 
-def consume_to_parquet(bootstrap: str, topic: str, out: str) -> int:
+def consume_to_parquet(bootstrap: str, topic: str, out: str,
+                       options: dict | None = None) -> int:
     """Dump a topic into Parquet (see :func:`records_table`); JSON-object values
     also get their fields as columns (r_id, s_id, r, s for the join output)."""
     import pyarrow.parquet as pq
 
     from panjoin.events import _atomic_write
 
-    table = records_table(read_topic(bootstrap, topic))
+    table = records_table(read_topic(bootstrap, topic, options=options))
     values = table.column("kafka_value").to_pylist()
     try:
         objs = [json.loads(v) for v in values]

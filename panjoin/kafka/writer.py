@@ -14,6 +14,14 @@ retries on its own: the pipeline's restart finds what a failed write left in the
 topic by those headers and writes only the rest, which is what keeps the output
 exactly once without an idempotent producer.
 
+With client ``options`` that ask for TLS or SASL (see :mod:`panjoin.kafka.options`),
+which the plain TCP connections here cannot speak, the same records (same
+partitions, headers and timestamp) go through a librdkafka producer instead:
+idempotent with ``acks=all`` (its own retries never duplicate a record), flushed,
+and every delivery error raised. A write that raises may have left some records
+in the topic, as above; it also drops whatever librdkafka still holds, so nothing
+of it arrives after the write failed.
+
     >>> w = BatchWriter("127.0.0.1:9092")                       # doctest: +SKIP
     >>> w.write("out", pa.array([b"a", b"b"]), batch=7)          # doctest: +SKIP
     2
@@ -26,9 +34,10 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from panjoin.kafka import protocol
+from panjoin.kafka import io, protocol
 from panjoin.kafka import record_batch as rb
 from panjoin.kafka.fetcher import value_buffers
+from panjoin.kafka.options import fast_path_off
 
 #: bytes a record adds to its value in a batch, about (varints, two headers)
 RECORD_OVERHEAD = 48
@@ -55,13 +64,19 @@ def chunks(offs: np.ndarray, lo: int, hi: int, limit: int) -> list[tuple[int, in
 
 
 class BatchWriter:
-    """Writes values to Kafka topics, one micro-batch at a time; see the module doc."""
+    """Writes values to Kafka topics, one micro-batch at a time; see the module doc.
+    ``options``: librdkafka client properties (:mod:`panjoin.kafka.options`)."""
 
     def __init__(self, bootstrap: str, max_batch_bytes: int = 1_000_000, in_flight: int = 8,
-                 timeout: float = 60.0):
+                 timeout: float = 60.0, options: dict | None = None):
         self.bootstrap, self.limit = bootstrap, max_batch_bytes
         self.in_flight, self.timeout = in_flight, timeout
-        self.brokers = protocol.Brokers(bootstrap, timeout)
+        self.options = dict(options or {})
+        # TLS/SASL: no connection of our own; a librdkafka producer writes
+        self.librdkafka_only = fast_path_off("writer", self.options)
+        self.brokers = None if self.librdkafka_only else protocol.Brokers(bootstrap, timeout)
+        self._producer = None
+        self._topics: dict = {}  # topic -> its partitions (librdkafka path)
         self.next: dict = {}  # topic -> the partition its next record batch goes to
 
     def write(self, topic: str, values: pa.Array, batch: int, skip=()) -> int:
@@ -70,13 +85,22 @@ class BatchWriter:
         n = len(values)
         if n == 0:
             return 0
-        order = sorted(self.brokers.partitions(topic))
+        order = self._partitions(topic)
         data, offs = value_buffers(values)
         keep = np.ones(n, bool)
         if skip:
             keep[np.fromiter((i for i in skip if 0 <= i < n), np.int64)] = False
         tag = str(batch).encode()
         now = int(time.time() * 1000)
+        # record batches round-robin over the partitions, whichever path sends them
+        pieces = []  # (partition, lo, hi)
+        for lo, hi in runs(keep):
+            for a, b in chunks(offs, lo, hi, self.limit):
+                i = self.next.get(topic, 0) % len(order)
+                self.next[topic] = i + 1
+                pieces.append((order[i], a, b))
+        if self.librdkafka_only:
+            return self._produce(topic, pieces, data, offs, tag, now, batch)
         pending: dict = {}  # connection -> {partition: batch bytes} not yet sent
         flying: dict = {}  # connection -> requests in flight
         errors: list = []
@@ -94,16 +118,12 @@ class BatchWriter:
             flying[conn] -= 1
 
         written = 0
-        for lo, hi in runs(keep):
-            for a, b in chunks(offs, lo, hi, self.limit):
-                i = self.next.get(topic, 0) % len(order)
-                self.next[topic] = i + 1
-                p = order[i]
-                conn = self.brokers.leader(topic, p)
-                if p in pending.get(conn, {}):
-                    send(conn)
-                pending.setdefault(conn, {})[p] = rb.encode(data, offs, a, b, tag, a, now)
-                written += b - a
+        for p, a, b in pieces:
+            conn = self.brokers.leader(topic, p)
+            if p in pending.get(conn, {}):
+                send(conn)
+            pending.setdefault(conn, {})[p] = rb.encode(data, offs, a, b, tag, a, now)
+            written += b - a
         for conn in list(pending):
             send(conn)
         for conn, k in flying.items():
@@ -114,5 +134,81 @@ class BatchWriter:
                                          f"{', '.join(errors[:3])}")
         return written
 
+    # -- through librdkafka (TLS, SASL)
+
+    def _partitions(self, topic: str) -> list[int]:
+        if self.brokers is not None:
+            return sorted(self.brokers.partitions(topic))
+        if topic not in self._topics:  # known once, as the built-in path knows them
+            # every topic's metadata, as the built-in path asks: naming a missing topic
+            # would make a producer's request create it
+            md = self._librdkafka().list_topics(timeout=self.timeout).topics.get(topic)
+            if md is None or md.error is not None or not md.partitions:
+                raise protocol.ProtocolError(f"topic {topic!r} does not exist on "
+                                             f"{self.bootstrap}; create it first")
+            self._topics[topic] = sorted(md.partitions)
+        return self._topics[topic]
+
+    def _librdkafka(self):
+        if self._producer is None:
+            # librdkafka gives up on a record after delivery.timeout.ms; the write waits
+            # as long (a user may set it), so nothing is still pending when it returns
+            self._producer = io.producer(self.bootstrap, {
+                "delivery.timeout.ms": int(self.timeout * 1000), **self.options})
+        return self._producer
+
+    def _produce(self, topic: str, pieces: list, data, offs, tag: bytes, now: int,
+                 batch: int) -> int:
+        """The records of ``pieces`` through librdkafka, each with the headers the
+        record batches carry; returns how many, once every one is acknowledged."""
+        ck = io._ck()
+        p = self._librdkafka()
+        failed: list = []
+
+        def on_delivery(err, msg):
+            if err is not None:
+                failed.append(f"{msg.topic()}[{msg.partition()}]: {err.str()}")
+
+        raw, o = data.tobytes(), offs.tolist()  # produce() takes bytes, not views
+        written = 0
+        try:
+            for part, a, b in pieces:
+                for i in range(a, b):
+                    headers = [(io.BATCH_HEADER, tag), (io.SEQ_HEADER, str(i).encode())]
+                    while True:
+                        try:
+                            p.produce(topic, raw[o[i]:o[i + 1]], partition=part,
+                                      timestamp=now, headers=headers,
+                                      on_delivery=on_delivery)
+                            break
+                        except BufferError:  # local queue full: let deliveries drain
+                            p.poll(0.1)
+                written += b - a
+                p.poll(0)
+            wait = float(self.options.get("delivery.timeout.ms", self.timeout * 1000)) / 1000
+            left = p.flush(wait + 5)
+        except ck.KafkaException as e:
+            self._drop()
+            raise protocol.ProtocolError(f"batch {batch}: writing to {topic!r} failed: "
+                                         f"{e}") from e
+        if left or failed:
+            self._drop()
+            raise protocol.ProtocolError(
+                f"batch {batch}: writing to {topic!r} failed: {left} records not "
+                f"acknowledged, {len(failed)} refused ({', '.join(failed[:3])})")
+        return written
+
+    def _drop(self) -> None:
+        """Forget the producer after a failed write, with what it still holds: a record
+        of that write must not arrive later (the restart writes the rest)."""
+        p, self._producer = self._producer, None
+        if p is not None:
+            p.purge(in_queue=True, in_flight=True)
+            p.flush(0)
+
     def close(self) -> None:
-        self.brokers.close()
+        if self.brokers is not None:
+            self.brokers.close()
+        if self._producer is not None:
+            self._producer.flush(self.timeout)
+            self._producer = None
