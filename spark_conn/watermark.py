@@ -63,12 +63,15 @@ class PartitionWatermarks:
         if not len(ts):
             return
         now = self.clock()
-        key = stream.astype(np.int64) << 32 | partition.astype(np.int64)
-        order = np.argsort(key, kind="stable")
-        k, first = np.unique(key[order], return_index=True)
-        tops = np.maximum.reduceat(ts[order], first)
-        for kk, t in zip(k.tolist(), tops.tolist(), strict=True):
-            sp = (kk >> 32, kk & 0xFFFFFFFF)
+        # one pass, no sort: a max per (stream, partition) slot (partitions are few)
+        width = int(partition.max()) + 1
+        slot = stream.astype(np.int64) * width + partition
+        tops = np.full(2 * width, np.iinfo(np.int64).min, np.int64)
+        np.maximum.at(tops, slot, ts)
+        seen = np.zeros(2 * width, bool)
+        seen[slot] = True
+        for k in np.flatnonzero(seen).tolist():
+            sp, t = (k // width, k % width), int(tops[k])
             self.add_partition(*sp, now=now)
             old = self.top[sp]
             self.top[sp] = t if old is None else max(old, t)
