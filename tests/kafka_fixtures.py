@@ -32,3 +32,19 @@ def broker(request, brokers):
 
 def topic(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+class RangesFrame:
+    """What Spark hands foreachBatch with the ranges source: one row per partition range
+    (``Pipeline.process`` driven without Spark, with Spark's own plans)."""
+
+    columns = ["topic", "partition", "start", "end"]
+
+    def __init__(self, ranges: dict):
+        self.rows = [(t, int(p), a, e) for t, ps in ranges.items() for p, (a, e) in ps.items()]
+
+    def select(self, *_):
+        return self
+
+    def collect(self):
+        return self.rows

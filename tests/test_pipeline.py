@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
-from kafka_fixtures import broker, brokers, topic  # noqa: F401
+from kafka_fixtures import RangesFrame, broker, brokers, topic  # noqa: F401
 
 from panjoin.events import EventTable
 from panjoin.generate import generate
@@ -434,22 +434,6 @@ def test_source_stops_asking_the_broker_once_its_ends_reach_the_ending_offsets(
             src.stop()
 
 
-class _RangesFrame:
-    """The frame Spark hands foreachBatch with the ranges source (one row per planned
-    partition range), for driving ``Pipeline.process`` batch by batch."""
-
-    columns = ["topic", "partition", "start", "end"]
-
-    def __init__(self, ranges: dict):
-        self.rows = [(t, int(p), a, e) for t, ps in ranges.items() for p, (a, e) in ps.items()]
-
-    def select(self, *_):
-        return self
-
-    def collect(self):
-        return self.rows
-
-
 @pytest.mark.parametrize("limits,first_ahead,ahead,replayed", [
     ([500, 500, 100, 500], False, 2, 2),  # batch 2 is short: batches 0, 1 replayed
     ([100, 500, 500, 500], True, 3, 0),  # batch 0, joined while Spark started, is short
@@ -477,7 +461,7 @@ def test_a_batch_joined_ahead_on_a_wrong_guess_is_undone(broker, manager,  # noq
             rng = {t: {p: [pos[t][p], e] for p, e in ps.items() if e > pos[t][p]}
                    for t, ps in plan_batch(pos, ending, limit).items()}
             rng = {t: ps for t, ps in rng.items() if ps}
-            pipe.process(_RangesFrame(rng), b)
+            pipe.process(RangesFrame(rng), b)
             pos = {t: {p: rng.get(t, {}).get(p, [0, pos[t][p]])[1] for p in ps}
                    for t, ps in pos.items()}
         assert pos == ending

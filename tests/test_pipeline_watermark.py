@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from kafka_fixtures import brokers, topic  # noqa: F401
+from kafka_fixtures import RangesFrame, brokers, topic  # noqa: F401
 
 from panjoin.events import EventTable
 from panjoin.generate import generate
@@ -49,21 +49,6 @@ def cluster():
     m.stop()
     for w in ws:
         w.stop()
-
-
-class _RangesFrame:
-    """What Spark hands foreachBatch with the ranges source: one row per range."""
-
-    columns = ["topic", "partition", "start", "end"]
-
-    def __init__(self, ranges: dict):
-        self.rows = [(t, int(p), a, e) for t, ps in ranges.items() for p, (a, e) in ps.items()]
-
-    def select(self, *_):
-        return self
-
-    def collect(self):
-        return self.rows
 
 
 def _events(n, disorder, r_fraction, seed) -> EventTable:
@@ -102,7 +87,7 @@ def _plans(ending, limit):
 
 def _drive(pipe, plans, on_batch=None):
     for b, rng in enumerate(plans):
-        pipe.process(_RangesFrame(rng), b)
+        pipe.process(RangesFrame(rng), b)
         if on_batch is not None:
             on_batch(b)
 
@@ -217,7 +202,7 @@ def test_bounded_recovery_replays_only_the_window(tansu, cluster, tmp_path):
     second = Pipeline(cfg, ending)
     try:
         for b in range(29, 40):
-            second.process(_RangesFrame(plans[b]), b)
+            second.process(RangesFrame(plans[b]), b)
     finally:
         second.close()
     assert 0 < second.stats["replayed_batches"] <= 6  # about the window, not 29
