@@ -83,6 +83,10 @@ def _add_topology(p: argparse.ArgumentParser) -> None:
     p.add_argument("--segment", choices=["nested", "sorted"], default="nested",
                    help="handshake: how a node scans its segments: the paper's nested loop "
                         "(default) or a sorted key index")
+    p.add_argument("--replicas", type=int, choices=[1, 2], default=2,
+                   help="ring: copies of each subwindow. 2: a backup on the next worker logs "
+                        "the same inserts and takes over when its worker dies (no loss; "
+                        "default); 1: none, so a lost worker ends the join")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -192,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="OpenCL device: 'P:D', cpu, gpu, accelerator or part of its name "
                         "(default: $PANJOIN_OPENCL_DEVICE, else the pocl CPU device; "
                         "'python -m opencl' lists them)")
+    p.add_argument("--null", action="store_true",
+                   help="hold nothing and answer every probe empty: a cluster of null workers "
+                        "measures the manager's own ceiling")
     _add_common(p)
 
     p = sub.add_parser("handshake-node", help="run a handshake chain node (--topology handshake)",
@@ -355,7 +362,8 @@ def run_replay(args) -> int:
         from panjoin.manager.grpc_backend import GrpcBackend
 
         workers = start_workers(args.workers, args.threads or 1)
-        backend = GrpcBackend([w.address for w in workers], result_format=args.result_format)
+        backend = GrpcBackend([w.address for w in workers], result_format=args.result_format,
+                              replicas=args.replicas)
         log.info("local cluster: %s", ", ".join(w.address for w in workers))
     try:
         return _replay_engine(args, events, window, pred, backend, max(1, len(workers)))
@@ -521,7 +529,7 @@ def run_cluster(args) -> int:
     addrs = [w.address for w in workers]
     try:
         server, port = serve_manager(addrs, args.port, topology=args.topology, fifo=args.fifo,
-                                     segment=args.segment)
+                                     segment=args.segment, replicas=args.replicas)
     except BaseException:
         for w in workers:
             w.stop()
@@ -546,7 +554,7 @@ def run_manager(args) -> int:
     for a in addrs:
         wait_healthy(a, timeout=30)
     server, port = serve_manager(addrs, args.port, args.host, topology=args.topology,
-                                 fifo=args.fifo, segment=args.segment)
+                                 fifo=args.fifo, segment=args.segment, replicas=args.replicas)
     print(f"{MANAGER_READY}{args.host}:{port}, workers {', '.join(addrs)}", flush=True)
     return _serve_until_stopped(lambda: server.stop(grace=2).wait())
 
@@ -566,7 +574,7 @@ def run_worker(args) -> int:
             return 2
         log.info("BI-Sort subwindows on OpenCL device %s", rt.name)
     server, port = serve(args.port, args.threads, args.host, index_backend=args.index_backend,
-                         device=args.device)
+                         device=args.device, null=args.null)
     print(f"{READY}{args.host}:{port}", flush=True)
     log.info("worker serving on %s:%d with %d threads", args.host, port, args.threads)
     return _serve_until_stopped(lambda: server.stop(grace=2).wait())

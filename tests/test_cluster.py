@@ -76,11 +76,11 @@ def test_bad_commands_get_invalid_argument_and_change_nothing(workers):
         # wrong dtype
         worker_pb2.Command(command_id=2, insert=worker_pb2.Insert(
             sub_id=7, keys=to_array(np.array([1.0, 2.0])), ts=to_array(np.zeros(2, np.int64)),
-            seq=to_array(np.arange(2)))),
+            seq=to_array(np.arange(2)), ids=to_array(np.arange(2)))),
         # mismatched lengths
         worker_pb2.Command(command_id=3, insert=worker_pb2.Insert(
             sub_id=7, keys=to_array(np.array([1, 2])), ts=to_array(np.zeros(3, np.int64)),
-            seq=to_array(np.arange(2)))),
+            seq=to_array(np.arange(2)), ids=to_array(np.arange(2)))),
         # unknown subwindow
         worker_pb2.Command(command_id=4, expire=worker_pb2.Expire(sub_id=99)),
         # unknown index
@@ -90,7 +90,7 @@ def test_bad_commands_get_invalid_argument_and_change_nothing(workers):
         # a good insert afterwards still works: state was not changed by the bad ones
         worker_pb2.Command(command_id=6, insert=worker_pb2.Insert(
             sub_id=7, keys=to_array(np.array([1, 2])), ts=to_array(np.zeros(2, np.int64)),
-            seq=to_array(np.arange(2)))),
+            seq=to_array(np.arange(2)), ids=to_array(np.arange(2)))),
     ]
     fbs = list(stub.Session(iter(cmds)))
     ch.close()
@@ -359,16 +359,17 @@ def test_payloads_travel_through_the_manager_and_status_has_the_feedback_bits(ma
     assert np.array_equal(sort_pairs(np.stack([res.r_id, res.s_id], axis=1)), ref.pairs)
     assert res.r_payload.to_pylist() == [f"R{i}|{'x' * (i % 5)}".encode() for i in res.r_id]
     assert res.s_payload.to_pylist() == [f"S{i}|{'x' * (i % 5)}".encode() for i in res.s_id]
-    # the workers' status bits, as of their last feedback
+    # the workers' status bits, as of their last feedback: each subwindow twice, as a
+    # primary on one worker and a backup (a log of its inserts) on the other
     assert len(st.workers) == 2 and st.workers_alive == 2
-    assert sum(w.tuples for w in st.workers) == st.window_r + st.window_s > 0
-    assert sum(w.subwindows for w in st.workers) == st.subwindows_r + st.subwindows_s
+    assert sum(w.tuples for w in st.workers) == 2 * (st.window_r + st.window_s) > 0
+    assert sum(w.subwindows for w in st.workers) == 2 * (st.subwindows_r + st.subwindows_s)
     assert all(w.nbytes > 0 for w in st.workers)
     assert st.memory_bytes >= sum(w.nbytes for w in st.workers)
 
 
 def test_feedback_carries_the_status_bits(workers):
-    from panjoin.manager.backend import CreateSpec
+    from panjoin.backend import CreateSpec
 
     backend = GrpcBackend([workers[0].address])
     try:
@@ -380,7 +381,7 @@ def test_feedback_carries_the_status_bits(workers):
         assert load.oldest_r_empty and load.oldest_s_empty
         assert not load.newest_r_full
         k = np.array([1, 2, 3, 4], np.int64)
-        backend.insert(0, k, k, np.arange(4))
+        backend.insert(0, k, k, np.arange(4), 10 + np.arange(4))
         backend.sync()
         load = backend.loads()[0]
         assert load.tuples == 4 and load.newest_r_full and not load.oldest_r_empty

@@ -22,9 +22,9 @@ from test_bi_sort import PREDICATES, probe_keys, split_sizes
 
 from opencl.bisort import OpenCLBISort
 from opencl.device import OpenCLError, build_program, choose_device, runtime
+from panjoin.backend import LocalBackend
 from panjoin.generate import generate
 from panjoin.launch import start_workers
-from panjoin.manager.backend import LocalBackend
 from panjoin.manager.engine import JoinEngine
 from panjoin.manager.grpc_backend import GrpcBackend
 from panjoin.proto.panjoin.v1 import common_pb2, worker_pb2
@@ -268,7 +268,7 @@ def test_worker_maps_bisort_to_opencl():
             sub_id=4, stream=common_pb2.STREAM_R, index="bisort", capacity=100,
             key_dtype="int64", partitions=8)))
         assert not fb.error, fb.error
-        assert type(backend.subs[4]) is cls
+        assert type(backend.subs[4].index) is cls
 
 
 def test_worker_with_a_missing_device_does_not_start():

@@ -339,7 +339,7 @@ def test_worker_refuses_ranges_with_a_residual(workers):
     import grpc
 
     from panjoin.proto.panjoin.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-    from panjoin.wire import to_array
+    from panjoin.wire import from_array, to_array
 
     with grpc.insecure_channel(workers[0].address) as ch:
         stub = worker_pb2_grpc.WorkerStub(ch)
@@ -350,7 +350,8 @@ def test_worker_refuses_ranges_with_a_residual(workers):
                 key_dtype="int64", partitions=1)),
             worker_pb2.Command(command_id=2, insert=worker_pb2.Insert(
                 sub_id=1, keys=to_array(np.array([1])), ts=to_array(np.zeros(1, np.int64)),
-                seq=to_array(np.array([0])), key2=to_array(np.array([0.5])))),
+                seq=to_array(np.array([0])), ids=to_array(np.array([9])),
+                key2=to_array(np.array([0.5])))),
             worker_pb2.Command(command_id=3, probe=worker_pb2.Probe(
                 sub_ids=[1], lo=to_array(one), hi=to_array(one),
                 lo2=to_array(np.array([[0.0]])), hi2=to_array(np.array([[1.0]])),
@@ -358,11 +359,15 @@ def test_worker_refuses_ranges_with_a_residual(workers):
             worker_pb2.Command(command_id=4, probe=worker_pb2.Probe(
                 sub_ids=[1], lo=to_array(one), hi=to_array(one),
                 lo2=to_array(np.array([[0.6]])), hi2=to_array(np.array([[1.0]])))),
+            worker_pb2.Command(command_id=5, probe=worker_pb2.Probe(
+                sub_ids=[1], lo=to_array(one), hi=to_array(one),
+                lo2=to_array(np.array([[0.4]])), hi2=to_array(np.array([[1.0]])))),
         ]
         fbs = list(stub.Session(iter(cmds)))
     assert not fbs[1].error
     assert fbs[2].code == "INVALID_ARGUMENT" and "residual" in fbs[2].error
-    assert not fbs[3].error and not fbs[3].results[0].seq.data  # 0.5 outside [0.6, 1]
+    assert not fbs[3].error and not fbs[3].results[0].ids.data  # 0.5 outside [0.6, 1]
+    assert from_array(fbs[4].results[0].ids).tolist() == [9]  # 0.5 inside [0.4, 1]
 
 
 # --------------------------------------------------------------------------- handshake

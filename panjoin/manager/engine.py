@@ -17,7 +17,9 @@
 Steps 1-2 of the next batch overlap 4-5 of this one: a probe round comes back
 as a handle whose answers are collected later (up to ``pipeline`` rounds stay
 in flight, and all of them before a subwindow expires or results are taken).
-The manager keeps the window's payloads; workers see only key, ts and seq.
+The manager keeps no per-tuple state of the window: the subwindows' holders
+keep key, ts, seq and id, and answer probes with ids (payloads, when a client
+pushes them, are kept here by seq; a thin client keeps its own).
 
 Why this is exact whatever the batching (DESIGN section 2): a pair (x, y) is
 found once, by whichever of x and y is processed later, probing the
@@ -55,8 +57,8 @@ import numba
 import numpy as np
 import pyarrow as pa
 
+from panjoin.backend import CreateSpec, LocalBackend
 from panjoin.config import DEFAULT_BATCH, default_threads
-from panjoin.manager.backend import CreateSpec, LocalBackend
 from panjoin.manager.ring import SubwindowRing
 from panjoin.semantics import (
     Predicate,
@@ -157,12 +159,12 @@ def as_payload(payload, n: int) -> pa.Array | None:
 class _InFlight:
     """A probe round sent but not yet collected, with what step 5 needs to map it."""
 
-    answers: object  # has .result() -> [(probe_idx, stored_seq)] per target
+    answers: object  # has .result() -> [(probe_idx, stored_id, stored_seq)] per target
     x: str
     ids: np.ndarray  # the probe batch's ids in key order
     payload: pa.Array | None  # the probe batch's payloads in arrival order
     order: np.ndarray  # key order -> arrival order (payloads are gathered once, per pair)
-    stores: list  # per target: (seq_start, ids in seq order, payloads in seq order or None)
+    stores: list  # per target: (seq_start, payloads in seq order or None)
 
 
 class JoinEngine:
@@ -285,6 +287,8 @@ class JoinEngine:
         payload = as_payload(payload, n)
         if self.with_payload is None:
             self.with_payload = payload is not None
+            if self.with_payload:  # payloads are kept here by seq: answers must carry it
+                self.backend.want_seq = True
         elif self.with_payload != (payload is not None):
             raise ValueError("this join's pushes " + ("carry" if self.with_payload else "lack")
                              + " payloads; push every batch with a payload or none")
@@ -498,21 +502,22 @@ class JoinEngine:
             return
         # one round of probes over every worker at once (steps 3 and 4 of the paper);
         # its answers are mapped in step 5, once collected
-        answers = self.backend.probe_many([(sub.sub_id, flt) for sub, flt in targets], lo, hi,
-                                          res)
-        stores = [(sub.seq_start, sub.ids(), sub.payloads()) for sub, _ in targets]
+        # each probe sees the subwindow as it is now (seq < seq_end), even if replayed later
+        answers = self.backend.probe_many([(sub.sub_id, flt, sub.seq_end)
+                                           for sub, flt in targets], lo, hi, res)
+        stores = [(sub.seq_start, sub.payloads() if self.with_payload else None)
+                  for sub, _ in targets]
         self._inflight.append(_InFlight(answers, x, sid, pay, order, stores))
 
     def _collect_one(self) -> None:
         """Step 5 for the oldest probe round in flight: stored seqs -> ids and payloads."""
         f = self._inflight.popleft()
-        answers = f.answers.result() if hasattr(f.answers, "result") else f.answers
+        answers = f.answers.result()
         t1 = time.perf_counter()
-        for (start, ids, pays), (pidx, sseq) in zip(f.stores, answers, strict=True):
+        for (start, pays), (pidx, ys, sseq) in zip(f.stores, answers, strict=True):
             if pidx.size == 0:
                 continue
             xs = f.ids[pidx]
-            ys = ids[sseq - start]
             xp = yp = None
             if f.payload is not None:
                 xp = f.payload.take(pa.array(f.order[pidx]))
@@ -546,10 +551,9 @@ class JoinEngine:
                 o = order
             else:  # the batch's sorted order restricted to this part: still sorted, O(n)
                 o = order[(order >= a) & (order < b)]
-            self.backend.insert(sub.sub_id, key[o], tscol[o], seq[o],
+            self.backend.insert(sub.sub_id, key[o], tscol[o], seq[o], ids[o],
                                 key2[o] if key2 is not None else None)
-            sub.add(seq[part], ids[part], tscol[part],
-                    pay.slice(a, b - a) if pay is not None else None)
+            sub.add(seq[part], tscol[part], pay.slice(a, b - a) if pay is not None else None)
             sub.ev_min = min(sub.ev_min, int(ev[part].min()))
             sub.ev_max = max(sub.ev_max, int(ev[part].max()))
             a = b
@@ -610,11 +614,9 @@ class JoinEngine:
         return {s: self.rings[s].tuples() for s in STREAM_NAMES}
 
     def memory_bytes(self) -> int:
-        """Bytes held by the indexes plus the manager's id and payload store."""
-        ids = sum(sub.count * 8 + sub.payload_bytes for ring in self.rings.values()
-                  for sub in ring)
-        nb = self.backend.nbytes() if hasattr(self.backend, "nbytes") else 0
-        return int(nb + ids)
+        """Bytes held by the subwindow stores (indexes and ids) plus the payloads kept here."""
+        pays = sum(sub.payload_bytes for ring in self.rings.values() for sub in ring)
+        return int(self.backend.nbytes() + pays)
 
     def status(self) -> dict:
         return {

@@ -1,14 +1,15 @@
 """The manager's backend over gRPC: the paper's commands pipelined to worker processes.
 
-Same methods as :class:`panjoin.manager.backend.LocalBackend`, so the engine
-does not know where its subwindows live. One long-lived ``Session`` stream per
-worker carries the commands in order, and the manager does not wait for them:
-create, insert and expire are fire-and-forget (their feedback is checked
-later), and a probe round returns a :class:`ProbeRound` whose answers the
-engine collects when it needs them. So while the workers insert and probe
+Implements :class:`panjoin.backend.Backend`, so the engine does not know where
+its subwindows live. One long-lived ``Session`` stream per worker carries the
+commands in order (encoded by :mod:`panjoin.codec`), and the manager does not
+wait for them: create, insert and expire are fire-and-forget (their feedback is
+checked later), and a probe round returns a :class:`ProbeRound` whose answers
+the engine collects when it needs them. So while the workers insert and probe
 batch k (steps 4-5), the manager already collects and sorts batch k+1 (steps
 1-2). Each worker executes its stream in order, so a probe always sees exactly
-the inserts sent before it.
+the inserts sent before it. The manager holds no tuple: workers keep the ids
+and answer probes with them.
 
 A RaP-Table subwindow's successor gets its partition table from the
 predecessor's histograms (Algorithm 1): the worker sends it back with the
@@ -16,18 +17,24 @@ insert that fills the predecessor, and the manager passes it on in the next
 create, whichever worker that lands on (the one place the manager waits for
 an insert).
 
-Faults: the manager keeps a copy of every subwindow (its create command and
-every insert sent, each with its place in the global command order). A worker
-that breaks its stream, or leaves a command unanswered for ``deadline``
-seconds, is declared dead; each of its subwindows is created again on a
-surviving worker (round-robin) and the copy replayed, interleaved with the
-dead worker's unanswered probes in their original order, so each retried
-probe sees exactly the tuples it saw the first time: no pair is missing or
-doubled. When no worker is left, the join fails with a clear error.
+Faults, by primary/backup replication (``replicas=2``, the default with two or
+more workers): each subwindow has a primary on one worker and a *backup* on the
+next, which receives the same create, inserts and expire but only logs the
+inserts (a memcpy per batch, no index: about 40 bytes a tuple, no probe work).
+A worker that breaks its stream, or leaves a command unanswered for
+``deadline`` seconds, is declared dead; each of its primaries' backups is
+promoted (its index built from the log, once) and the dead worker's
+unanswered probes are sent again to the new primaries. Every probe carries,
+per subwindow, the seq limit it was first sent with, so a replay that finds
+later inserts on the promoted backup answers exactly as the first time: no
+pair is missing or doubled. Subwindows that lost their backup go on without
+one until they expire; a subwindow that loses both copies, or a join that
+loses every worker, fails with a clear error (``replicas=1``: no backup, no
+failover, half the worker memory and insert traffic).
 
-Example: commands 1 insert(#0), 2 probe(#0), 3 insert(#0) to worker A; A dies
-with 2 and 3 unanswered. #0 is rebuilt on B as create, insert 1, probe 2,
-insert 3, and the probe's answer comes from B.
+Example: subwindow #0 on A (primary) and B (backup); commands 1 insert(#0) to
+both, 2 probe(#0, seq < 64) to A; A dies with 2 unanswered. B promotes #0 and
+answers probe 2 with the tuples of seq < 64.
 """
 
 from __future__ import annotations
@@ -42,16 +49,15 @@ from collections import deque
 import grpc
 import numpy as np
 
-from panjoin.manager.backend import BackendStats, CreateSpec
-from panjoin.proto.panjoin.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from panjoin import codec
+from panjoin.backend import BackendStats, CreateSpec
+from panjoin.proto.panjoin.v1 import worker_pb2, worker_pb2_grpc
 from panjoin.serving import OPTIONS
-from panjoin.subwindow import WindowFilter, make_index
-from panjoin.subwindow.bi_sort import RangeResult
-from panjoin.wire import from_array, to_array
+from panjoin.subwindow.store import SubwindowStore
+from panjoin.wire import from_array
 
 log = logging.getLogger("panjoin.manager")
 
-STREAM = {"R": common_pb2.STREAM_R, "S": common_pb2.STREAM_S}
 # fire-and-forget commands allowed in flight before the manager waits for the oldest:
 # bounds how far the manager runs ahead of slow workers
 MAX_UNCHECKED = 64
@@ -183,7 +189,8 @@ def _check(call: _Call) -> worker_pb2.Feedback:
 
 class ProbeRound:
     """The answers of one probe batch sent to every worker at once; ``result()`` collects
-    them, failing over dead workers, as ``[(probe_idx, stored_seq), ...]`` per target."""
+    them, failing over dead workers, as ``[(probe_idx, stored_id, stored_seq)]`` per
+    target."""
 
     def __init__(self, backend: GrpcBackend, targets, parts):
         self.backend = backend
@@ -191,7 +198,7 @@ class ProbeRound:
         self.parts = parts  # [(target indexes, call)]
         self._out = None
 
-    def result(self) -> list[tuple[np.ndarray, np.ndarray]]:
+    def result(self):
         if self._out is None:
             out: list = [None] * len(self.targets)
             todo = deque(self.parts)
@@ -210,29 +217,35 @@ class ProbeRound:
 
 
 class GrpcBackend:
-    """Subwindows on worker processes, addressed ``host:port``."""
+    """Subwindows on worker processes, addressed ``host:port``; ``replicas`` (1 or 2)
+    copies of each, the second a backup on the next worker."""
 
     def __init__(self, addresses: list[str], deadline: float = 60.0,
-                 result_format: str = "pairs"):
+                 result_format: str = "pairs", replicas: int = 2):
         if not addresses:
             raise ValueError("a cluster needs at least one worker address")
         if result_format not in ("pairs", "ranges"):
             raise ValueError(f"result format must be pairs or ranges, not {result_format!r}")
+        if replicas not in (1, 2):
+            raise ValueError(f"replicas must be 1 (no failover) or 2 (primary and backup), "
+                             f"not {replicas}")
         # ranges: BI-Sort workers answer with main-array ranges; the manager keeps a mirror
-        # of each BI-Sort subwindow (the same inserts) to expand and filter them
+        # of each BI-Sort subwindow (the same inserts: O(window) memory here) to expand them
         self.result_format = result_format
-        self.mirrors: dict[int, object] = {}
+        self.mirrors: dict[int, SubwindowStore] = {}
         self.ranges_expanded = 0
+        self.replicas = min(replicas, len(addresses))
+        self.want_seq = False  # the engine keeps payloads by seq: answers carry it
         self.sessions = [_Session(a, deadline) for a in addresses]
-        self.where: dict[int, int] = {}  # sub_id -> worker index
+        self.where: dict[int, int] = {}  # sub_id -> worker of the primary
+        self.backup: dict[int, int] = {}  # sub_id -> worker of the backup, while it has one
         self.kinds: dict[int, str] = {}
         self.splitters: dict[int, np.ndarray] = {}  # sub_id -> successor's partition table
         self.sizes: dict[int, int] = {}
-        # the manager's copy of each subwindow: its create and every insert sent, in order
-        self.copies: dict[int, tuple[tuple[int, worker_pb2.Create], list]] = {}
-        self.order = itertools.count()  # global command order, for replay after a failure
+        self.order = itertools.count()  # global command order (logs, tests)
         self.unchecked: deque[tuple[int, _Call]] = deque()  # (sub_id, fire-and-forget call)
         self.failovers = 0
+        self.promoted = 0
         self.closed = False
         self.rounds_in_flight = 0
         self.stats = BackendStats()
@@ -249,45 +262,27 @@ class GrpcBackend:
 
     # ------------------------------------------------------------------ sending
 
-    def _send(self, sub_id: int, kind: str, msg, order: int | None = None) -> _Call:
-        """Send to the worker holding ``sub_id``; a dead one is failed over first."""
-        order = next(self.order) if order is None else order
-        while True:
-            w = self.where[sub_id]
+    def _send(self, sub_id: int, kind: str, msg) -> None:
+        """A fire-and-forget command to every copy of ``sub_id`` (primary, then backup).
+        A copy found dead is failed over; the surviving copies got the command."""
+        order = next(self.order)
+        for w in (self.where.get(sub_id), self.backup.get(sub_id)):
+            if w is None:
+                continue
             try:
-                return self.sessions[w].send(order, kind, msg)
+                self.unchecked.append((sub_id, self.sessions[w].send(order, kind, msg)))
             except _Down:
                 self._failover(w)
 
-    def _send_recorded(self, sub_id: int, kind: str, msg, order: int) -> None:
-        """Send a create or insert already in the subwindow's copy. If its worker is
-        found dead, the failover's replay of the copy delivers it: never send it twice."""
-        w = self.where[sub_id]
-        try:
-            self.unchecked.append((sub_id, self.sessions[w].send(order, kind, msg)))
-        except _Down:
-            self._failover(w)
-
-    def _resend(self, sub_id: int, kind: str, msg, order: int) -> _Call:
-        """A replayed command during a failover; a second failure there is fatal."""
-        w = self.where[sub_id]
-        try:
-            return self.sessions[w].send(order, kind, msg)
-        except _Down as e:
-            raise WorkerError(f"{e} while rebuilding subwindows of another failed worker; "
-                              "the join cannot go on safely: restart it", "UNAVAILABLE") from e
-
     def _settle(self, sub_id: int, call: _Call) -> None:
         """Apply a finished fire-and-forget command's feedback (sizes, splitters, errors)."""
-        while True:
-            try:
-                fb = _check(call)
-                break
-            except _Down:
-                self._failover(self.sessions.index(call.session))
-                # the replay re-sent the command; its new call is in the copy or the queue
-                return
-        if fb.status.sub_id == sub_id and sub_id in self.where:
+        try:
+            fb = _check(call)
+        except _Down:
+            self._failover(self.sessions.index(call.session))
+            return  # the surviving copy got the same command
+        if fb.status.sub_id == sub_id and self.where.get(sub_id) == \
+                self.sessions.index(call.session):
             self.sizes[sub_id] = fb.status.nbytes
             if fb.status.successor_splitters.data:
                 self.splitters[sub_id] = from_array(fb.status.successor_splitters)
@@ -309,8 +304,8 @@ class GrpcBackend:
     # ------------------------------------------------------------------ faults
 
     def _failover(self, dead: int) -> None:
-        """Rebuild the dead worker's subwindows on the others and replay its unanswered
-        probes in their original order (their calls get answered by the new workers)."""
+        """Promote the backups of the dead worker's primaries and send its unanswered
+        probes again (their calls get answered by the new primaries)."""
         s = self.sessions[dead]
         if self.closed:
             raise WorkerError("the join was closed", "CANCELLED")
@@ -321,40 +316,58 @@ class GrpcBackend:
             raise WorkerError(f"every worker is down; the join cannot go on "
                               f"(restart workers and the join). Last: {s.why}", "UNAVAILABLE")
         lost = sorted(sub for sub, w in self.where.items() if w == dead)
+        orphans = [sub for sub, w in self.backup.items() if w == dead]
+        for sub in orphans:
+            del self.backup[sub]
         if not lost and not unanswered:
             return
-        log.warning("%s; rebuilding %d subwindows on %d other workers", s.why, len(lost),
-                    len(alive))
-        for k, sub_id in enumerate(lost):
-            self.where[sub_id] = alive[k % len(alive)]
-        # the replay: creates and inserts of the lost subwindows, with the probes that were
-        # in flight, in the order they were first sent
-        replay = []
-        for sub_id in lost:
-            (corder, create), inserts = self.copies[sub_id]
-            replay.append((corder, sub_id, "create", create, None))
-            replay.extend((o, sub_id, "insert", ins, None) for o, ins in inserts)
-        for call in unanswered:
-            if call.kind == "probe":
-                replay.append((call.order, None, "probe", call.msg, call))
-        replay.sort(key=lambda t: t[0])
+        bare = [sub for sub in lost if sub not in self.backup]
+        if bare:
+            raise WorkerError(
+                f"{s.why}; subwindows {bare} had no other copy (replicas={self.replicas}, "
+                f"or their backup was lost before), so the join cannot go on exactly. "
+                "Restart it (from the source); run with --replicas 2 and 2+ workers to "
+                "survive a worker's loss", "DATA_LOSS")
+        log.warning("%s; promoting %d backups on %d other workers (%d subwindows lost "
+                    "their backup)", s.why, len(lost), len(alive), len(orphans))
+        order = next(self.order)
+        for sub in lost:
+            w = self.backup.pop(sub)
+            self.where[sub] = w
+            try:
+                self.unchecked.append((sub, self.sessions[w].send(
+                    order, "promote", worker_pb2.Promote(sub_id=sub))))
+            except _Down as e:
+                raise WorkerError(f"{e} while promoting the backups of another failed "
+                                  "worker; the join cannot go on: restart it",
+                                  "UNAVAILABLE") from e
+            self.promoted += 1
         self.unchecked = deque((sub, c) for sub, c in self.unchecked if c.session is not s)
-        for order, sub_id, kind, msg, old in replay:
-            if kind != "probe":
-                self.unchecked.append((sub_id, self._resend(sub_id, kind, msg, order)))
-                continue
-            # one probe per subwindow now, since they may sit on different workers
+        for call in unanswered:
+            if call.kind != "probe":
+                continue  # creates, inserts, expires: the backups got them too
+            # one probe per subwindow now, as pairs (ranges index the first main array)
             parts = []
+            msg = call.msg
             for j, sid in enumerate(msg.sub_ids):
                 one = worker_pb2.Probe()
                 one.CopyFrom(msg)
-                del one.sub_ids[:]
-                del one.filtered[:]
+                one.format = worker_pb2.RESULT_FORMAT_PAIRS
+                for field in (one.sub_ids, one.filtered, one.seq_limit):
+                    del field[:]
                 one.sub_ids.append(sid)
                 if msg.filtered:
                     one.filtered.append(msg.filtered[j])
-                parts.append((j, self._resend(sid, "probe", one, order)))
-            old.msg = parts  # ProbeRound picks these up (see _failover_probe)
+                if msg.seq_limit:
+                    one.seq_limit.append(msg.seq_limit[j])
+                try:
+                    parts.append((j, self.sessions[self.where[sid]].send(call.order, "probe",
+                                                                          one)))
+                except _Down as e:
+                    raise WorkerError(f"{e} while replaying the probes of another failed "
+                                      "worker; the join cannot go on: restart it",
+                                      "UNAVAILABLE") from e
+            call.msg = parts  # ProbeRound picks these up (see _failover_probe)
         self.failovers += 1
 
     def _failover_probe(self, call: _Call, idxs: list[int]):
@@ -363,19 +376,14 @@ class GrpcBackend:
             self._failover(self.sessions.index(call.session))
         return [([idxs[j]], c) for j, c in call.msg]
 
-    # ------------------------------------------------------------------ the four commands
+    # ------------------------------------------------------------------ the commands
 
     def create(self, spec: CreateSpec) -> None:
-        msg = worker_pb2.Create(sub_id=spec.sub_id, stream=STREAM[spec.stream], index=spec.kind,
-                                capacity=spec.capacity, key_dtype=spec.key_dtype,
-                                partitions=spec.partitions,
-                                options={k: str(v) for k, v in spec.opts.items()})
         if spec.kind == "rap" and spec.predecessor in self.where:
             # Algorithm 1 needs the predecessor's final histograms: wait for its inserts
             self.sync()
-        spl = self.splitters.pop(spec.predecessor, None) if spec.predecessor is not None else None
-        if spl is not None:
-            msg.splitters.CopyFrom(to_array(spl))
+        if spec.predecessor is not None:
+            spec.splitters = self.splitters.pop(spec.predecessor, None)
         alive = self.alive_workers()
         if not alive:
             raise WorkerError("every worker is down; the join cannot go on", "UNAVAILABLE")
@@ -383,45 +391,45 @@ class GrpcBackend:
         if w not in alive:
             w = alive[spec.sub_id % len(alive)]
         self.where[spec.sub_id] = w
+        if self.replicas > 1 and len(alive) > 1:
+            self.backup[spec.sub_id] = alive[(alive.index(w) + 1) % len(alive)]
         self.kinds[spec.sub_id] = spec.kind
-        order = next(self.order)
-        self.copies[spec.sub_id] = ((order, msg), [])
         if self.result_format == "ranges" and spec.kind == "bisort":
-            self.mirrors[spec.sub_id] = make_index("bisort", spec.capacity, spec.key_dtype,
-                                                   spec.partitions, 1, **spec.opts)
-        self._send_recorded(spec.sub_id, "create", msg, order)
+            self.mirrors[spec.sub_id] = SubwindowStore("bisort", spec.capacity, spec.key_dtype,
+                                                       spec.partitions, opts=spec.opts)
+        primary = codec.encode_create(spec)
+        order = next(self.order)
+        for ww, msg in ((w, primary), (self.backup.get(spec.sub_id), None)):
+            if ww is None:
+                continue
+            if msg is None:
+                msg = worker_pb2.Create()
+                msg.CopyFrom(primary)
+                msg.backup = True
+            try:
+                self.unchecked.append((spec.sub_id, self.sessions[ww].send(order, "create",
+                                                                             msg)))
+            except _Down:
+                self._failover(ww)
         self.stats.creates += 1
 
-    def insert(self, sub_id: int, keys, ts, seq, key2=None) -> None:
-        ins = worker_pb2.Insert(sub_id=sub_id, keys=to_array(keys), ts=to_array(ts),
-                                seq=to_array(seq))
-        if key2 is not None:  # for a residual condition, checked by the worker's probe
-            ins.key2.CopyFrom(to_array(np.asarray(key2, dtype=np.float64)))
-        order = next(self.order)
-        self.copies[sub_id][1].append((order, ins))
-        self._send_recorded(sub_id, "insert", ins, order)
+    def insert(self, sub_id: int, keys, ts, seq, ids, key2=None) -> None:
+        self._send(sub_id, "insert", codec.encode_insert(sub_id, keys, ts, seq, ids, key2))
         mirror = self.mirrors.get(sub_id)
         if mirror is not None:  # runs while the worker does the same insert
-            mirror.insert(keys, ts, seq)
+            mirror.insert(keys, ts, seq, ids)
         self._collect()
         self.stats.inserts += 1
 
     def probe_many(self, targets, lo, hi, res=None) -> ProbeRound:
         """One Probe command per worker, sent to all workers at once; returns at once.
-        ``res`` (:class:`panjoin.subwindow.Residual`): the residual intervals on key2,
-        which the workers check while probing."""
+        ``targets`` = [(sub_id, filter, seq_limit)]; ``res``
+        (:class:`panjoin.subwindow.Residual`): the residual intervals on key2, which
+        the workers check while probing."""
         self._collect()
-        full = next((f for _, f in targets if f.mode), None)
-        base = worker_pb2.Probe(lo=to_array(lo), hi=to_array(hi),
-                                filter_mode=full.mode if full else 0)
-        if res is not None:
-            base.lo2.CopyFrom(to_array(res.lo))
-            base.hi2.CopyFrom(to_array(res.hi))
-        if full is not None:
-            c0, c1, c2 = full.arrays(lo.shape[-1])
-            base.c0.CopyFrom(to_array(c0))
-            base.c1.CopyFrom(to_array(c1))
-            base.c2.CopyFrom(to_array(c2))
+        full = next((f for _, f, _ in targets if f.mode), None)
+        base = codec.encode_probe(lo, hi, full, res)
+        base.want_seq = self.want_seq
         parts: list = []
         self._send_probe(base, targets, list(range(len(targets))), next(self.order), parts)
         self.stats.probes += len(targets)
@@ -442,37 +450,40 @@ class GrpcBackend:
                 msg.format = worker_pb2.RESULT_FORMAT_RANGES
             msg.sub_ids.extend(targets[i][0] for i in mine)
             msg.filtered.extend(bool(targets[i][1].mode) for i in mine)
+            msg.seq_limit.extend(int(targets[i][2]) for i in mine)
             try:
                 parts.append((mine, self.sessions[w].send(order, "probe", msg)))
             except _Down:
                 self._failover(w)
                 self._send_probe(base, targets, mine, order, parts)
 
-    def _answer(self, r, flt: WindowFilter):
-        pidx, seq = from_array(r.probe_idx, "<i8"), from_array(r.seq, "<i8")
-        if not (r.range_probe_idx.data or r.start.data):
-            return pidx, seq
+    def _answer(self, r, flt):
+        if not codec.is_ranges(r):
+            pidx, ids, seq = codec.decode_answer(r)
+            return pidx, ids, seq
         # main-array ranges -> (probe_idx, seq) on the mirror, filtered, plus buffer pairs
-        rr = RangeResult(from_array(r.range_probe_idx, "<i8"), from_array(r.start, "<i8"),
-                         from_array(r.end, "<i8"), pidx, seq)
-        _, ts, sq = self.mirrors[r.sub_id].main_columns()
+        rr = codec.decode_ranges(r)
+        mirror = self.mirrors[r.sub_id]
+        _, ts, sq = mirror.index.main_columns()
         self.ranges_expanded += int(rr.start.size)
-        return rr.expand(None, ts, sq, flt if flt.mode else None)
+        pidx, seq = rr.expand(None, ts, sq, flt if flt.mode else None)
+        return pidx, mirror.ids_of(seq), seq
 
     def expire(self, sub_id: int) -> None:
-        """Drop a subwindow. The engine collects every probe round in flight before it
-        expires one, so no unanswered probe can need the subwindow's copy or mirror."""
+        """Drop a subwindow (every copy). The engine collects every probe round in
+        flight before it expires one, so no unanswered probe can need it."""
         self.mirrors.pop(sub_id, None)
         if sub_id in self.where:
-            call = self._send(sub_id, "expire", worker_pb2.Expire(sub_id=sub_id))
-            self.unchecked.append((sub_id, call))
-        for d in (self.where, self.copies, self.splitters, self.sizes, self.kinds):
+            self._send(sub_id, "expire", worker_pb2.Expire(sub_id=sub_id))
+        for d in (self.where, self.backup, self.splitters, self.sizes, self.kinds):
             d.pop(sub_id, None)
         self.stats.expires += 1
 
     def nbytes(self) -> int:
+        """Bytes the workers hold for this join (backups included), as of their last
+        feedback."""
         self._collect()
-        return sum(self.sizes.values())
+        return sum(s.load.nbytes for s in self.sessions if s.alive)
 
     def close(self) -> None:
         self.closed = True  # sessions ending now are not worker failures

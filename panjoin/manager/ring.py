@@ -3,9 +3,11 @@
 The subwindows of a stream form a chain, oldest first, allocated round-robin
 over the workers (PanJoin paper, section III-A). New tuples go only into the
 newest subwindow; only the oldest expires, and always whole. The manager keeps,
-per subwindow, what it needs to decide without asking the workers: the seq and
-ts ranges (for expiry and for whether probe results need window filtering), and
-the user ids of its tuples in seq order (to turn stored seqs back into ids).
+per subwindow, only what it needs to decide without asking the workers: the seq
+and ts ranges (for expiry, for whether probe results need window filtering, and
+the seq limit of each probe). The ids of the tuples live with the subwindow on
+its worker (:mod:`panjoin.subwindow.store`); payloads, when a client hands them
+to the manager at all, are kept here by seq.
 
 Life cycle of a subwindow (one :class:`SubState` per subwindow)::
 
@@ -16,8 +18,8 @@ Life cycle of a subwindow (one :class:`SubState` per subwindow)::
 - CREATED: the create command was sent (RaP-Table splitters from the predecessor);
 - FILLING: it is the newest subwindow and receives every insert;
 - FULL: a successor was created; it is only probed from now on;
-- EXPIRED: the expire command was sent, the manager dropped its ids; it is
-  gone from the ring.
+- EXPIRED: the expire command was sent (and its payloads dropped); it is gone
+  from the ring.
 
 Example, NSub = 4, count window of 6 tuples: inserts of 3, 3, 3 tuples give
 subwindows #0 [seq 0-3] FULL, #1 [seq 4-7] FULL, #2 [seq 8] FILLING; when the
@@ -55,7 +57,6 @@ class Subwindow:
     ts_max: int = np.iinfo(np.int64).min
     ev_min: int = np.iinfo(np.int64).max  # event time range, for time windows and status
     ev_max: int = np.iinfo(np.int64).min
-    _id_buf: np.ndarray | None = None  # user ids by seq - seq_start; capacity slots
     _pay_offs: np.ndarray | None = None  # payload i is _pay_data[offs[i]:offs[i+1]]
     _pay_data: np.ndarray | None = None  # payload bytes in seq order; grows by doubling
     _pay_null: np.ndarray | None = None  # per slot, once a null payload came
@@ -69,8 +70,7 @@ class Subwindow:
     def room(self) -> int:
         return self.capacity - self.count
 
-    def add(self, seq: np.ndarray, ids_in_seq_order: np.ndarray, ts_col: np.ndarray,
-            payloads=None) -> None:
+    def add(self, seq: np.ndarray, ts_col: np.ndarray, payloads=None) -> None:
         """Record an insert: ``seq`` must continue this subwindow's contiguous range;
         ``payloads`` (a pyarrow array in seq order) is kept to join back onto results."""
         if seq.size == 0:
@@ -84,20 +84,9 @@ class Subwindow:
         self.count += int(seq.size)
         self.ts_min = min(self.ts_min, int(ts_col.min()))
         self.ts_max = max(self.ts_max, int(ts_col.max()))
-        if self._id_buf is None:
-            # one buffer of NSub slots (untouched pages cost nothing): no concatenation
-            # per probe, and a view taken for a probe in flight stays valid
-            self._id_buf = np.empty(self.capacity, np.int64)
-        self._id_buf[self.count - seq.size:self.count] = ids_in_seq_order
         if payloads is not None:
             self._add_payloads(payloads)
         self.state = SubState.FULL if self.count >= self.capacity else SubState.FILLING
-
-    def ids(self) -> np.ndarray:
-        """User ids in seq order (a view; later inserts do not change it)."""
-        if self._id_buf is None:
-            return np.zeros(0, np.int64)
-        return self._id_buf[:self.count]
 
     def _add_payloads(self, p) -> None:
         """Append a large_binary array's values after the last count - len(p) slots.
@@ -186,7 +175,6 @@ class SubwindowRing:
     def pop_oldest(self) -> Subwindow:
         sub = self.subs.popleft()
         sub.state = SubState.EXPIRED
-        sub._id_buf = None
         sub._pay_offs = sub._pay_data = sub._pay_null = None
         self.expired += 1
         return sub

@@ -43,7 +43,7 @@ class _Join:
 
 class ManagerServicer(manager_pb2_grpc.ManagerServicer):
     def __init__(self, workers: list[str], threads: int = 1, topology: str = "ring",
-                 fifo: int = 1 << 16, segment: str = "nested"):
+                 fifo: int = 1 << 16, segment: str = "nested", replicas: int = 2):
         if not workers:
             raise ValueError("the manager needs at least one worker address")
         if topology not in ("ring", "handshake"):
@@ -53,6 +53,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         self.topology = topology  # handshake: `workers` are handshake chain nodes, in order
         self.fifo = fifo
         self.segment = segment
+        self.replicas = replicas  # ring: copies of each subwindow (GrpcBackend)
         self.joins: dict[str, _Join] = {}
         self.lock = threading.Lock()
 
@@ -63,7 +64,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             fmt = "ranges" if request.result_format == 1 else "pairs"
             if self.topology == "handshake":
                 return self._open_handshake(request, window, pred)
-            backend = GrpcBackend(self.workers, result_format=fmt)
+            backend = GrpcBackend(self.workers, result_format=fmt, replicas=self.replicas)
             engine = JoinEngine(
                 window, pred, index=request.index or "bisort",
                 key_dtype=request.key_dtype or None,
@@ -219,9 +220,10 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
 
 def serve_manager(workers: list[str], port: int = 0, host: str = "127.0.0.1",
                   threads: int = 1, topology: str = "ring",
-                  fifo: int = 1 << 16, segment: str = "nested") -> tuple[grpc.Server, int]:
+                  fifo: int = 1 << 16, segment: str = "nested",
+                  replicas: int = 2) -> tuple[grpc.Server, int]:
     """Start the manager endpoint; returns the server and its port."""
-    servicer = ManagerServicer(workers, threads, topology, fifo, segment)
+    servicer = ManagerServicer(workers, threads, topology, fifo, segment, replicas)
     return start_server(
         lambda srv: manager_pb2_grpc.add_ManagerServicer_to_server(servicer, srv),
         manager_pb2.DESCRIPTOR.services_by_name["Manager"].full_name, port, host)

@@ -17,21 +17,23 @@ RESULT_FORMAT_PAIRS: ResultFormat
 RESULT_FORMAT_RANGES: ResultFormat
 
 class Command(_message.Message):
-    __slots__ = ("command_id", "create", "insert", "probe", "expire")
+    __slots__ = ("command_id", "create", "insert", "probe", "expire", "promote")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
     INSERT_FIELD_NUMBER: _ClassVar[int]
     PROBE_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_FIELD_NUMBER: _ClassVar[int]
+    PROMOTE_FIELD_NUMBER: _ClassVar[int]
     command_id: int
     create: Create
     insert: Insert
     probe: Probe
     expire: Expire
-    def __init__(self, command_id: _Optional[int] = ..., create: _Optional[_Union[Create, _Mapping]] = ..., insert: _Optional[_Union[Insert, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., expire: _Optional[_Union[Expire, _Mapping]] = ...) -> None: ...
+    promote: Promote
+    def __init__(self, command_id: _Optional[int] = ..., create: _Optional[_Union[Create, _Mapping]] = ..., insert: _Optional[_Union[Insert, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., expire: _Optional[_Union[Expire, _Mapping]] = ..., promote: _Optional[_Union[Promote, _Mapping]] = ...) -> None: ...
 
 class Create(_message.Message):
-    __slots__ = ("sub_id", "stream", "index", "capacity", "key_dtype", "partitions", "splitters", "options")
+    __slots__ = ("sub_id", "stream", "index", "capacity", "key_dtype", "partitions", "splitters", "options", "backup")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +49,7 @@ class Create(_message.Message):
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     SPLITTERS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    BACKUP_FIELD_NUMBER: _ClassVar[int]
     sub_id: int
     stream: _common_pb2.Stream
     index: str
@@ -55,24 +58,33 @@ class Create(_message.Message):
     partitions: int
     splitters: _common_pb2.Array
     options: _containers.ScalarMap[str, str]
-    def __init__(self, sub_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Stream, str]] = ..., index: _Optional[str] = ..., capacity: _Optional[int] = ..., key_dtype: _Optional[str] = ..., partitions: _Optional[int] = ..., splitters: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., options: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    backup: bool
+    def __init__(self, sub_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Stream, str]] = ..., index: _Optional[str] = ..., capacity: _Optional[int] = ..., key_dtype: _Optional[str] = ..., partitions: _Optional[int] = ..., splitters: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., options: _Optional[_Mapping[str, str]] = ..., backup: _Optional[bool] = ...) -> None: ...
+
+class Promote(_message.Message):
+    __slots__ = ("sub_id",)
+    SUB_ID_FIELD_NUMBER: _ClassVar[int]
+    sub_id: int
+    def __init__(self, sub_id: _Optional[int] = ...) -> None: ...
 
 class Insert(_message.Message):
-    __slots__ = ("sub_id", "keys", "ts", "seq", "key2")
+    __slots__ = ("sub_id", "keys", "ts", "seq", "key2", "ids")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     TS_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     KEY2_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
     sub_id: int
     keys: _common_pb2.Array
     ts: _common_pb2.Array
     seq: _common_pb2.Array
     key2: _common_pb2.Array
-    def __init__(self, sub_id: _Optional[int] = ..., keys: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
+    ids: _common_pb2.Array
+    def __init__(self, sub_id: _Optional[int] = ..., keys: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ids: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
 
 class Probe(_message.Message):
-    __slots__ = ("sub_ids", "filtered", "lo", "hi", "filter_mode", "c0", "c1", "c2", "format", "lo2", "hi2")
+    __slots__ = ("sub_ids", "filtered", "lo", "hi", "filter_mode", "c0", "c1", "c2", "format", "lo2", "hi2", "seq_limit", "want_seq")
     SUB_IDS_FIELD_NUMBER: _ClassVar[int]
     FILTERED_FIELD_NUMBER: _ClassVar[int]
     LO_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +96,8 @@ class Probe(_message.Message):
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     LO2_FIELD_NUMBER: _ClassVar[int]
     HI2_FIELD_NUMBER: _ClassVar[int]
+    SEQ_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    WANT_SEQ_FIELD_NUMBER: _ClassVar[int]
     sub_ids: _containers.RepeatedScalarFieldContainer[int]
     filtered: _containers.RepeatedScalarFieldContainer[bool]
     lo: _common_pb2.Array
@@ -95,7 +109,9 @@ class Probe(_message.Message):
     format: ResultFormat
     lo2: _common_pb2.Array
     hi2: _common_pb2.Array
-    def __init__(self, sub_ids: _Optional[_Iterable[int]] = ..., filtered: _Optional[_Iterable[bool]] = ..., lo: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., hi: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., filter_mode: _Optional[int] = ..., c0: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., c1: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., c2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., format: _Optional[_Union[ResultFormat, str]] = ..., lo2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., hi2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
+    seq_limit: _containers.RepeatedScalarFieldContainer[int]
+    want_seq: bool
+    def __init__(self, sub_ids: _Optional[_Iterable[int]] = ..., filtered: _Optional[_Iterable[bool]] = ..., lo: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., hi: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., filter_mode: _Optional[int] = ..., c0: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., c1: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., c2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., format: _Optional[_Union[ResultFormat, str]] = ..., lo2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., hi2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq_limit: _Optional[_Iterable[int]] = ..., want_seq: _Optional[bool] = ...) -> None: ...
 
 class Expire(_message.Message):
     __slots__ = ("sub_id",)
@@ -104,20 +120,22 @@ class Expire(_message.Message):
     def __init__(self, sub_id: _Optional[int] = ...) -> None: ...
 
 class ProbeResult(_message.Message):
-    __slots__ = ("sub_id", "probe_idx", "seq", "start", "end", "range_probe_idx")
+    __slots__ = ("sub_id", "probe_idx", "seq", "start", "end", "range_probe_idx", "ids")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     PROBE_IDX_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     RANGE_PROBE_IDX_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
     sub_id: int
     probe_idx: _common_pb2.Array
     seq: _common_pb2.Array
     start: _common_pb2.Array
     end: _common_pb2.Array
     range_probe_idx: _common_pb2.Array
-    def __init__(self, sub_id: _Optional[int] = ..., probe_idx: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., start: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., end: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., range_probe_idx: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
+    ids: _common_pb2.Array
+    def __init__(self, sub_id: _Optional[int] = ..., probe_idx: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., start: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., end: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., range_probe_idx: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ids: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
 
 class SubwindowStatus(_message.Message):
     __slots__ = ("sub_id", "count", "full", "nbytes", "successor_splitters", "empty")
