@@ -225,6 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--result-format", choices=["pairs", "ranges"], default="pairs",
                    help="BI-Sort: workers answer with (start, end) ranges that the manager "
                         "expands on its mirror of each main array (default: %(default)s)")
+    b.add_argument("--replicas", type=int, choices=[1, 2], default=2,
+                   help="copies of each subwindow on the cluster (default: %(default)s)")
+    b.add_argument("--null-workers", action="store_true",
+                   help="workers that hold nothing and answer every probe empty: the rate is "
+                        "the manager's own ceiling, with its CPU-seconds per million tuples")
     _add_common(b)
 
     b = bsub.add_parser("peers", help="PanJoin against its peers on the same data (issue 7)",
@@ -595,11 +600,17 @@ def run_bench_system(args) -> int:
 
     pt = SystemPoint(workers=args.workers, window=args.window, batch=args.batch,
                      index=args.index, selectivity=args.selectivity, measure=args.measure,
-                     threads=args.threads, result_format=args.result_format)
-    cluster, local = run_system(pt, progress=not args.no_progress)
-    print(f"workers: {pt.workers}  window: {pt.window}  batch: {pt.batch}  index: {pt.index}  "
-          f"selectivity: {pt.selectivity:g}  results as: {pt.result_format}  "
+                     threads=args.threads, result_format=args.result_format,
+                     replicas=args.replicas, null_workers=args.null_workers)
+    cpu: list = []
+    cluster, local = run_system(pt, progress=not args.no_progress, cpu=cpu)
+    print(f"workers: {pt.workers}{' (null)' if pt.null_workers else ''}  window: {pt.window}  "
+          f"batch: {pt.batch}  index: {pt.index}  selectivity: {pt.selectivity:g}  "
+          f"replicas: {pt.replicas}  results as: {pt.result_format}  "
           f"in-process: {local:,.0f} tuples/s")
+    print(f"manager: {cpu[0]:.2f} CPU-s for {pt.measure:,} tuples = "
+          f"{cpu[0] / pt.measure * 1e6:.3f} CPU-s per M tuples"
+          + (f"  ceiling: {cluster:,.0f} tuples/s" if pt.null_workers else ""))
     print(f"tuples/s: {cluster:.6g}  overhead-vs-in-process: {local / cluster:.3f}")
     return 0
 

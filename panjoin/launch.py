@@ -16,6 +16,7 @@ starts the same way and prints ``panjoin manager listening on HOST:PORT``.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -73,12 +74,14 @@ ROLES = ("worker", "handshake-node")
 
 
 def start_workers(n: int, threads: int = 1, timeout: float = 120.0, role: str = "worker",
-                  worker_args: list[list[str]] | None = None) -> list[WorkerProcess]:
+                  worker_args: list[list[str]] | None = None,
+                  cpus: set[int] | None = None) -> list[WorkerProcess]:
     """Start ``n`` worker processes on 127.0.0.1; stops the started ones if one fails.
 
     ``role="handshake-node"`` starts handshake chain nodes instead of ring workers.
     ``worker_args``: extra arguments, one list per process (e.g.
-    ``[[], ["--index-backend", "opencl"]]``).
+    ``[[], ["--index-backend", "opencl"]]``). ``cpus``: pin them to these cores
+    (as ``taskset`` would: every thread they start inherits it).
     """
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; choose one of {', '.join(ROLES)}")
@@ -87,7 +90,7 @@ def start_workers(n: int, threads: int = 1, timeout: float = 120.0, role: str = 
         raise ValueError(f"worker_args has {len(extra)} lists for {n} workers")
     started: list[WorkerProcess] = []
     try:
-        procs = [_spawn([role, "--port", "0", "--threads", str(threads), *extra[w]])
+        procs = [_spawn([role, "--port", "0", "--threads", str(threads), *extra[w]], cpus)
                  for w in range(n)]
         for p in procs:
             started.append(WorkerProcess(p, _address(p, READY, role)))
@@ -101,12 +104,12 @@ def start_workers(n: int, threads: int = 1, timeout: float = 120.0, role: str = 
 
 
 def start_manager(workers: list[str], timeout: float = 120.0,
-                  args: list[str] | None = None) -> WorkerProcess:
+                  args: list[str] | None = None, cpus: set[int] | None = None) -> WorkerProcess:
     """Start ``panjoin manager`` over running workers in its own process (its own
     interpreter: the join's bookkeeping shares no GIL with the caller); returns when
     its gRPC endpoint is healthy. ``args``: extra flags, e.g. ``["--topology",
-    "handshake"]``."""
-    p = _spawn(["manager", "--port", "0", "--workers", ",".join(workers), *(args or [])])
+    "handshake"]``; ``cpus``: pin it to these cores."""
+    p = _spawn(["manager", "--port", "0", "--workers", ",".join(workers), *(args or [])], cpus)
     m = WorkerProcess(p, "")
     try:
         m.address = _address(p, MANAGER_READY, "manager").split(",")[0].strip()
@@ -146,8 +149,18 @@ def start_cluster(n: int, threads: int = 1) -> LocalCluster:
         raise
 
 
-def _spawn(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "panjoin.cli", *args],
+def pinned(cmd: list[str], cpus: set[int] | None) -> list[str]:
+    """``cmd`` run on the cores ``cpus`` only, through util-linux's ``taskset`` (a
+    preexec affinity call would fork a process that holds gRPC threads)."""
+    if not cpus:
+        return cmd
+    if shutil.which("taskset") is None:
+        raise RuntimeError("pinning processes to cores needs 'taskset' (apt install util-linux)")
+    return ["taskset", "-c", ",".join(str(c) for c in sorted(cpus)), *cmd]
+
+
+def _spawn(args: list[str], cpus: set[int] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(pinned([sys.executable, "-m", "panjoin.cli", *args], cpus),
                             stdout=subprocess.PIPE, text=True, env=dict(os.environ))
 
 

@@ -24,6 +24,7 @@ import numba
 
 from panjoin import codec
 from panjoin.backend import LocalBackend, NullBackend
+from panjoin.config import tune_allocator
 from panjoin.proto.panjoin.v1 import worker_pb2, worker_pb2_grpc
 from panjoin.serving import start_server
 from panjoin.wire import WireError, to_array
@@ -174,6 +175,7 @@ def serve(port: int = 0, threads: int = 1, host: str = "127.0.0.1", index_backen
     """Start a worker server; returns it and the bound port (``port=0`` picks a free one).
     ``index_backend="opencl"`` serves BI-Sort subwindows from an OpenCL ``device``;
     ``null`` holds nothing and answers every probe empty (the manager's ceiling)."""
+    tune_allocator()
     servicer = WorkerServicer(threads, index_backend, device, null)
     return start_server(lambda srv: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, srv),
                         worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name, port, host,

@@ -6,6 +6,11 @@ stream. Each run first fills both windows (untimed), then times the next
 full windows, subwindows expiring as they would in production. The same data
 goes through the in-process engine in the same run, and the ratio of the two
 rates is the cluster's overhead.
+
+With null workers (``panjoin worker --null``: they hold nothing and answer every
+probe empty) the same run measures the manager alone: its tuples/s ceiling and
+its CPU-seconds per million tuples, everything it does for a real cluster
+(batching, sorting, probe bounds, encoding, gRPC) but the join itself.
 """
 
 from __future__ import annotations
@@ -30,9 +35,12 @@ class SystemPoint:
     threads: int = 1
     seed: int = 0
     result_format: str = "pairs"  # BI-Sort on the cluster: "ranges" uses the manager's mirror
+    replicas: int = 2  # copies of each subwindow on the cluster
+    null_workers: bool = False  # workers that hold nothing: the manager's own ceiling
 
 
-def _run(point: SystemPoint, events, backend, n_workers: int, progress=None) -> float:
+def _run(point: SystemPoint, events, backend, n_workers: int, progress=None,
+         cpu: list | None = None) -> float:
     e = int(band_for_selectivity(point.selectivity, point.window, 0, KEY_MAX))
     eng = JoinEngine(f"count:{point.window},{point.window}", f"band:{e}", index=point.index,
                      batch_size=point.batch, backend=backend, n_workers=n_workers,
@@ -42,7 +50,7 @@ def _run(point: SystemPoint, events, backend, n_workers: int, progress=None) -> 
     for a in range(0, fill, step):
         eng.push(events.slice(a, min(fill, a + step)))
         eng.take_results()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for a in range(fill, len(events), step):
         eng.push(events.slice(a, min(len(events), a + step)))
         eng.take_results()
@@ -50,6 +58,8 @@ def _run(point: SystemPoint, events, backend, n_workers: int, progress=None) -> 
             progress.update(min(step, len(events) - a))
     eng.flush()
     eng.take_results()
+    if cpu is not None:  # this process's CPU-seconds: the manager's, on a cluster
+        cpu.append(time.process_time() - c0)
     return (len(events) - fill) / (time.perf_counter() - t0)
 
 
@@ -60,9 +70,11 @@ def system_events(point: SystemPoint):
 
 
 def run_system(point: SystemPoint, progress: bool = False, events=None,
-               addresses: list[str] | None = None) -> tuple[float, float]:
+               addresses: list[str] | None = None, cpu: list | None = None
+               ) -> tuple[float, float]:
     """(cluster tuples/s, in-process tuples/s) on the same generated data. ``addresses``
-    reuses running workers (a sweep); otherwise the point starts and stops its own."""
+    reuses running workers (a sweep); otherwise the point starts and stops its own.
+    ``cpu`` gets the manager's CPU-seconds of the timed cluster run."""
     from tqdm import tqdm
 
     from panjoin.launch import start_workers
@@ -72,11 +84,13 @@ def run_system(point: SystemPoint, progress: bool = False, events=None,
     with tqdm(total=2 * point.measure, disable=not progress, unit="tuples",
               unit_scale=True, desc="system") as bar:
         local = _run(point, events, None, 1, bar)
-        workers = start_workers(point.workers, point.threads) if addresses is None else []
+        extra = [["--null"] if point.null_workers else [] for _ in range(point.workers)]
+        workers = (start_workers(point.workers, point.threads, worker_args=extra)
+                   if addresses is None else [])
         backend = GrpcBackend(addresses or [w.address for w in workers],
-                              result_format=point.result_format)
+                              result_format=point.result_format, replicas=point.replicas)
         try:
-            cluster = _run(point, events, backend, point.workers, bar)
+            cluster = _run(point, events, backend, point.workers, bar, cpu)
         finally:
             backend.close()
             for w in workers:

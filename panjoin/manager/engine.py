@@ -58,7 +58,7 @@ import numpy as np
 import pyarrow as pa
 
 from panjoin.backend import CreateSpec, LocalBackend
-from panjoin.config import DEFAULT_BATCH, default_threads
+from panjoin.config import DEFAULT_BATCH, default_threads, tune_allocator
 from panjoin.manager.ring import SubwindowRing
 from panjoin.semantics import (
     Predicate,
@@ -213,6 +213,7 @@ class JoinEngine:
         self.max_lag = int(max_lag or self.batch_size)
         self.max_collect_ms = max_collect_ms
         self.threads = threads or default_threads()
+        tune_allocator()
         numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
         self.backend = backend if backend is not None else LocalBackend(self.threads)
         self.index_opts = dict(index_opts or {})
@@ -346,6 +347,15 @@ class JoinEngine:
         seq = np.where(is_r, self.total["R"] + cnt["R"] - 1, self.total["S"] + cnt["S"] - 1)
         opp = np.where(is_r, self.total["S"] + cnt["S"] - (~is_r),
                        self.total["R"] + cnt["R"] - is_r)
+        # each stream's tuples gathered once; a cut appends a contiguous slice (views)
+        split = {}
+        for name, m in (("R", is_r), ("S", ~is_r)):
+            idx = np.flatnonzero(m)
+            split[name] = (keys[idx], ts[idx], seq[idx], ids[idx], opp[idx],
+                           payload.take(pa.array(idx)) if payload is not None else None,
+                           key2[idx] if key2 is not None else None)
+        run_max = np.maximum.accumulate(ts) if k else ts
+        cols = (split, cnt, run_max)
         self.stats.preprocess_s += time.perf_counter() - t0
 
         pos = 0
@@ -357,9 +367,9 @@ class JoinEngine:
                 if e < best_e:
                     best_e, best_x = e, name
             if best_x is None:
-                self._append(pos, k, is_r, keys, ts, seq, ids, opp, payload, key2)
+                self._append(pos, k, cols)
                 break
-            self._append(pos, best_e + 1, is_r, keys, ts, seq, ids, opp, payload, key2)
+            self._append(pos, best_e + 1, cols)
             self._process(best_x)
             pos = best_e + 1
         # cuts that became due exactly at the chunk's end
@@ -401,24 +411,27 @@ class JoinEngine:
             e = min(e, max(j, pos))
         return e
 
-    def _append(self, a, b, is_r, keys, ts, seq, ids, opp, payload, key2=None) -> None:
+    def _append(self, a, b, cols) -> None:
+        """Append chunk rows [a, b) to the buffers: per stream, one contiguous slice of
+        its gathered columns."""
         if b <= a:
             return
-        sl = slice(a, b)
+        split, cnt, run_max = cols
         # the watermark moves with the tuples appended so far, not the whole chunk
-        top = int(ts[sl].max())
+        top = int(run_max[b - 1])
         self.seen_maxts = top if self.seen_maxts is None else max(self.seen_maxts, top)
-        m = is_r[sl]
-        pay = payload.slice(a, b - a) if payload is not None else None
-        for name, mask in (("R", m), ("S", ~m)):
-            if mask.any():
-                if self.buffers[name].n == 0:
-                    self.buf_since[name] = time.monotonic()
-                p = pay.filter(pa.array(mask)) if pay is not None else None
-                self.buffers[name].append(keys[sl][mask], ts[sl][mask], seq[sl][mask],
-                                          ids[sl][mask], opp[sl][mask], p,
-                                          key2[sl][mask] if key2 is not None else None)
-                self.total[name] += int(mask.sum())
+        for name in STREAM_NAMES:
+            c = cnt[name]
+            lo, hi = (int(c[a - 1]) if a > 0 else 0), int(c[b - 1])
+            if hi <= lo:
+                continue
+            if self.buffers[name].n == 0:
+                self.buf_since[name] = time.monotonic()
+            key, ev, sq, ids, opp, pay, key2 = split[name]
+            self.buffers[name].append(key[lo:hi], ev[lo:hi], sq[lo:hi], ids[lo:hi],
+                                      opp[lo:hi], pay.slice(lo, hi - lo) if pay is not None
+                                      else None, key2[lo:hi] if key2 is not None else None)
+            self.total[name] += hi - lo
 
     def tick(self, now: float | None = None) -> None:
         """Cut buffers whose oldest tuple has waited ``max_collect_ms`` (wall clock)."""
@@ -447,7 +460,9 @@ class JoinEngine:
         self.stats.batches += 1
         y = "S" if x == "R" else "R"
         tscol = opp if self.window.kind == "count" else ev
-        order = np.argsort(key, kind="stable")  # step 2: one sort serves probe and insert
+        # step 2: one sort serves probe and insert (ties in any order: the unstable sort is
+        # numpy's vectorised one, several times faster)
+        order = np.argsort(key)
         self._probe(x, y, key, ev, seq, ids, opp, pay, order, key2)
         self._insert(x, key, tscol, seq, ids, ev, pay, order, key2)
         self._expire(y)
