@@ -64,6 +64,8 @@ class BackendStats:
 class Answers(Protocol):
     def result(self) -> list[Answer]: ...
 
+    def done(self) -> bool: ...
+
 
 class Backend(Protocol):
     """The four commands; probes may be answered later (``result()``), the rest are
@@ -96,6 +98,9 @@ class Done:
 
     def result(self) -> list[Answer]:
         return self.answers
+
+    def done(self) -> bool:
+        return True
 
 
 class LocalBackend:

@@ -118,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "expanded on the manager's mirror (default: %(default)s)")
     p.add_argument("--with-payload", action="store_true",
                    help="join the events' payloads back onto the pairs: columns r_payload, "
-                        "s_payload (the manager keeps them; workers never see them)")
+                        "s_payload (kept by the client or in-process engine; workers never "
+                        "see them)")
     _add_topology(p)
     _add_common(p)
 
@@ -602,15 +603,21 @@ def run_bench_system(args) -> int:
                      index=args.index, selectivity=args.selectivity, measure=args.measure,
                      threads=args.threads, result_format=args.result_format,
                      replicas=args.replicas, null_workers=args.null_workers)
-    cpu: list = []
-    cluster, local = run_system(pt, progress=not args.no_progress, cpu=cpu)
+    costs: dict = {}
+    cluster, local = run_system(pt, progress=not args.no_progress, costs=costs)
+    lc, cc = costs["local"], costs["cluster"]
     print(f"workers: {pt.workers}{' (null)' if pt.null_workers else ''}  window: {pt.window}  "
           f"batch: {pt.batch}  index: {pt.index}  selectivity: {pt.selectivity:g}  "
           f"replicas: {pt.replicas}  results as: {pt.result_format}  "
           f"in-process: {local:,.0f} tuples/s")
-    print(f"manager: {cpu[0]:.2f} CPU-s for {pt.measure:,} tuples = "
-          f"{cpu[0] / pt.measure * 1e6:.3f} CPU-s per M tuples"
-          + (f"  ceiling: {cluster:,.0f} tuples/s" if pt.null_workers else ""))
+    per_m = 1e6 / pt.measure
+    print(f"CPU-s per M tuples: in-process {lc['process_cpu_s'] * per_m:.3f} (index "
+          f"{lc['index_s'] * per_m:.3f}); manager {cc['process_cpu_s'] * per_m:.3f}, workers' "
+          f"commands {cc['index_s'] * per_m:.3f}"
+          + ("" if pt.null_workers else
+             f" = {cc['index_s'] / max(lc['index_s'], 1e-9):.2f}x the in-process index"))
+    if pt.null_workers:
+        print(f"manager ceiling: {cluster:,.0f} tuples/s on its own")
     print(f"tuples/s: {cluster:.6g}  overhead-vs-in-process: {local / cluster:.3f}")
     return 0
 

@@ -4,11 +4,16 @@
     >>> with Client("127.0.0.1:50050") as c:                    # doctest: +SKIP
     ...     r_id, s_id, late = c.join(events, window="count:1M,1M", predicate="band:10")
     ...     res = c.join(events, window="count:1M,1M", predicate="eq")   # with payloads
-    ...     res.r_payload, res.s_payload   # the pairs' payloads, kept by the manager
+    ...     res.r_payload, res.s_payload   # the pairs' payloads
+
+``join`` keeps the events' payloads here and joins them onto the pairs by id, so the
+manager and the workers never hold them (a client of ``stream`` may still send
+payloads in its JoinInputs; the manager then keeps them for it).
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import NamedTuple
 
 import grpc
@@ -17,7 +22,7 @@ import pyarrow as pa
 
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
 from panjoin.serving import OPTIONS
-from panjoin.wire import from_array, from_payloads, to_array, to_payloads
+from panjoin.wire import PAYLOAD_TYPE, from_array, from_payloads, to_array, to_payloads
 
 
 class Output(NamedTuple):
@@ -44,6 +49,18 @@ class Result(NamedTuple):
 
     def __iter__(self):
         return iter((self.r_id, self.s_id, self.late))
+
+
+def payloads_of(events, stream: int, ids: np.ndarray) -> pa.Array:
+    """The payloads (large_binary) of ``events``' tuples of ``stream`` with ``ids``, in
+    that order: a sort of the stream's ids and one binary search per id."""
+    rows = np.flatnonzero(events.stream == stream)
+    order = np.argsort(events.id[rows], kind="stable")
+    pos = np.searchsorted(events.id[rows][order], ids)
+    pay = events.payload
+    if isinstance(pay, pa.ChunkedArray):
+        pay = pay.combine_chunks()
+    return pa.array(pay).cast(PAYLOAD_TYPE).take(pa.array(rows[order[pos]]))
 
 
 class Client:
@@ -99,19 +116,22 @@ class Client:
         """Join a whole event table; returns a :class:`Result` (which unpacks as
         ``r_id, s_id, late_ids_by_stream``)."""
         join_id = self.open(window, predicate, index, **settings)
-        chunks = [events.slice(a, min(len(events), a + chunk))
-                  for a in range(0, max(1, len(events)), chunk)]
+        n = len(events)
+        chunks = [SimpleNamespace(stream=events.stream[a:a + chunk], id=events.id[a:a + chunk],
+                                  key=events.key[a:a + chunk], ts=events.ts[a:a + chunk],
+                                  key2=None if getattr(events, "key2", None) is None
+                                  else events.key2[a:a + chunk])
+                  for a in range(0, max(1, n), chunk)]  # no payloads: they stay here
         outs = list(self.stream(join_id, chunks))
         self.stub.Close(manager_pb2.JoinRef(join_id=join_id))
         ls = np.concatenate([o.late_stream for o in outs])
         li = np.concatenate([o.late_id for o in outs])
+        r = np.concatenate([o.r_id for o in outs])
+        s = np.concatenate([o.s_id for o in outs])
         pays = None
-        if outs and outs[0].r_payload is not None:
-            pays = (pa.concat_arrays([o.r_payload for o in outs]),
-                    pa.concat_arrays([o.s_payload for o in outs]))
-        return Result(np.concatenate([o.r_id for o in outs]),
-                      np.concatenate([o.s_id for o in outs]),
-                      {"R": li[ls == 0], "S": li[ls == 1]},
+        if getattr(events, "payload", None) is not None:
+            pays = (payloads_of(events, 0, r), payloads_of(events, 1, s))
+        return Result(r, s, {"R": li[ls == 0], "S": li[ls == 1]},
                       pays[0] if pays else None, pays[1] if pays else None)
 
     def status(self, join_id: str):

@@ -45,7 +45,7 @@ def tune_allocator() -> None:
     there. A higher mmap threshold and trim threshold let the next batch reuse the
     same pages. Called by the engine and the worker; once per process."""
     global _ALLOCATOR_TUNED
-    if _ALLOCATOR_TUNED:
+    if _ALLOCATOR_TUNED or os.environ.get("PANJOIN_TUNE_MALLOC") == "0":
         return
     _ALLOCATOR_TUNED = True
     import ctypes
@@ -58,6 +58,7 @@ def tune_allocator() -> None:
     except (OSError, AttributeError, TypeError):
         return
     m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-    mallopt(m_mmap_threshold, 16 << 20)
-    mallopt(m_trim_threshold, 128 << 20)
+    mb = int(os.environ.get("PANJOIN_MMAP_MB", "16"))
+    mallopt(m_mmap_threshold, mb << 20)
+    mallopt(m_trim_threshold, int(os.environ.get("PANJOIN_TRIM_MB", "128")) << 20)
     mallopt(m_top_pad, 16 << 20)

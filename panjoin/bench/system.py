@@ -39,8 +39,16 @@ class SystemPoint:
     null_workers: bool = False  # workers that hold nothing: the manager's own ceiling
 
 
+def _index_seconds(backend) -> float:
+    """Seconds spent in the index commands so far: the in-process index's time (one
+    thread, so CPU), or the CPU the workers reported for this join's commands."""
+    if hasattr(backend, "sessions"):
+        return sum(s.busy_s for s in backend.sessions)
+    return backend.stats.insert_s + backend.stats.probe_s
+
+
 def _run(point: SystemPoint, events, backend, n_workers: int, progress=None,
-         cpu: list | None = None) -> float:
+         costs: dict | None = None) -> float:
     e = int(band_for_selectivity(point.selectivity, point.window, 0, KEY_MAX))
     eng = JoinEngine(f"count:{point.window},{point.window}", f"band:{e}", index=point.index,
                      batch_size=point.batch, backend=backend, n_workers=n_workers,
@@ -50,7 +58,9 @@ def _run(point: SystemPoint, events, backend, n_workers: int, progress=None,
     for a in range(0, fill, step):
         eng.push(events.slice(a, min(fill, a + step)))
         eng.take_results()
-    t0, c0 = time.perf_counter(), time.process_time()
+    if hasattr(eng.backend, "sync"):
+        eng.backend.sync()
+    t0, c0, i0 = time.perf_counter(), time.process_time(), _index_seconds(eng.backend)
     for a in range(fill, len(events), step):
         eng.push(events.slice(a, min(len(events), a + step)))
         eng.take_results()
@@ -58,8 +68,11 @@ def _run(point: SystemPoint, events, backend, n_workers: int, progress=None,
             progress.update(min(step, len(events) - a))
     eng.flush()
     eng.take_results()
-    if cpu is not None:  # this process's CPU-seconds: the manager's, on a cluster
-        cpu.append(time.process_time() - c0)
+    if hasattr(eng.backend, "sync"):
+        eng.backend.sync()
+    if costs is not None:  # this process's CPU-seconds: the manager's, on a cluster
+        costs["process_cpu_s"] = time.process_time() - c0
+        costs["index_s"] = _index_seconds(eng.backend) - i0
     return (len(events) - fill) / (time.perf_counter() - t0)
 
 
@@ -70,11 +83,13 @@ def system_events(point: SystemPoint):
 
 
 def run_system(point: SystemPoint, progress: bool = False, events=None,
-               addresses: list[str] | None = None, cpu: list | None = None
+               addresses: list[str] | None = None, costs: dict | None = None
                ) -> tuple[float, float]:
     """(cluster tuples/s, in-process tuples/s) on the same generated data. ``addresses``
     reuses running workers (a sweep); otherwise the point starts and stops its own.
-    ``cpu`` gets the manager's CPU-seconds of the timed cluster run."""
+    ``costs`` gets, for the timed part, ``local`` and ``cluster``: this process's
+    CPU-seconds (in-process: everything; cluster: the manager's) and ``index_s``
+    (in-process: time in the index commands; cluster: the workers' CPU for them)."""
     from tqdm import tqdm
 
     from panjoin.launch import start_workers
@@ -83,16 +98,20 @@ def run_system(point: SystemPoint, progress: bool = False, events=None,
     events = system_events(point) if events is None else events
     with tqdm(total=2 * point.measure, disable=not progress, unit="tuples",
               unit_scale=True, desc="system") as bar:
-        local = _run(point, events, None, 1, bar)
+        local_costs: dict = {}
+        local = _run(point, events, None, 1, bar, local_costs)
         extra = [["--null"] if point.null_workers else [] for _ in range(point.workers)]
         workers = (start_workers(point.workers, point.threads, worker_args=extra)
                    if addresses is None else [])
         backend = GrpcBackend(addresses or [w.address for w in workers],
                               result_format=point.result_format, replicas=point.replicas)
+        cluster_costs: dict = {}
         try:
-            cluster = _run(point, events, backend, point.workers, bar, cpu)
+            cluster = _run(point, events, backend, point.workers, bar, cluster_costs)
         finally:
             backend.close()
             for w in workers:
                 w.stop()
+    if costs is not None:
+        costs.update(local=local_costs, cluster=cluster_costs)
     return cluster, local

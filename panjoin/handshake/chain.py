@@ -300,9 +300,10 @@ class HandshakeChain:
                                  f"of {sum(produced)}")
             time.sleep(0.002)
 
-    def take_results(self, payloads: bool = False):
+    def take_results(self, payloads: bool = False, wait: bool = True):
         """The (r_id, s_id) pairs merged so far; ``payloads=True`` adds (None, None), as
-        the chain carries no payloads (the engine's interface)."""
+        the chain carries no payloads (the engine's interface; ``wait`` is the engine's
+        too: the chain's results arrive by themselves)."""
         with self._collected_lock:
             parts, self._collected = self._collected, []
         if not parts:

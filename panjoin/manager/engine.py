@@ -195,7 +195,7 @@ class JoinEngine:
         backend=None,
         n_workers: int = 1,
         index_opts: dict | None = None,
-        pipeline: int = 2,
+        pipeline: int = 8,
     ):
         self.window = parse_window(window, allowed_lateness) if isinstance(window, str) else window
         self.pred = parse_predicate(predicate)
@@ -602,11 +602,17 @@ class JoinEngine:
 
     # ------------------------------------------------------------------ results and status
 
-    def take_results(self, payloads: bool = False):
+    def take_results(self, payloads: bool = False, wait: bool = True):
         """The (r_id, s_id) pairs produced since the last call; with ``payloads=True``
         (r_id, s_id, r_payload, s_payload), the payloads as Arrow arrays (large_string
-        when strings were pushed, else large_binary; None when the join has none)."""
-        self.collect()
+        when strings were pushed, else large_binary; None when the join has none).
+        ``wait=False`` takes only the probe rounds already answered and leaves the
+        rest in flight, so the workers stay busy while the caller ships the results."""
+        if wait:
+            self.collect()
+        else:
+            while self._inflight and self._inflight[0].answers.done():
+                self._collect_one()
         res, self._results = self._results, []
         r = np.concatenate([t[0] for t in res]) if res else np.zeros(0, _I64)
         s = np.concatenate([t[1] for t in res]) if res else np.zeros(0, _I64)

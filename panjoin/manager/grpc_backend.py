@@ -84,7 +84,7 @@ class _Call:
         self.session = session
         self.order = order
         self.kind = kind
-        self.msg = msg
+        self.msg = msg if kind == "probe" else None  # only probes are ever sent again
         self.sent = time.monotonic()
         self.done = threading.Event()
         self.feedback: worker_pb2.Feedback | None = None
@@ -197,6 +197,11 @@ class ProbeRound:
         self.targets = targets
         self.parts = parts  # [(target indexes, call)]
         self._out = None
+
+    def done(self) -> bool:
+        """Every answer is in (or a worker died: ``result()`` fails it over)."""
+        return self._out is not None or all(
+            c.done.is_set() for _, c in self.parts if not isinstance(c, list))
 
     def result(self):
         if self._out is None:

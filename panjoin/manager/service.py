@@ -162,7 +162,8 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
         j.applied = True
         j.last_batch_id = msg.batch_id
-        r, s, rp, sp = j.engine.take_results(payloads=True)
+        # without flush, rounds still on the workers stay there: they answer meanwhile
+        r, s, rp, sp = j.engine.take_results(payloads=True, wait=msg.flush)
         out.r_id.CopyFrom(to_array(r))
         out.s_id.CopyFrom(to_array(s))
         to_payloads(rp, out.r_payload)
