@@ -392,3 +392,29 @@ def test_feedback_carries_the_status_bits(workers):
         assert backend.loads()[0].subwindows == 1 and backend.loads()[0].oldest_r_empty
     finally:
         backend.close()
+
+
+def test_ranges_stay_exact_when_inserts_merge_into_the_main_array(workers):
+    """Batches larger than BI-Sort's insertion buffer merge into the main array and move
+    its rows; a round still in flight must be expanded on the mirror as it was."""
+    t = generate(24_000, "uniform", key_min=0, key_max=1 << 20, seed=3)
+    backend = GrpcBackend([w.address for w in workers[:2]], result_format="ranges")
+    try:
+        eng = JoinEngine("count:4096,4096", "band:64", index="bisort", batch_size=2048,
+                         subwindow_size=4096, backend=backend, n_workers=2)
+        rs, ss = [], []
+        for a in range(0, len(t), 12000):  # several rounds in flight within a push
+            eng.push(t.slice(a, min(len(t), a + 12000)))
+            r, s = eng.take_results()
+            rs.append(r)
+            ss.append(s)
+        eng.flush()
+        r, s = eng.take_results()
+        assert backend.ranges_expanded > 0
+    finally:
+        backend.close()
+    ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:4096,4096"),
+                         parse_predicate("band:64"))
+    got = sort_pairs(np.stack([np.concatenate([*rs, r]), np.concatenate([*ss, s])], axis=1))
+    assert len(ref.pairs) > 0
+    assert np.array_equal(got, ref.pairs)

@@ -239,6 +239,9 @@ class GrpcBackend:
         self.result_format = result_format
         self.mirrors: dict[int, SubwindowStore] = {}
         self.ranges_expanded = 0
+        # rounds whose answers are ranges into a mirror: expanded before that mirror
+        # changes (an insert may merge into the main array and move its rows)
+        self._ranged: list[ProbeRound] = []
         self.replicas = min(replicas, len(addresses))
         self.want_seq = False  # the engine keeps payloads by seq: answers carry it
         self.sessions = [_Session(a, deadline) for a in addresses]
@@ -422,6 +425,10 @@ class GrpcBackend:
         self._send(sub_id, "insert", codec.encode_insert(sub_id, keys, ts, seq, ids, key2))
         mirror = self.mirrors.get(sub_id)
         if mirror is not None:  # runs while the worker does the same insert
+            for rnd in self._ranged:
+                if rnd._out is None and any(t[0] == sub_id for t in rnd.targets):
+                    rnd.result()  # its ranges index the mirror as it is now
+            self._ranged = [r for r in self._ranged if r._out is None]
             mirror.insert(keys, ts, seq, ids)
         self._collect()
         self.stats.inserts += 1
@@ -439,7 +446,10 @@ class GrpcBackend:
         self._send_probe(base, targets, list(range(len(targets))), next(self.order), parts)
         self.stats.probes += len(targets)
         self.rounds_in_flight += 1
-        return ProbeRound(self, targets, parts)
+        rnd = ProbeRound(self, targets, parts)
+        if any(t[0] in self.mirrors for t in targets):
+            self._ranged.append(rnd)
+        return rnd
 
     def _send_probe(self, base, targets, idxs, order: int, parts: list) -> None:
         """One Probe per worker holding some of ``targets[idxs]``; a worker found dead
