@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run on an existing manager endpoint (panjoin cluster / manager)")
     p.add_argument("--result-format", choices=["pairs", "ranges"], default="pairs",
                    help="on a cluster with BI-Sort: workers answer with (start, end) ranges "
-                        "expanded on the manager's mirror (default: %(default)s)")
+                        "expanded on the manager's mirror, a copy of each BI-Sort subwindow "
+                        "(O(window) memory on the manager; default: %(default)s)")
     p.add_argument("--with-payload", action="store_true",
                    help="join the events' payloads back onto the pairs: columns r_payload, "
                         "s_payload (kept by the client or in-process engine; workers never "
