@@ -41,6 +41,7 @@ import time
 import numpy as np
 
 from panjoin.baselines.duckdb_join import duckdb_join
+from panjoin.bench.proc import cpu_seconds
 from panjoin.generate import generate
 from panjoin.kafka import io
 from panjoin.kafka.broker import start_broker
@@ -113,14 +114,12 @@ def _await_end_multi(q, ending, poll=0.2):
 def _cpu_by_process() -> dict:
     """CPU seconds so far of every process, by role: the driver (this process),
     Spark's JVM and Python workers, the manager, the workers, the broker."""
-    tick = os.sysconf("SC_CLK_TCK")
     out: dict = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                st = f.read().rsplit(")", 1)[1].split()
+            cpu = cpu_seconds(int(pid))
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
@@ -132,7 +131,7 @@ def _cpu_by_process() -> dict:
                 "broker" if ("noida" in cmd or "tansu" in cmd) else
                 "Spark Python workers" if "pyspark" in cmd else None)
         if role:
-            out[role] = out.get(role, 0.0) + (int(st[11]) + int(st[12])) / tick
+            out[role] = out.get(role, 0.0) + cpu
     return out
 
 

@@ -38,6 +38,7 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 
+from panjoin.bench.proc import cpu_seconds, status_mib
 from panjoin.events import write_events
 from panjoin.generate import band_for_selectivity, generate
 from panjoin.launch import pinned, start_manager, start_workers
@@ -45,20 +46,6 @@ from panjoin.reference import sort_pairs
 
 KEY_MAX = 1 << 40
 TIME_RE = re.compile(r"time: ([0-9.]+) s")
-
-
-def _proc_cpu(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        q = f.read().rsplit(")", 1)[1].split()
-    return (int(q[11]) + int(q[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _proc_mib(pid: int, field: str) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _replay(events: str, w: int, e: int, out: str, extra: list[str],
@@ -100,11 +87,11 @@ def one_window(w: int, work: str, n: int, config: str = "pinned") -> dict:
             pids = {"manager": mgr.proc.pid}
             pids.update({f"worker{i}" if not pin else "worker": x.proc.pid
                          for i, x in enumerate(ws)})
-            cpu0 = {k: _proc_cpu(p) for k, p in pids.items()}
-            rss0 = {k: _proc_mib(p, "VmRSS") for k, p in pids.items()}
+            cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+            rss0 = {k: status_mib(p, "VmRSS") for k, p in pids.items()}
             client = _replay(events, w, e, os.path.join(work, "cluster.parquet"),
                              ["--cluster", mgr.address], {0} if pin else None)
-            procs = {k: {"cpu_s": _proc_cpu(p) - cpu0[k], "rss_mib": _proc_mib(p, "VmHWM"),
+            procs = {k: {"cpu_s": cpu_seconds(p) - cpu0[k], "rss_mib": status_mib(p, "VmHWM"),
                          "rss_start_mib": rss0[k]} for k, p in pids.items()}
         finally:
             mgr.stop()

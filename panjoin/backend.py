@@ -72,6 +72,7 @@ class Backend(Protocol):
     applied in the order they are given."""
 
     stats: BackendStats
+    want_seq: bool  # answers must carry stored seqs (the engine keeps payloads by seq)
 
     def create(self, spec: CreateSpec) -> None: ...
 
@@ -112,6 +113,7 @@ class LocalBackend:
         self.streams: dict[int, str] = {}  # sub_id -> "R" / "S"
         self.dtypes: dict[int, str] = {}  # sub_id -> "int64" / "float64"
         self.stats = BackendStats()
+        self.want_seq = True  # local answers always carry them
 
     def create(self, spec: CreateSpec) -> None:
         if spec.sub_id in self.subs:
@@ -161,8 +163,7 @@ class LocalBackend:
                      for sub_id, flt, limit in targets])
 
     def promote(self, sub_id: int) -> None:
-        st = self.store(sub_id)
-        st.promote()
+        self.store(sub_id).promote()
 
     def expire(self, sub_id: int) -> None:
         for d in (self.subs, self.streams, self.dtypes):

@@ -43,7 +43,8 @@ def tune_allocator() -> None:
     those from fresh mmaps, or trims the heap once they are freed, so each one is
     page-faulted and zeroed by the kernel again: a third of the manager's CPU went
     there. A higher mmap threshold and trim threshold let the next batch reuse the
-    same pages. Called by the engine and the worker; once per process."""
+    same pages. Called by the engine and the worker; once per process;
+    ``PANJOIN_TUNE_MALLOC=0`` leaves glibc's defaults."""
     global _ALLOCATOR_TUNED
     if _ALLOCATOR_TUNED or os.environ.get("PANJOIN_TUNE_MALLOC") == "0":
         return
@@ -58,7 +59,6 @@ def tune_allocator() -> None:
     except (OSError, AttributeError, TypeError):
         return
     m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-    mb = int(os.environ.get("PANJOIN_MMAP_MB", "16"))
-    mallopt(m_mmap_threshold, mb << 20)
-    mallopt(m_trim_threshold, int(os.environ.get("PANJOIN_TRIM_MB", "128")) << 20)
+    mallopt(m_mmap_threshold, 16 << 20)
+    mallopt(m_trim_threshold, 128 << 20)
     mallopt(m_top_pad, 16 << 20)

@@ -474,8 +474,7 @@ class GrpcBackend:
 
     def _answer(self, r, flt):
         if not codec.is_ranges(r):
-            pidx, ids, seq = codec.decode_answer(r)
-            return pidx, ids, seq
+            return codec.decode_answer(r)
         # main-array ranges -> (probe_idx, seq) on the mirror, filtered, plus buffer pairs
         rr = codec.decode_ranges(r)
         mirror = self.mirrors[r.sub_id]

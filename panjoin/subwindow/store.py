@@ -20,7 +20,7 @@ Example:
 
     >>> import numpy as np
     >>> from panjoin.subwindow import WindowFilter
-    >>> st = SubwindowStore.create("bisort", 8, "int64", 2)
+    >>> st = SubwindowStore("bisort", 8, "int64", 2)
     >>> st.insert(np.array([1, 5]), np.zeros(2, np.int64), np.array([0, 1]),
     ...           np.array([70, 71]))
     >>> pidx, ids, seq = st.probe(np.array([[4]]), np.array([[6]]), WindowFilter.none(1))
@@ -49,16 +49,13 @@ class SubwindowStore:
         self.opts = dict(opts or {})
         self.index: SubwindowIndex | None = None
         self.log: list[tuple] | None = [] if backup else None  # a backup's inserts, in order
+        self._log_bytes = 0  # kept as they come: nbytes is asked after every command
         if not backup:
             self.index = make_index(kind, capacity, key_dtype=key_dtype, partitions=partitions,
                                     threads=threads, predecessor=predecessor, **self.opts)
         self.ids = np.empty(self.capacity, np.int64)  # untouched pages cost nothing
         self.count = 0
         self.seq_start = -1
-
-    @classmethod
-    def create(cls, kind, capacity, key_dtype, partitions, **kw) -> SubwindowStore:
-        return cls(kind, capacity, key_dtype, partitions, **kw)
 
     @property
     def backup(self) -> bool:
@@ -75,7 +72,7 @@ class SubwindowStore:
     def nbytes(self) -> int:
         if self.index is not None:
             return int(self.index.nbytes) + 8 * self.count
-        return sum(sum(a.nbytes for a in b if a is not None) for b in self.log)
+        return self._log_bytes
 
     def insert(self, keys: np.ndarray, ts: np.ndarray, seq: np.ndarray, ids: np.ndarray,
                key2: np.ndarray | None = None) -> None:
@@ -97,21 +94,22 @@ class SubwindowStore:
             self.index.insert(keys, ts, seq, key2)
         else:  # a backup: keep the command, build nothing
             self.log.append((keys, ts, seq, key2))
+            self._log_bytes += keys.nbytes + ts.nbytes + seq.nbytes + (
+                key2.nbytes if key2 is not None else 0)
         self.ids[off] = ids
         self.seq_start = first
         self.count += n
 
-    def promote(self, predecessor: SubwindowIndex | None = None) -> None:
+    def promote(self) -> None:
         """A backup becomes the primary: its index is built from the logged inserts,
         in their order (the same batches give the same structure)."""
         if self.index is not None:
             return
         ix = make_index(self.kind, self.capacity, key_dtype=self.key_dtype,
-                        partitions=self.partitions, threads=self.threads,
-                        predecessor=predecessor, **self.opts)
+                        partitions=self.partitions, threads=self.threads, **self.opts)
         for keys, ts, seq, key2 in self.log:
             ix.insert(keys, ts, seq, key2)
-        self.index, self.log = ix, None
+        self.index, self.log, self._log_bytes = ix, None, 0
 
     def _primary(self) -> SubwindowIndex:
         if self.index is None:
@@ -130,7 +128,7 @@ class SubwindowStore:
         if seq_limit is not None and seq_limit < self.seq_start + self.count and seq.size:
             keep = seq < seq_limit
             pidx, seq = pidx[keep], seq[keep]
-        return pidx, self.ids[seq - self.seq_start], seq
+        return pidx, self.ids_of(seq), seq
 
     def probe_ranges(self, lo, hi, flt: WindowFilter):
         """BI-Sort's range answer (:class:`panjoin.subwindow.bi_sort.RangeResult`)."""
