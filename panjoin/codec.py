@@ -7,9 +7,9 @@ two ends share this module and nothing else. Arrays go through
 :mod:`panjoin.wire` (raw little-endian bytes, no per-element work).
 
     >>> import numpy as np
-    >>> msg = encode_insert(3, np.array([1, 2]), np.zeros(2, np.int64), np.array([0, 1]),
+    >>> enc = encode_insert(3, np.array([1, 2]), np.zeros(2, np.int64), np.array([0, 1]),
     ...                     np.array([10, 11]))
-    >>> decode_insert(msg, "int64")[3].tolist()
+    >>> decode_insert(worker_pb2.Insert.FromString(enc.tobytes()), "int64")[3].tolist()
     [10, 11]
 """
 
@@ -22,7 +22,7 @@ import numpy as np
 from panjoin.backend import CreateSpec
 from panjoin.proto.panjoin.v1 import common_pb2, worker_pb2
 from panjoin.subwindow import INDEX_KINDS, Residual, WindowFilter
-from panjoin.wire import from_array, to_array
+from panjoin.wire import Encoded, from_array, to_array
 
 STREAM = {"R": common_pb2.STREAM_R, "S": common_pb2.STREAM_S}
 STREAM_NAME = {v: k for k, v in STREAM.items()}
@@ -73,12 +73,13 @@ def decode_create(c: worker_pb2.Create) -> CreateSpec:
 # ---------------------------------------------------------------------- insert
 
 
-def encode_insert(sub_id: int, keys, ts, seq, ids, key2=None) -> worker_pb2.Insert:
-    msg = worker_pb2.Insert(sub_id=sub_id, keys=to_array(keys), ts=to_array(ts),
-                            seq=to_array(seq), ids=to_array(ids))
+def encode_insert(sub_id: int, keys, ts, seq, ids, key2=None) -> Encoded:
+    """An Insert, written straight to the wire (:class:`panjoin.wire.Encoded`)."""
+    enc = (Encoded(worker_pb2.Insert).scalar("sub_id", sub_id).array("keys", keys)
+           .array("ts", ts).array("seq", seq).array("ids", ids))
     if key2 is not None:  # for a residual condition, checked by the worker's probe
-        msg.key2.CopyFrom(to_array(np.asarray(key2, dtype=np.float64)))
-    return msg
+        enc.array("key2", np.asarray(key2, dtype=np.float64))
+    return enc
 
 
 def decode_insert(c: worker_pb2.Insert, key_dtype: str):
@@ -102,19 +103,19 @@ def decode_insert(c: worker_pb2.Insert, key_dtype: str):
 # ---------------------------------------------------------------------- probe
 
 
-def encode_probe(lo, hi, full: WindowFilter | None, res: Residual | None) -> worker_pb2.Probe:
-    """The part of a Probe shared by every worker it goes to (no sub_ids yet)."""
-    msg = worker_pb2.Probe(lo=to_array(lo), hi=to_array(hi),
-                           filter_mode=full.mode if full is not None else 0)
+def encode_probe(lo, hi, full: WindowFilter | None, res: Residual | None,
+                 want_seq: bool = False) -> Encoded:
+    """The part of a Probe shared by every worker it goes to (no sub_ids yet): each
+    worker's message is a copy that appends its own sub_ids, flags and limits."""
+    enc = (Encoded(worker_pb2.Probe).array("lo", lo).array("hi", hi)
+           .scalar("filter_mode", full.mode if full is not None else 0)
+           .scalar("want_seq", want_seq))
     if res is not None:
-        msg.lo2.CopyFrom(to_array(res.lo))
-        msg.hi2.CopyFrom(to_array(res.hi))
+        enc.array("lo2", res.lo).array("hi2", res.hi)
     if full is not None:
         c0, c1, c2 = full.arrays(lo.shape[-1])
-        msg.c0.CopyFrom(to_array(c0))
-        msg.c1.CopyFrom(to_array(c1))
-        msg.c2.CopyFrom(to_array(c2))
-    return msg
+        enc.array("c0", c0).array("c1", c1).array("c2", c2)
+    return enc
 
 
 @dataclass

@@ -8,6 +8,19 @@ dtype string and shape, never repeated scalar fields::
     ('<i8', 24)
     >>> from_array(a).tolist()
     [3, 1, 2]
+
+The bulk commands (a batch's keys, ts, seq, ids, probe bounds) are written
+straight into protobuf's wire format by :class:`Encoded`: the framing bytes
+plus the arrays' own memory, joined once when the command goes out, where
+building ``Array`` messages and nesting them copied each array four times
+(``tobytes``, into the Array, into the Command, serialising). The field numbers
+come from the generated descriptors, and the generated classes parse the result::
+
+    >>> from panjoin.proto.panjoin.v1 import worker_pb2
+    >>> enc = Encoded(worker_pb2.Insert).scalar("sub_id", 7).array("ids", np.array([5, 6]))
+    >>> msg = worker_pb2.Insert.FromString(enc.tobytes())
+    >>> msg.sub_id, from_array(msg.ids).tolist()
+    (7, [5, 6])
 """
 
 from __future__ import annotations
@@ -52,6 +65,91 @@ def from_array(msg: common_pb2.Array, want: str | None = None, name: str = "arra
             raise WireError(f"{name}: shape {list(msg.shape)} does not hold {out.size} items")
         out = out.reshape(tuple(msg.shape))
     return out
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+_LEN = 2  # protobuf wire type of strings, bytes, packed repeated and nested messages
+_ARRAY_FIELDS = common_pb2.Array.DESCRIPTOR.fields_by_name
+
+
+def _len_header(number: int, length: int) -> bytes:
+    return _varint(number << 3 | _LEN) + _varint(length)
+
+
+class Encoded:
+    """A protobuf message of type ``cls`` written field by field as a list of buffers.
+
+    Arrays go in as views of their own memory; :meth:`tobytes` (or
+    :meth:`frame`, which nests the message in another) copies every byte once.
+    Concatenated encodings of one type parse as their merge (protobuf's rule), so
+    a part shared by several messages is encoded once and each message appends
+    its own fields."""
+
+    __slots__ = ("fields", "parts", "nbytes", "_keep")
+
+    def __init__(self, cls):
+        self.fields = cls.DESCRIPTOR.fields_by_name
+        self.parts: list = []
+        self.nbytes = 0
+        self._keep: list = []  # the arrays whose memory the parts view
+
+    def _add(self, part) -> None:
+        self.parts.append(part)
+        self.nbytes += len(part)
+
+    def scalar(self, name: str, value: int) -> Encoded:
+        """A non-negative integer or bool field (varint); zero is left out, as protobuf does."""
+        if value:
+            self._add(_varint(self.fields[name].number << 3) + _varint(int(value)))
+        return self
+
+    def array(self, name: str, a) -> Encoded:
+        """An ``Array`` field holding ``a`` (the same message :func:`to_array` builds)."""
+        a = np.asarray(a)
+        a = np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<"), copy=False))
+        dt = a.dtype.str.encode()
+        head = _varint(_ARRAY_FIELDS["dtype"].number << 3 | _LEN) + _varint(len(dt)) + dt
+        if a.ndim != 1:
+            packed = b"".join(_varint(d) for d in a.shape)
+            head += _len_header(_ARRAY_FIELDS["shape"].number, len(packed)) + packed
+        data = memoryview(a).cast("B") if a.size else b""
+        head += _len_header(_ARRAY_FIELDS["data"].number, len(data))
+        self._add(_len_header(self.fields[name].number, len(head) + len(data)) + head)
+        self._add(data)
+        self._keep.append(a)
+        return self
+
+    def message(self, msg) -> Encoded:
+        """Append a generated message of the same type (its fields merge into these)."""
+        self._add(msg.SerializeToString())
+        return self
+
+    def copy(self) -> Encoded:
+        """Another message starting with these fields (the buffers are shared, not copied)."""
+        out = Encoded.__new__(Encoded)
+        out.fields, out.parts, out.nbytes = self.fields, list(self.parts), self.nbytes
+        out._keep = self._keep
+        return out
+
+    def tobytes(self) -> bytes:
+        return b"".join(self.parts)
+
+    def frame(self, prefix: bytes, name: str, fields) -> bytes:
+        """The bytes of an outer message: ``prefix`` (its other fields, serialised),
+        then this message as its field ``name`` (``fields``: the outer type's
+        ``DESCRIPTOR.fields_by_name``)."""
+        return b"".join([prefix, _len_header(fields[name].number, self.nbytes), *self.parts])
 
 
 def to_payloads(arr: pa.Array | None, msg) -> None:

@@ -52,6 +52,7 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numba
 import numpy as np
@@ -165,6 +166,19 @@ class _InFlight:
     payload: pa.Array | None  # the probe batch's payloads in arrival order
     order: np.ndarray  # key order -> arrival order (payloads are gathered once, per pair)
     stores: list  # per target: (seq_start, payloads in seq order or None)
+
+
+class _Sorted(NamedTuple):
+    """A batch's columns in key order (step 2), shared by its probe and its insert."""
+
+    key: np.ndarray
+    ts: np.ndarray  # the stored ts column: event time, or opposite arrivals (count windows)
+    seq: np.ndarray
+    ids: np.ndarray
+    key2: np.ndarray | None
+
+    def where(self, mask: np.ndarray) -> _Sorted:
+        return _Sorted(*(c[mask] if c is not None else None for c in self))
 
 
 class JoinEngine:
@@ -311,7 +325,7 @@ class JoinEngine:
                                  else _I64_MIN)
         self.stats.tuples_in += n
 
-        keep = np.ones(n, dtype=bool)
+        keep = None  # None: every tuple is on time
         if self.client_wm is not None:
             low = self.client_wm - self.window.lateness
             if low > _I64_MIN:  # an int64 compare: W = -inf (none yet) makes nothing late
@@ -329,7 +343,7 @@ class JoinEngine:
                 has_prev[0] = False
             keep = ~(has_prev & (ts < prev - self.window.lateness))
             self.maxts = int(run[-1]) if self.maxts is None else max(self.maxts, int(run[-1]))
-        if not keep.all():
+        if keep is not None and not keep.all():
             for x, name in enumerate(STREAM_NAMES):
                 lm = ~keep & (stream == x)
                 if lm.any():
@@ -342,19 +356,23 @@ class JoinEngine:
                 payload = payload.filter(pa.array(keep))
         k = stream.shape[0]
         is_r = stream == 0
-        cnt = {"R": np.cumsum(is_r, dtype=_I64), "S": np.cumsum(~is_r, dtype=_I64)}
-        # seq: arrival number within the stream; opp: arrivals of the other stream before it
-        seq = np.where(is_r, self.total["R"] + cnt["R"] - 1, self.total["S"] + cnt["S"] - 1)
-        opp = np.where(is_r, self.total["S"] + cnt["S"] - (~is_r),
-                       self.total["R"] + cnt["R"] - is_r)
-        # each stream's tuples gathered once; a cut appends a contiguous slice (views)
+        c_r = np.cumsum(is_r, dtype=_I64)
+        cnt = {"R": c_r, "S": np.arange(1, k + 1, dtype=_I64) - c_r}  # arrivals up to each row
+        # each stream's tuples gathered once; a cut appends a contiguous slice (views).
+        # The tuple of rank j in its stream, at chunk row i, gets seq (its arrival number
+        # within the stream) total + j, and opp (arrivals of the other stream before it)
+        # total_other + i - j
         split = {}
         for name, m in (("R", is_r), ("S", ~is_r)):
             idx = np.flatnonzero(m)
-            split[name] = (keys[idx], ts[idx], seq[idx], ids[idx], opp[idx],
+            rank = np.arange(idx.size, dtype=_I64)
+            other = "S" if name == "R" else "R"
+            split[name] = (keys[idx], ts[idx], self.total[name] + rank, ids[idx],
+                           self.total[other] + (idx - rank),
                            payload.take(pa.array(idx)) if payload is not None else None,
                            key2[idx] if key2 is not None else None)
-        run_max = np.maximum.accumulate(ts) if k else ts
+        # the watermark only moves time windows' expiry
+        run_max = np.maximum.accumulate(ts) if self.window.kind == "time" and k else None
         cols = (split, cnt, run_max)
         self.stats.preprocess_s += time.perf_counter() - t0
 
@@ -363,7 +381,7 @@ class JoinEngine:
             # the earliest cut event of either buffer within [pos, k)
             best_e, best_x = k, None
             for name in STREAM_NAMES:
-                e = self._next_cut(name, pos, k, cnt, opp)
+                e = self._next_cut(name, pos, k, cnt, split[name][4])
                 if e < best_e:
                     best_e, best_x = e, name
             if best_x is None:
@@ -383,8 +401,9 @@ class JoinEngine:
         # total[] counts every numbered tuple, buffered or stored
         return b.n > 0 and self.total[o] - b.first_opp >= self.max_lag
 
-    def _next_cut(self, name, pos, k, cnt, opp) -> int:
-        """Chunk index of the tuple whose arrival cuts ``name``'s buffer (k if none)."""
+    def _next_cut(self, name, pos, k, cnt, opps) -> int:
+        """Chunk index of the tuple whose arrival cuts ``name``'s buffer (k if none);
+        ``opps``: the opp column of the chunk's ``name`` tuples."""
         b = self.buffers[name]
         o = "S" if name == "R" else "R"
         c = cnt[name]
@@ -400,10 +419,9 @@ class JoinEngine:
         if b.n > 0:
             first_opp = b.first_opp
         else:
-            i0 = int(np.searchsorted(c, before + 1, side="left"))
-            if i0 >= k:
+            if before >= int(c[-1]):  # no tuple of this stream left in the chunk
                 return e
-            first_opp = int(opp[i0])
+            first_opp = int(opps[before])
         o_base = self.total[o] - (int(cnt[o][pos - 1]) if pos > 0 else 0)
         target = first_opp + self.max_lag - o_base  # count of o within the chunk
         j = int(np.searchsorted(cnt[o], target, side="left"))
@@ -418,8 +436,9 @@ class JoinEngine:
             return
         split, cnt, run_max = cols
         # the watermark moves with the tuples appended so far, not the whole chunk
-        top = int(run_max[b - 1])
-        self.seen_maxts = top if self.seen_maxts is None else max(self.seen_maxts, top)
+        if run_max is not None:
+            top = int(run_max[b - 1])
+            self.seen_maxts = top if self.seen_maxts is None else max(self.seen_maxts, top)
         for name in STREAM_NAMES:
             c = cnt[name]
             lo, hi = (int(c[a - 1]) if a > 0 else 0), int(c[b - 1])
@@ -461,37 +480,38 @@ class JoinEngine:
         y = "S" if x == "R" else "R"
         tscol = opp if self.window.kind == "count" else ev
         # step 2: one sort serves probe and insert (ties in any order: the unstable sort is
-        # numpy's vectorised one, several times faster)
+        # numpy's vectorised one, several times faster); each column is gathered into key
+        # order once, for both
+        t0 = time.perf_counter()
         order = np.argsort(key)
-        self._probe(x, y, key, ev, seq, ids, opp, pay, order, key2)
-        self._insert(x, key, tscol, seq, ids, ev, pay, order, key2)
+        srt = _Sorted(key[order], tscol[order], seq[order], ids[order],
+                      key2[order] if key2 is not None else None)
+        self.stats.preprocess_s += time.perf_counter() - t0
+        self._probe(x, y, srt, tscol, pay, order)
+        self._insert(x, srt, seq, tscol, pay, order)
         self._expire(y)
         self._expire(x)
         while len(self._inflight) > self.pipeline:
             self._collect_one()
 
-    def _probe(self, x, y, key, ev, seq, ids, opp, pay, order, key2=None) -> None:
+    def _probe(self, x, y, srt: _Sorted, tscol, pay, order) -> None:
         ring = self.rings[y]
         if not any(s.count for s in ring):
             return
         t0 = time.perf_counter()
-        skey = key[order]
-        lo, hi = probe_bounds(self.pred, x, skey)
+        lo, hi = probe_bounds(self.pred, x, srt.key)
         res = None
         if self.pred.residual is not None:  # checked by the index while it probes
-            res = Residual(*residual_bounds(self.pred, x, key2[order]))
+            res = Residual(*residual_bounds(self.pred, x, srt.key2))
         wy, wx = self.window.size(y), self.window.size(x)
+        # tscol is non-decreasing in arrival order for count windows (opposite arrivals)
         if self.window.kind == "count":
-            o = opp[order]
-            s = seq[order]
-            bo_min, bo_max = int(opp.min()), int(opp.max())
-            full = WindowFilter(W.COUNT, o - wy, o, s + wx)
+            bo_min, bo_max = int(tscol[0]), int(tscol[-1])
+            full = WindowFilter(W.COUNT, srt.ts - wy, srt.ts, srt.seq + wx)
         else:
-            t = ev[order]
-            bmin, bmax = int(ev.min()), int(ev.max())
-            full = WindowFilter(W.TIME, t - wy, t + wx, np.zeros_like(t))
-        none = WindowFilter.none(len(key))
-        sid = ids[order]
+            bmin, bmax = int(tscol.min()), int(tscol.max())
+            full = WindowFilter(W.TIME, srt.ts - wy, srt.ts + wx, np.zeros_like(srt.ts))
+        none = WindowFilter.none(len(srt.key))
         self.stats.preprocess_s += time.perf_counter() - t0
         targets = []
         for sub in list(ring):
@@ -522,7 +542,7 @@ class JoinEngine:
                                            for sub, flt in targets], lo, hi, res)
         stores = [(sub.seq_start, sub.payloads() if self.with_payload else None)
                   for sub, _ in targets]
-        self._inflight.append(_InFlight(answers, x, sid, pay, order, stores))
+        self._inflight.append(_InFlight(answers, x, srt.ids, pay, order, stores))
 
     def _collect_one(self) -> None:
         """Step 5 for the oldest probe round in flight: stored seqs -> ids and payloads."""
@@ -546,9 +566,9 @@ class JoinEngine:
         while self._inflight:
             self._collect_one()
 
-    def _insert(self, x, key, tscol, seq, ids, ev, pay, order, key2=None) -> None:
+    def _insert(self, x, srt: _Sorted, seq, tscol, pay, order) -> None:
         ring = self.rings[x]
-        n = key.shape[0]
+        n = srt.key.shape[0]
         a = 0
         while a < n:
             sub = ring.newest
@@ -560,17 +580,12 @@ class JoinEngine:
                     sub.sub_id, x, self.index, self.nsub, str(self.key_dtype), self.partitions,
                     predecessor=pred, opts=self.index_opts, worker=sub.worker))
             b = min(n, a + sub.room)
-            # split by arrival, so each subwindow keeps a contiguous seq range; sort each part
+            # split by arrival, so each subwindow keeps a contiguous seq range; each part
+            # keeps the batch's key order (a mask over it: still sorted, O(n))
             part = slice(a, b)
-            if a == 0 and b == n:
-                o = order
-            else:  # the batch's sorted order restricted to this part: still sorted, O(n)
-                o = order[(order >= a) & (order < b)]
-            self.backend.insert(sub.sub_id, key[o], tscol[o], seq[o], ids[o],
-                                key2[o] if key2 is not None else None)
+            p = srt if a == 0 and b == n else srt.where((order >= a) & (order < b))
+            self.backend.insert(sub.sub_id, p.key, p.ts, p.seq, p.ids, p.key2)
             sub.add(seq[part], tscol[part], pay.slice(a, b - a) if pay is not None else None)
-            sub.ev_min = min(sub.ev_min, int(ev[part].min()))
-            sub.ev_max = max(sub.ev_max, int(ev[part].max()))
             a = b
 
     def _expire(self, y: str) -> None:

@@ -51,16 +51,19 @@ import numpy as np
 
 from panjoin import codec
 from panjoin.backend import BackendStats, CreateSpec
-from panjoin.proto.panjoin.v1 import worker_pb2, worker_pb2_grpc
+from panjoin.proto.panjoin.v1 import worker_pb2
 from panjoin.serving import OPTIONS
 from panjoin.subwindow.store import SubwindowStore
-from panjoin.wire import from_array
+from panjoin.wire import Encoded, from_array
 
 log = logging.getLogger("panjoin.manager")
 
 # fire-and-forget commands allowed in flight before the manager waits for the oldest:
 # bounds how far the manager runs ahead of slow workers
 MAX_UNCHECKED = 64
+
+SESSION_METHOD = f"/{worker_pb2.DESCRIPTOR.services_by_name['Worker'].full_name}/Session"
+_COMMAND_FIELDS = worker_pb2.Command.DESCRIPTOR.fields_by_name
 
 
 class WorkerError(RuntimeError):
@@ -113,14 +116,18 @@ class _Session:
         self.why = ""
         self.load = worker_pb2.WorkerLoad()
         self.channel = grpc.insecure_channel(address, options=OPTIONS)
-        self.stub = worker_pb2_grpc.WorkerStub(self.channel)
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
         self.pending: dict[int, _Call] = {}  # command_id -> call, in send order
         self.last_heard = time.monotonic()  # last feedback, or the send that ended idleness
         self.busy_s = 0.0  # seconds the worker reported spending on this session's commands
         self.ids = itertools.count()
         self.lock = threading.Lock()
-        self.responses = self.stub.Session(iter(self.requests.get, self._END))
+        # commands go out as the bytes send() frames (each array copied once, see
+        # panjoin.wire.Encoded), so the stream has no request serializer
+        self.responses = self.channel.stream_stream(
+            SESSION_METHOD, request_serializer=None,
+            response_deserializer=worker_pb2.Feedback.FromString,
+        )(iter(self.requests.get, self._END))
         self.reader = threading.Thread(target=self._read, daemon=True,
                                        name=f"feedback-{address}")
         self.reader.start()
@@ -146,15 +153,20 @@ class _Session:
         self.down(why)
 
     def send(self, order: int, kind: str, msg) -> _Call:
+        """Send ``msg`` (a generated message, or an :class:`Encoded` one) as the
+        Command's field ``kind``."""
         if not self.alive:
             raise _Down(self.why)
+        if not isinstance(msg, Encoded):
+            msg = Encoded(type(msg)).message(msg)
         with self.lock:
             cid = next(self.ids)
             call = _Call(self, order, kind, msg)
             if not self.pending:
                 self.last_heard = call.sent
             self.pending[cid] = call
-        self.requests.put(worker_pb2.Command(command_id=cid, **{kind: msg}))
+        prefix = worker_pb2.Command(command_id=cid).SerializeToString()
+        self.requests.put(msg.frame(prefix, kind, _COMMAND_FIELDS))
         return call
 
     def down(self, why: str) -> None:
@@ -356,7 +368,7 @@ class GrpcBackend:
                 continue  # creates, inserts, expires: the backups got them too
             # one probe per subwindow now, as pairs (ranges index the first main array)
             parts = []
-            msg = call.msg
+            msg = worker_pb2.Probe.FromString(call.msg.tobytes())
             for j, sid in enumerate(msg.sub_ids):
                 one = worker_pb2.Probe()
                 one.CopyFrom(msg)
@@ -440,10 +452,10 @@ class GrpcBackend:
         the workers check while probing."""
         self._collect()
         full = next((f for _, f, _ in targets if f.mode), None)
-        base = codec.encode_probe(lo, hi, full, res)
-        base.want_seq = self.want_seq
+        base = codec.encode_probe(lo, hi, full, res, self.want_seq)
         parts: list = []
-        self._send_probe(base, targets, list(range(len(targets))), next(self.order), parts)
+        self._send_probe(base, res is None, targets, list(range(len(targets))),
+                         next(self.order), parts)
         self.stats.probes += len(targets)
         self.rounds_in_flight += 1
         rnd = ProbeRound(self, targets, parts)
@@ -451,26 +463,27 @@ class GrpcBackend:
             self._ranged.append(rnd)
         return rnd
 
-    def _send_probe(self, base, targets, idxs, order: int, parts: list) -> None:
-        """One Probe per worker holding some of ``targets[idxs]``; a worker found dead
-        while sending is failed over and its share regrouped by the new placement."""
+    def _send_probe(self, base, may_range: bool, targets, idxs, order: int,
+                    parts: list) -> None:
+        """One Probe per worker holding some of ``targets[idxs]``: the shared ``base``
+        plus that worker's sub_ids, flags and limits. A worker found dead while
+        sending is failed over and its share regrouped by the new placement."""
         by_worker: dict[int, list[int]] = {}
         for i in idxs:
             by_worker.setdefault(self.where[targets[i][0]], []).append(i)
         for w, mine in by_worker.items():
-            msg = worker_pb2.Probe()
-            msg.CopyFrom(base)
-            if not base.HasField("lo2") and all(targets[i][0] in self.mirrors for i in mine):
-                # ranges: the manager expands them; with a residual the workers filter
-                msg.format = worker_pb2.RESULT_FORMAT_RANGES
-            msg.sub_ids.extend(targets[i][0] for i in mine)
-            msg.filtered.extend(bool(targets[i][1].mode) for i in mine)
-            msg.seq_limit.extend(int(targets[i][2]) for i in mine)
+            own = worker_pb2.Probe(sub_ids=[targets[i][0] for i in mine],
+                                   filtered=[bool(targets[i][1].mode) for i in mine],
+                                   seq_limit=[int(targets[i][2]) for i in mine])
+            # ranges: the manager expands them; with a residual the workers filter
+            if may_range and all(targets[i][0] in self.mirrors for i in mine):
+                own.format = worker_pb2.RESULT_FORMAT_RANGES
             try:
-                parts.append((mine, self.sessions[w].send(order, "probe", msg)))
+                parts.append((mine, self.sessions[w].send(order, "probe",
+                                                          base.copy().message(own))))
             except _Down:
                 self._failover(w)
-                self._send_probe(base, targets, mine, order, parts)
+                self._send_probe(base, may_range, targets, mine, order, parts)
 
     def _answer(self, r, flt):
         if not codec.is_ranges(r):

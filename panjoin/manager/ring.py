@@ -55,8 +55,6 @@ class Subwindow:
     seq_start: int = -1  # seqs of a subwindow are contiguous: [seq_start, seq_start + count)
     ts_min: int = np.iinfo(np.int64).max  # of the stored ts column (opp counts for count windows)
     ts_max: int = np.iinfo(np.int64).min
-    ev_min: int = np.iinfo(np.int64).max  # event time range, for time windows and status
-    ev_max: int = np.iinfo(np.int64).min
     _pay_offs: np.ndarray | None = None  # payload i is _pay_data[offs[i]:offs[i+1]]
     _pay_data: np.ndarray | None = None  # payload bytes in seq order; grows by doubling
     _pay_null: np.ndarray | None = None  # per slot, once a null payload came
