@@ -10,12 +10,14 @@ stored_seq)`` per pair: the subwindow's holder keeps its ids
 (:class:`panjoin.subwindow.store.SubwindowStore`), so the manager keeps none.
 
     >>> import numpy as np
-    >>> from panjoin.subwindow import WindowFilter
     >>> b = LocalBackend()
     >>> b.create(CreateSpec(0, "R", "nested", 4, "int64", 1))
-    >>> b.insert(0, np.array([3]), np.array([0]), np.array([0]), np.array([42]))
-    >>> [ids.tolist() for _, ids, _ in b.probe_many(
-    ...     [(0, WindowFilter.none(1), 1)], np.array([[3]]), np.array([[3]])).result()]
+    >>> r = SortedBatch.of(1, "R", np.array([3]), np.array([0]), np.array([0]), np.array([42]),
+    ...                    predicate="eq", window="count:4,4")
+    >>> b.insert(0, r, 0, 1)
+    >>> s = SortedBatch.of(2, "S", np.array([3]), np.array([1]), np.array([0]), np.array([7]),
+    ...                    predicate="eq", window="count:4,4")
+    >>> [ids.tolist() for _, ids, _ in b.probe_many([(0, False, 1)], s).result()]
     [[42]]
 """
 
@@ -23,15 +25,97 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 import numpy as np
 
+from panjoin.semantics import (
+    Predicate,
+    Window,
+    parse_predicate,
+    parse_window,
+    probe_bounds,
+    residual_bounds,
+)
 from panjoin.subwindow import Residual, WindowFilter
+from panjoin.subwindow.kernels import window as W
 from panjoin.subwindow.store import SubwindowStore
 
 #: one answer per probed subwindow: (probe_index, stored_id, stored_seq)
 Answer = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+@dataclass(eq=False)
+class SortedBatch:
+    """One collect batch of one stream in key order (step 2 of the paper): what its
+    probe and its inserts carry, sent once to each worker that needs it.
+
+    ``predicate`` and ``window`` are the join's: from them and the batch's own
+    columns a holder derives each probe tuple's key intervals and window bounds
+    (:meth:`probe_inputs`), so they never cross the wire. An insert takes the
+    tuples of a seq range (:meth:`columns`): a batch that fills one subwindow
+    and starts the next is inserted in two parts, each still in key order."""
+
+    batch_id: int
+    stream: str
+    key: np.ndarray
+    ts: np.ndarray  # the stored ts column: event time, or opposite arrivals (count windows)
+    seq: np.ndarray
+    ids: np.ndarray
+    key2: np.ndarray | None
+    predicate: Predicate
+    window: Window
+    _inputs: tuple | None = None
+
+    @classmethod
+    def of(cls, batch_id: int, stream: str, key, ts, seq, ids, key2=None, *,
+           predicate: str | Predicate, window: str | Window) -> SortedBatch:
+        return cls(batch_id, stream, np.asarray(key), np.asarray(ts, np.int64),
+                   np.asarray(seq, np.int64), np.asarray(ids, np.int64),
+                   None if key2 is None else np.asarray(key2, np.float64),
+                   parse_predicate(predicate), parse_window(window))
+
+    def __len__(self) -> int:
+        return int(self.key.shape[0])
+
+    def columns(self, seq_from: int | None = None, seq_to: int | None = None):
+        """(key, ts, seq, ids, key2) of the tuples with ``seq_from <= seq < seq_to``
+        (all of them by default), in key order."""
+        cols = (self.key, self.ts, self.seq, self.ids, self.key2)
+        if seq_from is None or (len(self) and seq_from <= self.seq_min
+                                and seq_to > self.seq_max):
+            return cols
+        m = (self.seq >= seq_from) & (self.seq < seq_to)
+        return tuple(c[m] if c is not None else None for c in cols)
+
+    @cached_property
+    def seq_min(self) -> int:
+        return int(self.seq.min())
+
+    @cached_property
+    def seq_max(self) -> int:
+        return int(self.seq.max())
+
+    def probe_inputs(self) -> tuple[np.ndarray, np.ndarray, WindowFilter, Residual | None]:
+        """``(lo, hi, window filter, residual)`` of this batch probing the other stream
+        (computed once): the key intervals by the predicate, the window bounds per
+        probe tuple (applied to the subwindows that straddle a window edge), and the
+        residual's intervals on key2, if the predicate has one."""
+        if self._inputs is None:
+            x = self.stream
+            y = "S" if x == "R" else "R"
+            lo, hi = probe_bounds(self.predicate, x, self.key)
+            res = None
+            if self.predicate.residual is not None:  # checked by the index while it probes
+                res = Residual(*residual_bounds(self.predicate, x, self.key2))
+            wy, wx = self.window.size(y), self.window.size(x)
+            if self.window.kind == "count":
+                full = WindowFilter(W.COUNT, self.ts - wy, self.ts, self.seq + wx)
+            else:
+                full = WindowFilter(W.TIME, self.ts - wy, self.ts + wx, np.zeros_like(self.ts))
+            self._inputs = (lo, hi, full, res)
+        return self._inputs
 
 
 @dataclass
@@ -76,11 +160,13 @@ class Backend(Protocol):
 
     def create(self, spec: CreateSpec) -> None: ...
 
-    def insert(self, sub_id: int, keys: np.ndarray, ts: np.ndarray, seq: np.ndarray,
-               ids: np.ndarray, key2: np.ndarray | None = None) -> None: ...
+    def insert(self, sub_id: int, batch: SortedBatch, seq_from: int, seq_to: int) -> None:
+        """Insert the batch's tuples with ``seq_from <= seq < seq_to``."""
 
-    def probe_many(self, targets: list[tuple[int, WindowFilter, int]], lo: np.ndarray,
-                   hi: np.ndarray, res: Residual | None = None) -> Answers: ...
+    def probe_many(self, targets: list[tuple[int, bool, int]], batch: SortedBatch
+                   ) -> Answers:
+        """Probe subwindows of the other stream with the batch: ``targets`` =
+        [(sub_id, apply the window filter, seq_limit)]."""
 
     def expire(self, sub_id: int) -> None: ...
 
@@ -142,9 +228,9 @@ class LocalBackend:
     def index(self, sub_id: int):
         return self.store(sub_id).index
 
-    def insert(self, sub_id, keys, ts, seq, ids, key2=None) -> None:
+    def insert(self, sub_id: int, batch: SortedBatch, seq_from: int, seq_to: int) -> None:
         t0 = time.perf_counter()
-        self.store(sub_id).insert(keys, ts, seq, ids, key2)
+        self.store(sub_id).insert(*batch.columns(seq_from, seq_to))
         self.stats.insert_s += time.perf_counter() - t0
         self.stats.inserts += 1
 
@@ -156,11 +242,15 @@ class LocalBackend:
         self.stats.probes += 1
         return out
 
-    def probe_many(self, targets, lo, hi, res: Residual | None = None) -> Done:
-        """Probe several subwindows with one batch: ``targets`` = [(sub_id, filter,
-        seq_limit), ...]; ``res``: the batch's residual intervals on key2, if any."""
-        return Done([self.probe(sub_id, lo, hi, flt, res, limit)
-                     for sub_id, flt, limit in targets])
+    def probe_many(self, targets, batch: SortedBatch) -> Done:
+        """Probe several subwindows with one batch: ``targets`` = [(sub_id, filtered,
+        seq_limit), ...]."""
+        t0 = time.perf_counter()
+        lo, hi, full, res = batch.probe_inputs()
+        none = WindowFilter.none(len(batch))
+        self.stats.probe_s += time.perf_counter() - t0
+        return Done([self.probe(sub_id, lo, hi, full if filtered else none, res, limit)
+                     for sub_id, filtered, limit in targets])
 
     def promote(self, sub_id: int) -> None:
         self.store(sub_id).promote()
@@ -213,9 +303,13 @@ class NullBackend(LocalBackend):
         self.dtypes[spec.sub_id] = spec.key_dtype
         self.stats.creates += 1
 
-    def insert(self, sub_id, keys, ts, seq, ids, key2=None) -> None:
-        self.store(sub_id).count += int(keys.size)
+    def insert(self, sub_id, batch, seq_from, seq_to) -> None:
+        self.store(sub_id).count += len(batch.columns(seq_from, seq_to)[0])
         self.stats.inserts += 1
+
+    def probe_many(self, targets, batch) -> Done:
+        return Done([self.probe(sub_id, None, None, None, None, limit)
+                     for sub_id, _, limit in targets])
 
     def probe(self, sub_id, lo, hi, flt, res=None, seq_limit=None) -> Answer:
         self.store(sub_id)

@@ -1,27 +1,31 @@
 """The worker commands on the wire: one encoder and one decoder per message, for both ends.
 
-The manager's gRPC backend encodes create / insert / probe / expire / promote
-into ``panjoin.v1`` messages, the worker decodes them (checking everything a
+The manager's gRPC backend encodes create / batch / insert / probe / expire /
+promote into ``panjoin.v1`` messages, the worker decodes them (checking everything a
 bad client could get wrong, as ``ValueError``) and encodes its answers; the
 two ends share this module and nothing else. Arrays go through
-:mod:`panjoin.wire` (raw little-endian bytes, no per-element work).
+:mod:`panjoin.wire` (raw little-endian bytes, no per-element work). A batch's
+columns travel once per worker in a Batch; the Insert and Probe commands name it.
 
     >>> import numpy as np
-    >>> enc = encode_insert(3, np.array([1, 2]), np.zeros(2, np.int64), np.array([0, 1]),
-    ...                     np.array([10, 11]))
-    >>> decode_insert(worker_pb2.Insert.FromString(enc.tobytes()), "int64")[3].tolist()
-    [10, 11]
+    >>> b = SortedBatch.of(3, "R", np.array([1, 2]), np.zeros(2), np.array([0, 1]),
+    ...                    np.array([10, 11]), predicate="band:1", window="count:8,8")
+    >>> back = decode_batch(worker_pb2.Batch.FromString(encode_batch(b).tobytes()))
+    >>> back.ids.tolist(), str(back.predicate), back.probe_inputs()[0].tolist()
+    ([10, 11], 'band:1', [[0, 1]])
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
-from panjoin.backend import CreateSpec
+from panjoin.backend import CreateSpec, SortedBatch
 from panjoin.proto.panjoin.v1 import common_pb2, worker_pb2
-from panjoin.subwindow import INDEX_KINDS, Residual, WindowFilter
+from panjoin.semantics import SpecError, parse_predicate, parse_window
+from panjoin.subwindow import INDEX_KINDS, WindowFilter
 from panjoin.wire import Encoded, from_array, to_array
 
 STREAM = {"R": common_pb2.STREAM_R, "S": common_pb2.STREAM_S}
@@ -70,103 +74,100 @@ def decode_create(c: worker_pb2.Create) -> CreateSpec:
                       int(c.partitions), None, opts, splitters=spl, backup=c.backup)
 
 
-# ---------------------------------------------------------------------- insert
+# ---------------------------------------------------------------------- batch
 
 
-def encode_insert(sub_id: int, keys, ts, seq, ids, key2=None) -> Encoded:
-    """An Insert, written straight to the wire (:class:`panjoin.wire.Encoded`)."""
-    enc = (Encoded(worker_pb2.Insert).scalar("sub_id", sub_id).array("keys", keys)
-           .array("ts", ts).array("seq", seq).array("ids", ids))
-    if key2 is not None:  # for a residual condition, checked by the worker's probe
-        enc.array("key2", np.asarray(key2, dtype=np.float64))
-    return enc
+def encode_batch(batch: SortedBatch) -> Encoded:
+    """A Batch, written straight to the wire (:class:`panjoin.wire.Encoded`): each
+    worker's copy appends its own ``release_below``."""
+    enc = (Encoded(worker_pb2.Batch).scalar("batch_id", batch.batch_id)
+           .scalar("stream", STREAM[batch.stream]).array("keys", batch.key)
+           .array("ts", batch.ts).array("seq", batch.seq).array("ids", batch.ids))
+    if batch.key2 is not None:  # for a residual condition, checked by the worker's probe
+        enc.array("key2", np.asarray(batch.key2, dtype=np.float64))
+    return enc.message(worker_pb2.Batch(predicate=str(batch.predicate),
+                                        window=str(batch.window)))
 
 
-def decode_insert(c: worker_pb2.Insert, key_dtype: str):
-    """(keys, ts, seq, ids, key2 or None), checked: one length, keys sorted."""
-    keys = from_array(c.keys, KEY_DTYPES[str(key_dtype)], "keys")
+@lru_cache(maxsize=64)
+def _join_spec(predicate: str, window: str):
+    try:
+        return parse_predicate(predicate), parse_window(window)
+    except SpecError as e:
+        raise ValueError(f"batch: {e}") from None
+
+
+def decode_batch(c: worker_pb2.Batch) -> SortedBatch:
+    """The batch, checked: an id > 0, one length, keys sorted, a known predicate and
+    window, key2 iff the predicate has a residual."""
+    if c.batch_id <= 0:
+        raise ValueError(f"batch id {c.batch_id} must be > 0")
+    if c.stream not in STREAM_NAME:
+        raise ValueError("batch stream must be STREAM_R or STREAM_S")
+    pred, window = _join_spec(c.predicate, c.window)
+    if c.keys.dtype not in KEY_DTYPES.values():
+        raise ValueError(f"keys: dtype {c.keys.dtype!r} must be <i8 (int64) or <f8 (float64)")
+    keys = from_array(c.keys, c.keys.dtype, "keys")
     ts = from_array(c.ts, "<i8", "ts")
     seq = from_array(c.seq, "<i8", "seq")
     ids = from_array(c.ids, "<i8", "ids")
-    if not (keys.shape == ts.shape == seq.shape == ids.shape):
+    if not (keys.ndim == 1 and keys.shape == ts.shape == seq.shape == ids.shape):
         raise ValueError("keys, ts, seq and ids differ in length")
     key2 = None
     if c.HasField("key2"):
         key2 = from_array(c.key2, "<f8", "key2")
         if key2.shape != keys.shape:
             raise ValueError("key2 must have one value per key")
+    if (key2 is None) != (pred.residual is None):
+        raise ValueError(f"predicate {pred} " + ("needs key2 on every batch" if key2 is None
+                                                  else "has no residual: send no key2"))
     if keys.size > 1 and np.any(keys[1:] < keys[:-1]):
-        raise ValueError("insert batch is not sorted by key")
-    return keys, ts, seq, ids, key2
+        raise ValueError("batch is not sorted by key")
+    return SortedBatch(c.batch_id, STREAM_NAME[c.stream], keys, ts, seq, ids, key2, pred,
+                       window)
+
+
+def check_batch_for(batch: SortedBatch, sub_stream: str, key_dtype: str, sub_id: int,
+                    probe: bool = False) -> None:
+    """A batch fits a subwindow of ``sub_stream`` with ``key_dtype`` keys (ValueError if
+    not): inserts go to the batch's own stream, probes to the other one."""
+    if (batch.stream == sub_stream) == probe:
+        raise ValueError(f"batch {batch.batch_id} of stream {batch.stream} cannot "
+                         f"{'probe' if probe else 'be inserted into'} subwindow {sub_id} "
+                         f"of stream {sub_stream}")
+    if batch.key.dtype != np.dtype(key_dtype):
+        raise ValueError(f"batch {batch.batch_id} has {batch.key.dtype} keys, subwindow "
+                         f"{sub_id} holds {key_dtype} keys (a dtype mismatch)")
 
 
 # ---------------------------------------------------------------------- probe
 
 
-def encode_probe(lo, hi, full: WindowFilter | None, res: Residual | None,
-                 want_seq: bool = False) -> Encoded:
-    """The part of a Probe shared by every worker it goes to (no sub_ids yet): each
-    worker's message is a copy that appends its own sub_ids, flags and limits."""
-    enc = (Encoded(worker_pb2.Probe).array("lo", lo).array("hi", hi)
-           .scalar("filter_mode", full.mode if full is not None else 0)
-           .scalar("want_seq", want_seq))
-    if res is not None:
-        enc.array("lo2", res.lo).array("hi2", res.hi)
-    if full is not None:
-        c0, c1, c2 = full.arrays(lo.shape[-1])
-        enc.array("c0", c0).array("c1", c1).array("c2", c2)
-    return enc
-
-
 @dataclass
 class ProbeRequest:
-    lo: np.ndarray
-    hi: np.ndarray
-    res: Residual | None
     targets: list  # [(sub_id, WindowFilter, seq_limit or None)]
     ranges: bool
     want_seq: bool
 
 
-def decode_probe(c: worker_pb2.Probe, key_dtype: str) -> ProbeRequest:
+def decode_probe(c: worker_pb2.Probe, batch: SortedBatch) -> ProbeRequest:
+    """The probe's targets, each with its window filter (the batch's, or none)."""
     if len(c.filtered) not in (0, len(c.sub_ids)):
         raise ValueError("filtered must be empty or one flag per sub_id")
     if len(c.seq_limit) not in (0, len(c.sub_ids)):
         raise ValueError("seq_limit must be empty or one limit per sub_id")
-    want = KEY_DTYPES[str(key_dtype)]
-    lo = from_array(c.lo, want, "lo")
-    hi = from_array(c.hi, want, "hi")
-    if lo.ndim == 1:
-        lo, hi = lo[None, :], hi[None, :]
-    if lo.shape != hi.shape:
-        raise ValueError("lo and hi differ in shape")
-    n = lo.shape[1]
-    full = WindowFilter.none(n)
-    if c.filter_mode:
-        cols = [from_array(a, "<i8", nm) for a, nm in ((c.c0, "c0"), (c.c1, "c1"), (c.c2, "c2"))]
-        if any(x.shape != (n,) for x in cols):
-            raise ValueError("c0, c1, c2 must have one value per probe tuple")
-        full = WindowFilter(int(c.filter_mode), *cols)
-    none = WindowFilter.none(n)
-    res = None
-    if c.HasField("lo2") or c.HasField("hi2"):
-        lo2 = from_array(c.lo2, "<f8", "lo2")
-        hi2 = from_array(c.hi2, "<f8", "hi2")
-        if lo2.ndim == 1:
-            lo2, hi2 = lo2[None, :], hi2[None, :]
-        if lo2.shape != hi2.shape or lo2.shape[1] != n:
-            raise ValueError("lo2 and hi2 must both be (n_bands2, n) for n probe tuples")
-        res = Residual(lo2, hi2)
     ranges = c.format == worker_pb2.RESULT_FORMAT_RANGES
-    if ranges and res is not None:
-        raise ValueError("a residual (lo2, hi2) needs RESULT_FORMAT_PAIRS: ranges would "
+    if ranges and batch.predicate.residual is not None:
+        raise ValueError("a residual condition needs RESULT_FORMAT_PAIRS: ranges would "
                          "return candidates the residual rejects")
+    full = batch.probe_inputs()[2]
+    none = WindowFilter.none(len(batch))
     targets = []
     for i, sub_id in enumerate(c.sub_ids):
-        filtered = c.filtered[i] if c.filtered else bool(c.filter_mode)
+        filtered = c.filtered[i] if c.filtered else True
         targets.append((sub_id, full if filtered else none,
                         int(c.seq_limit[i]) if c.seq_limit else None))
-    return ProbeRequest(lo, hi, res, targets, ranges, c.want_seq)
+    return ProbeRequest(targets, ranges, c.want_seq)
 
 
 def encode_answer(sub_id: int, pidx, ids, seq=None) -> worker_pb2.ProbeResult:

@@ -9,17 +9,17 @@ dtype string and shape, never repeated scalar fields::
     >>> from_array(a).tolist()
     [3, 1, 2]
 
-The bulk commands (a batch's keys, ts, seq, ids, probe bounds) are written
+The bulk command (a batch's keys, ts, seq and ids) is written
 straight into protobuf's wire format by :class:`Encoded`: the framing bytes
 plus the arrays' own memory, joined once when the command goes out, where
-building ``Array`` messages and nesting them copied each array four times
+building ``Array`` messages and nesting them copies each array four times
 (``tobytes``, into the Array, into the Command, serialising). The field numbers
 come from the generated descriptors, and the generated classes parse the result::
 
     >>> from panjoin.proto.panjoin.v1 import worker_pb2
-    >>> enc = Encoded(worker_pb2.Insert).scalar("sub_id", 7).array("ids", np.array([5, 6]))
-    >>> msg = worker_pb2.Insert.FromString(enc.tobytes())
-    >>> msg.sub_id, from_array(msg.ids).tolist()
+    >>> enc = Encoded(worker_pb2.Batch).scalar("batch_id", 7).array("ids", np.array([5, 6]))
+    >>> msg = worker_pb2.Batch.FromString(enc.tobytes())
+    >>> msg.batch_id, from_array(msg.ids).tolist()
     (7, [5, 6])
 """
 

@@ -22,7 +22,7 @@ from panjoin.proto.panjoin.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from panjoin.reference import reference_join, sort_pairs
 from panjoin.semantics import parse_predicate, parse_window
 from panjoin.subwindow import INDEX_KINDS
-from panjoin.wire import to_array
+from panjoin.wire import from_array, to_array
 
 
 @pytest.fixture(scope="module")
@@ -67,40 +67,67 @@ def _session(address):
     return ch, worker_pb2_grpc.WorkerStub(ch)
 
 
+def _batch(batch_id, keys, stream="R", n=None, predicate="eq", **cols):
+    """A Batch message as the manager would send it (``n`` rows of ts/seq/ids)."""
+    n = len(keys) if n is None else n
+    return worker_pb2.Batch(
+        batch_id=batch_id, stream=common_pb2.STREAM_R if stream == "R" else common_pb2.STREAM_S,
+        keys=to_array(np.asarray(keys)), ts=to_array(cols.get("ts", np.zeros(n, np.int64))),
+        seq=to_array(cols.get("seq", np.arange(n))), ids=to_array(cols.get("ids", np.arange(n))),
+        predicate=predicate, window="count:10,10")
+
+
 def test_bad_commands_get_invalid_argument_and_change_nothing(workers):
     ch, stub = _session(workers[0].address)
     create = worker_pb2.Create(sub_id=7, stream=common_pb2.STREAM_R, index="bisort",
                                capacity=10, key_dtype="int64", partitions=2)
     cmds = [
         worker_pb2.Command(command_id=1, create=create),
-        # wrong dtype
-        worker_pb2.Command(command_id=2, insert=worker_pb2.Insert(
-            sub_id=7, keys=to_array(np.array([1.0, 2.0])), ts=to_array(np.zeros(2, np.int64)),
-            seq=to_array(np.arange(2)), ids=to_array(np.arange(2)))),
-        # mismatched lengths
+        # float keys for an int64 subwindow: the batch is fine, the insert is not
+        worker_pb2.Command(command_id=2, batch=_batch(1, [1.0, 2.0])),
         worker_pb2.Command(command_id=3, insert=worker_pb2.Insert(
-            sub_id=7, keys=to_array(np.array([1, 2])), ts=to_array(np.zeros(3, np.int64)),
-            seq=to_array(np.arange(2)), ids=to_array(np.arange(2)))),
+            sub_id=7, batch_id=1, seq_from=0, seq_to=2)),
+        # mismatched lengths
+        worker_pb2.Command(command_id=4, batch=_batch(2, [1, 2], n=3)),
         # unknown subwindow
-        worker_pb2.Command(command_id=4, expire=worker_pb2.Expire(sub_id=99)),
+        worker_pb2.Command(command_id=5, expire=worker_pb2.Expire(sub_id=99)),
         # unknown index
-        worker_pb2.Command(command_id=5, create=worker_pb2.Create(
+        worker_pb2.Command(command_id=6, create=worker_pb2.Create(
             sub_id=8, stream=common_pb2.STREAM_R, index="btree", capacity=10,
             key_dtype="int64", partitions=2)),
+        # a batch nobody sent
+        worker_pb2.Command(command_id=7, insert=worker_pb2.Insert(
+            sub_id=7, batch_id=9, seq_from=0, seq_to=2)),
+        # unsorted keys, an unknown predicate, a batch id of 0
+        worker_pb2.Command(command_id=8, batch=_batch(3, [2, 1])),
+        worker_pb2.Command(command_id=9, batch=_batch(4, [1, 2], predicate="like:3")),
+        worker_pb2.Command(command_id=10, batch=_batch(0, [1, 2])),
+        # an R batch probing R subwindows
+        worker_pb2.Command(command_id=11, batch=_batch(5, [1, 2])),
+        worker_pb2.Command(command_id=12, probe=worker_pb2.Probe(batch_id=5, sub_ids=[7])),
         # a good insert afterwards still works: state was not changed by the bad ones
-        worker_pb2.Command(command_id=6, insert=worker_pb2.Insert(
-            sub_id=7, keys=to_array(np.array([1, 2])), ts=to_array(np.zeros(2, np.int64)),
-            seq=to_array(np.arange(2)), ids=to_array(np.arange(2)))),
+        worker_pb2.Command(command_id=13, insert=worker_pb2.Insert(
+            sub_id=7, batch_id=5, seq_from=0, seq_to=2)),
+        # and an S batch finds what it inserted
+        worker_pb2.Command(command_id=14, batch=_batch(6, [2, 3], stream="S")),
+        worker_pb2.Command(command_id=15, probe=worker_pb2.Probe(batch_id=6, sub_ids=[7])),
     ]
     fbs = list(stub.Session(iter(cmds)))
     ch.close()
-    assert [f.command_id for f in fbs] == [1, 2, 3, 4, 5, 6]
-    assert fbs[0].error == "" and fbs[5].error == ""
-    assert fbs[1].code == "INVALID_ARGUMENT" and "dtype" in fbs[1].error
-    assert fbs[2].code == "INVALID_ARGUMENT" and "length" in fbs[2].error
-    assert fbs[3].code == "NOT_FOUND" and "99" in fbs[3].error
-    assert fbs[4].code == "INVALID_ARGUMENT" and "btree" in fbs[4].error
-    assert fbs[5].status.count == 2
+    assert [f.command_id for f in fbs] == list(range(1, 16))
+    assert fbs[0].error == "" and fbs[1].error == "" and fbs[12].error == ""
+    assert fbs[2].code == "INVALID_ARGUMENT" and "dtype" in fbs[2].error
+    assert fbs[3].code == "INVALID_ARGUMENT" and "length" in fbs[3].error
+    assert fbs[4].code == "NOT_FOUND" and "99" in fbs[4].error
+    assert fbs[5].code == "INVALID_ARGUMENT" and "btree" in fbs[5].error
+    assert fbs[6].code == "NOT_FOUND" and "batch 9" in fbs[6].error
+    assert fbs[7].code == "INVALID_ARGUMENT" and "sorted" in fbs[7].error
+    assert fbs[8].code == "INVALID_ARGUMENT" and "like" in fbs[8].error
+    assert fbs[9].code == "INVALID_ARGUMENT" and "batch id 0" in fbs[9].error
+    assert fbs[11].code == "INVALID_ARGUMENT" and "stream" in fbs[11].error
+    assert fbs[12].status.count == 2
+    (res,) = fbs[14].results
+    assert from_array(res.probe_idx).tolist() == [0] and from_array(res.ids).tolist() == [1]
 
 
 def test_backend_raises_worker_errors(workers):
@@ -369,7 +396,7 @@ def test_payloads_travel_through_the_manager_and_status_has_the_feedback_bits(ma
 
 
 def test_feedback_carries_the_status_bits(workers):
-    from panjoin.backend import CreateSpec
+    from panjoin.backend import CreateSpec, SortedBatch
 
     backend = GrpcBackend([workers[0].address])
     try:
@@ -381,7 +408,8 @@ def test_feedback_carries_the_status_bits(workers):
         assert load.oldest_r_empty and load.oldest_s_empty
         assert not load.newest_r_full
         k = np.array([1, 2, 3, 4], np.int64)
-        backend.insert(0, k, k, np.arange(4), 10 + np.arange(4))
+        backend.insert(0, SortedBatch.of(1, "R", k, k, np.arange(4), 10 + np.arange(4),
+                                         predicate="eq", window="count:4,4"), 0, 4)
         backend.sync()
         load = backend.loads()[0]
         assert load.tuples == 4 and load.newest_r_full and not load.oldest_r_empty

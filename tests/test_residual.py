@@ -338,36 +338,39 @@ def test_failover_replays_key2_and_the_residual(wkind):
 def test_worker_refuses_ranges_with_a_residual(workers):
     import grpc
 
+    from panjoin import codec
+    from panjoin.backend import SortedBatch
     from panjoin.proto.panjoin.v1 import common_pb2, worker_pb2, worker_pb2_grpc
-    from panjoin.wire import from_array, to_array
+    from panjoin.wire import from_array
+
+    def batch(batch_id, stream, key2, residual):
+        b = SortedBatch.of(batch_id, stream, np.array([1]), np.zeros(1), np.array([0]),
+                           np.array([9]), np.array([key2]), predicate=f"eq&{residual}",
+                           window="count:4,4")
+        return worker_pb2.Batch.FromString(codec.encode_batch(b).tobytes())
 
     with grpc.insecure_channel(workers[0].address) as ch:
         stub = worker_pb2_grpc.WorkerStub(ch)
-        one = np.array([[1]], np.int64)
         cmds = [
             worker_pb2.Command(command_id=1, create=worker_pb2.Create(
                 sub_id=1, stream=common_pb2.STREAM_R, index="bisort", capacity=4,
                 key_dtype="int64", partitions=1)),
-            worker_pb2.Command(command_id=2, insert=worker_pb2.Insert(
-                sub_id=1, keys=to_array(np.array([1])), ts=to_array(np.zeros(1, np.int64)),
-                seq=to_array(np.array([0])), ids=to_array(np.array([9])),
-                key2=to_array(np.array([0.5])))),
-            worker_pb2.Command(command_id=3, probe=worker_pb2.Probe(
-                sub_ids=[1], lo=to_array(one), hi=to_array(one),
-                lo2=to_array(np.array([[0.0]])), hi2=to_array(np.array([[1.0]])),
-                format=worker_pb2.RESULT_FORMAT_RANGES)),
-            worker_pb2.Command(command_id=4, probe=worker_pb2.Probe(
-                sub_ids=[1], lo=to_array(one), hi=to_array(one),
-                lo2=to_array(np.array([[0.6]])), hi2=to_array(np.array([[1.0]])))),
+            worker_pb2.Command(command_id=2, batch=batch(1, "R", 0.5, "band2:0.5")),
+            worker_pb2.Command(command_id=3, insert=worker_pb2.Insert(
+                sub_id=1, batch_id=1, seq_from=0, seq_to=1)),
+            # S probes with key2 1.2: s.key2 - r.key2 = 0.7
+            worker_pb2.Command(command_id=4, batch=batch(2, "S", 1.2, "band2:0.5")),
             worker_pb2.Command(command_id=5, probe=worker_pb2.Probe(
-                sub_ids=[1], lo=to_array(one), hi=to_array(one),
-                lo2=to_array(np.array([[0.4]])), hi2=to_array(np.array([[1.0]])))),
+                batch_id=2, sub_ids=[1], format=worker_pb2.RESULT_FORMAT_RANGES)),
+            worker_pb2.Command(command_id=6, probe=worker_pb2.Probe(batch_id=2, sub_ids=[1])),
+            worker_pb2.Command(command_id=7, batch=batch(3, "S", 1.2, "band2:0.75")),
+            worker_pb2.Command(command_id=8, probe=worker_pb2.Probe(batch_id=3, sub_ids=[1])),
         ]
         fbs = list(stub.Session(iter(cmds)))
-    assert not fbs[1].error
-    assert fbs[2].code == "INVALID_ARGUMENT" and "residual" in fbs[2].error
-    assert not fbs[3].error and not fbs[3].results[0].ids.data  # 0.5 outside [0.6, 1]
-    assert from_array(fbs[4].results[0].ids).tolist() == [9]  # 0.5 inside [0.4, 1]
+    assert not any(fbs[i].error for i in (0, 1, 2, 3, 5, 6, 7))
+    assert fbs[4].code == "INVALID_ARGUMENT" and "residual" in fbs[4].error
+    assert not fbs[5].results[0].ids.data  # 0.7 outside [-0.5, 0.5]
+    assert from_array(fbs[7].results[0].ids).tolist() == [9]  # 0.7 inside [-0.75, 0.75]
 
 
 # --------------------------------------------------------------------------- handshake

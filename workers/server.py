@@ -23,7 +23,7 @@ import grpc
 import numba
 
 from panjoin import codec
-from panjoin.backend import LocalBackend, NullBackend
+from panjoin.backend import LocalBackend, NullBackend, SortedBatch
 from panjoin.config import tune_allocator
 from panjoin.proto.panjoin.v1 import worker_pb2, worker_pb2_grpc
 from panjoin.serving import start_server
@@ -52,6 +52,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         # kernels would use every core, and idle team threads spin
         numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
         backend = (NullBackend if self.null else LocalBackend)(self.threads)
+        batches: dict[int, SortedBatch] = {}  # the batches later commands may name
         with self.lock:
             sid = self._next
             self._next += 1
@@ -59,7 +60,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         log.info("session %d opened by %s", sid, context.peer())
         try:
             for cmd in request_iterator:
-                yield self.handle(backend, cmd)
+                yield self.handle(backend, cmd, batches)
         finally:
             with self.lock:
                 self.sessions.pop(sid, None)
@@ -77,7 +78,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     # ------------------------------------------------------------------ commands
 
-    def handle(self, backend: LocalBackend, cmd: worker_pb2.Command) -> worker_pb2.Feedback:
+    def handle(self, backend: LocalBackend, cmd: worker_pb2.Command,
+               batches: dict[int, SortedBatch] | None = None) -> worker_pb2.Feedback:
         t0 = time.thread_time()
         self.commands += 1
         fb = worker_pb2.Feedback(command_id=cmd.command_id)
@@ -85,7 +87,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             kind = cmd.WhichOneof("cmd")
             if kind is None:
                 raise ValueError("empty command: set create, insert, probe, expire or promote")
-            getattr(self, "_" + kind)(backend, getattr(cmd, kind), fb)
+            getattr(self, "_" + kind)(backend, getattr(cmd, kind), fb,
+                                      batches if batches is not None else {})
         except codec.NotFound as e:
             fb.error, fb.code = str(e), "NOT_FOUND"
         except (WireError, ValueError, TypeError) as e:
@@ -123,7 +126,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise codec.NotFound(f"unknown subwindow {sub_id}")
         return st
 
-    def _create(self, backend: LocalBackend, c: worker_pb2.Create, fb) -> None:
+    @staticmethod
+    def _batch_of(batches: dict, batch_id: int) -> SortedBatch:
+        b = batches.get(batch_id)
+        if b is None:
+            raise codec.NotFound(f"unknown batch {batch_id}: send the Batch before the "
+                                 "commands that name it")
+        return b
+
+    def _create(self, backend: LocalBackend, c: worker_pb2.Create, fb, batches) -> None:
         spec = codec.decode_create(c)
         if spec.sub_id in backend.subs:
             raise ValueError(f"subwindow id {spec.sub_id} exists")
@@ -134,36 +145,49 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         backend.create(spec)
         fb.status.CopyFrom(worker_pb2.SubwindowStatus(sub_id=c.sub_id, empty=True))
 
-    def _insert(self, backend: LocalBackend, c: worker_pb2.Insert, fb) -> None:
+    def _batch(self, backend: LocalBackend, c: worker_pb2.Batch, fb, batches) -> None:
+        batch = codec.decode_batch(c)
+        for old in [b for b in batches if b < c.release_below]:
+            del batches[old]
+        batches[batch.batch_id] = batch
+
+    def _insert(self, backend: LocalBackend, c: worker_pb2.Insert, fb, batches) -> None:
         st = self._store(backend, c.sub_id)
-        backend.insert(c.sub_id, *codec.decode_insert(c, backend.key_dtype(c.sub_id)))
+        batch = self._batch_of(batches, c.batch_id)
+        codec.check_batch_for(batch, backend.streams[c.sub_id], backend.key_dtype(c.sub_id),
+                              c.sub_id)
+        backend.insert(c.sub_id, batch, c.seq_from, c.seq_to)
         fb.status.sub_id, fb.status.count = c.sub_id, len(st)
         fb.status.full, fb.status.nbytes = st.full, st.nbytes
         spl = st.successor_splitters() if st.full else None
         if spl is not None:
             fb.status.successor_splitters.CopyFrom(to_array(spl))
 
-    def _probe(self, backend: LocalBackend, c: worker_pb2.Probe, fb) -> None:
+    def _probe(self, backend: LocalBackend, c: worker_pb2.Probe, fb, batches) -> None:
+        batch = self._batch_of(batches, c.batch_id)
         for sub_id in c.sub_ids:
             self._store(backend, sub_id)
+            codec.check_batch_for(batch, backend.streams[sub_id], backend.key_dtype(sub_id),
+                                  sub_id, probe=True)
         if not c.sub_ids:
             return
-        req = codec.decode_probe(c, backend.key_dtype(c.sub_ids[0]))
+        req = codec.decode_probe(c, batch)
+        lo, hi, _, res = batch.probe_inputs()
         for sub_id, flt, limit in req.targets:
             if req.ranges:
                 fb.results.append(codec.encode_ranges(
-                    sub_id, backend.store(sub_id).probe_ranges(req.lo, req.hi, flt)))
+                    sub_id, backend.store(sub_id).probe_ranges(lo, hi, flt)))
                 continue
-            pidx, ids, seq = backend.probe(sub_id, req.lo, req.hi, flt, req.res, limit)
+            pidx, ids, seq = backend.probe(sub_id, lo, hi, flt, res, limit)
             fb.results.append(codec.encode_answer(sub_id, pidx, ids,
                                                   seq if req.want_seq else None))
 
-    def _expire(self, backend: LocalBackend, c: worker_pb2.Expire, fb) -> None:
+    def _expire(self, backend: LocalBackend, c: worker_pb2.Expire, fb, batches) -> None:
         self._store(backend, c.sub_id)
         backend.expire(c.sub_id)
         fb.status.CopyFrom(worker_pb2.SubwindowStatus(sub_id=c.sub_id, empty=True))
 
-    def _promote(self, backend: LocalBackend, c: worker_pb2.Promote, fb) -> None:
+    def _promote(self, backend: LocalBackend, c: worker_pb2.Promote, fb, batches) -> None:
         st = self._store(backend, c.sub_id)
         backend.promote(c.sub_id)
         fb.status.CopyFrom(worker_pb2.SubwindowStatus(sub_id=c.sub_id, count=len(st),

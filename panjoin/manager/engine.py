@@ -52,13 +52,12 @@ import math
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numba
 import numpy as np
 import pyarrow as pa
 
-from panjoin.backend import CreateSpec, LocalBackend
+from panjoin.backend import CreateSpec, LocalBackend, SortedBatch
 from panjoin.config import DEFAULT_BATCH, default_threads, tune_allocator
 from panjoin.manager.ring import SubwindowRing
 from panjoin.semantics import (
@@ -66,11 +65,8 @@ from panjoin.semantics import (
     Window,
     parse_predicate,
     parse_window,
-    probe_bounds,
-    residual_bounds,
 )
-from panjoin.subwindow import INDEX_KINDS, Residual, WindowFilter
-from panjoin.subwindow.kernels import window as W
+from panjoin.subwindow import INDEX_KINDS
 from panjoin.wire import PAYLOAD_TYPE
 
 log = logging.getLogger("panjoin.manager")
@@ -166,19 +162,6 @@ class _InFlight:
     payload: pa.Array | None  # the probe batch's payloads in arrival order
     order: np.ndarray  # key order -> arrival order (payloads are gathered once, per pair)
     stores: list  # per target: (seq_start, payloads in seq order or None)
-
-
-class _Sorted(NamedTuple):
-    """A batch's columns in key order (step 2), shared by its probe and its insert."""
-
-    key: np.ndarray
-    ts: np.ndarray  # the stored ts column: event time, or opposite arrivals (count windows)
-    seq: np.ndarray
-    ids: np.ndarray
-    key2: np.ndarray | None
-
-    def where(self, mask: np.ndarray) -> _Sorted:
-        return _Sorted(*(c[mask] if c is not None else None for c in self))
 
 
 class JoinEngine:
@@ -484,35 +467,27 @@ class JoinEngine:
         # order once, for both
         t0 = time.perf_counter()
         order = np.argsort(key)
-        srt = _Sorted(key[order], tscol[order], seq[order], ids[order],
-                      key2[order] if key2 is not None else None)
+        batch = SortedBatch(self.stats.batches, x, key[order], tscol[order], seq[order],
+                            ids[order], key2[order] if key2 is not None else None,
+                            self.pred, self.window)
         self.stats.preprocess_s += time.perf_counter() - t0
-        self._probe(x, y, srt, tscol, pay, order)
-        self._insert(x, srt, seq, tscol, pay, order)
+        self._probe(x, y, batch, tscol, pay, order)
+        self._insert(x, batch, seq, tscol, pay)
         self._expire(y)
         self._expire(x)
         while len(self._inflight) > self.pipeline:
             self._collect_one()
 
-    def _probe(self, x, y, srt: _Sorted, tscol, pay, order) -> None:
+    def _probe(self, x, y, batch: SortedBatch, tscol, pay, order) -> None:
         ring = self.rings[y]
         if not any(s.count for s in ring):
             return
-        t0 = time.perf_counter()
-        lo, hi = probe_bounds(self.pred, x, srt.key)
-        res = None
-        if self.pred.residual is not None:  # checked by the index while it probes
-            res = Residual(*residual_bounds(self.pred, x, srt.key2))
         wy, wx = self.window.size(y), self.window.size(x)
         # tscol is non-decreasing in arrival order for count windows (opposite arrivals)
         if self.window.kind == "count":
             bo_min, bo_max = int(tscol[0]), int(tscol[-1])
-            full = WindowFilter(W.COUNT, srt.ts - wy, srt.ts, srt.seq + wx)
         else:
             bmin, bmax = int(tscol.min()), int(tscol.max())
-            full = WindowFilter(W.TIME, srt.ts - wy, srt.ts + wx, np.zeros_like(srt.ts))
-        none = WindowFilter.none(len(srt.key))
-        self.stats.preprocess_s += time.perf_counter() - t0
         targets = []
         for sub in list(ring):
             if sub.count == 0:
@@ -522,27 +497,27 @@ class JoinEngine:
                 if smax < bo_min - wy:
                     self.stats.probes_skipped += 1
                     continue
-                flt = none if (smax < bo_min and smin >= bo_max - wy) else full
+                filtered = not (smax < bo_min and smin >= bo_max - wy)
             else:
                 if sub.ts_max <= bmin - wy or sub.ts_min >= bmax + wx:
                     self.stats.probes_skipped += 1
                     continue
-                flt = none if (sub.ts_min > bmax - wy and sub.ts_max < bmin + wx) else full
-            if flt is none:
-                self.stats.probes_unfiltered += 1
-            else:
+                filtered = not (sub.ts_min > bmax - wy and sub.ts_max < bmin + wx)
+            if filtered:
                 self.stats.probes_filtered += 1
-            targets.append((sub, flt))
+            else:  # wholly inside every probe tuple's window
+                self.stats.probes_unfiltered += 1
+            targets.append((sub, filtered))
         if not targets:
             return
         # one round of probes over every worker at once (steps 3 and 4 of the paper);
         # its answers are mapped in step 5, once collected
         # each probe sees the subwindow as it is now (seq < seq_end), even if replayed later
-        answers = self.backend.probe_many([(sub.sub_id, flt, sub.seq_end)
-                                           for sub, flt in targets], lo, hi, res)
+        answers = self.backend.probe_many([(sub.sub_id, filtered, sub.seq_end)
+                                           for sub, filtered in targets], batch)
         stores = [(sub.seq_start, sub.payloads() if self.with_payload else None)
                   for sub, _ in targets]
-        self._inflight.append(_InFlight(answers, x, srt.ids, pay, order, stores))
+        self._inflight.append(_InFlight(answers, x, batch.ids, pay, order, stores))
 
     def _collect_one(self) -> None:
         """Step 5 for the oldest probe round in flight: stored seqs -> ids and payloads."""
@@ -566,9 +541,9 @@ class JoinEngine:
         while self._inflight:
             self._collect_one()
 
-    def _insert(self, x, srt: _Sorted, seq, tscol, pay, order) -> None:
+    def _insert(self, x, batch: SortedBatch, seq, tscol, pay) -> None:
         ring = self.rings[x]
-        n = srt.key.shape[0]
+        n = len(batch)
         a = 0
         while a < n:
             sub = ring.newest
@@ -580,12 +555,10 @@ class JoinEngine:
                     sub.sub_id, x, self.index, self.nsub, str(self.key_dtype), self.partitions,
                     predecessor=pred, opts=self.index_opts, worker=sub.worker))
             b = min(n, a + sub.room)
-            # split by arrival, so each subwindow keeps a contiguous seq range; each part
-            # keeps the batch's key order (a mask over it: still sorted, O(n))
-            part = slice(a, b)
-            p = srt if a == 0 and b == n else srt.where((order >= a) & (order < b))
-            self.backend.insert(sub.sub_id, p.key, p.ts, p.seq, p.ids, p.key2)
-            sub.add(seq[part], tscol[part], pay.slice(a, b - a) if pay is not None else None)
+            # split by arrival, so each subwindow keeps a contiguous seq range (seq is in
+            # arrival order here); each part keeps the batch's key order
+            self.backend.insert(sub.sub_id, batch, int(seq[a]), int(seq[b - 1]) + 1)
+            sub.add(seq[a:b], tscol[a:b], pay.slice(a, b - a) if pay is not None else None)
             a = b
 
     def _expire(self, y: str) -> None:

@@ -11,6 +11,14 @@ batch k (steps 4-5), the manager already collects and sorts batch k+1 (steps
 the inserts sent before it. The manager holds no tuple: workers keep the ids
 and answer probes with them.
 
+A batch's columns (key, ts, seq, id, sorted by key) cross the wire once per
+worker that needs them, in a ``Batch`` command; the insert and probe commands
+that follow name it by id, and each worker derives the probe tuples' key
+intervals and window bounds from the join's predicate and window. Per tuple
+that is 32 bytes to each worker involved, where an insert and a probe carrying
+their own arrays (bounds, filter columns) sent 72 to the one worker holding
+both subwindows.
+
 A RaP-Table subwindow's successor gets its partition table from the
 predecessor's histograms (Algorithm 1): the worker sends it back with the
 insert that fills the predecessor, and the manager passes it on in the next
@@ -19,15 +27,16 @@ an insert).
 
 Faults, by primary/backup replication (``replicas=2``, the default with two or
 more workers): each subwindow has a primary on one worker and a *backup* on the
-next, which receives the same create, inserts and expire but only logs the
-inserts (a memcpy per batch, no index: about 40 bytes a tuple, no probe work).
+next, which receives the same create, batches, inserts and expire but only logs
+the inserts (a memcpy per batch, no index: about 40 bytes a tuple, no probe work).
 A worker that breaks its stream, or leaves a command unanswered for
 ``deadline`` seconds, is declared dead; each of its primaries' backups is
 promoted (its index built from the log, once) and the dead worker's
 unanswered probes are sent again to the new primaries. Every probe carries,
 per subwindow, the seq limit it was first sent with, so a replay that finds
 later inserts on the promoted backup answers exactly as the first time: no
-pair is missing or doubled. Subwindows that lost their backup go on without
+pair is missing or doubled (the replay sends its batch again first: the new
+primary may never have had it). Subwindows that lost their backup go on without
 one until they expire; a subwindow that loses both copies, or a join that
 loses every worker, fails with a clear error (``replicas=1``: no backup, no
 failover, half the worker memory and insert traffic).
@@ -50,7 +59,7 @@ import grpc
 import numpy as np
 
 from panjoin import codec
-from panjoin.backend import BackendStats, CreateSpec
+from panjoin.backend import BackendStats, CreateSpec, SortedBatch
 from panjoin.proto.panjoin.v1 import worker_pb2
 from panjoin.serving import OPTIONS
 from panjoin.subwindow.store import SubwindowStore
@@ -83,11 +92,11 @@ class _Call:
 
     __slots__ = ("order", "kind", "msg", "sent", "done", "feedback", "session")
 
-    def __init__(self, session, order: int, kind: str, msg):
+    def __init__(self, session, order: int, kind: str, msg=None):
         self.session = session
         self.order = order
         self.kind = kind
-        self.msg = msg if kind == "probe" else None  # only probes are ever sent again
+        self.msg = msg  # probes: (batch, Probe), to send again after a failure
         self.sent = time.monotonic()
         self.done = threading.Event()
         self.feedback: worker_pb2.Feedback | None = None
@@ -120,6 +129,7 @@ class _Session:
         self.pending: dict[int, _Call] = {}  # command_id -> call, in send order
         self.last_heard = time.monotonic()  # last feedback, or the send that ended idleness
         self.busy_s = 0.0  # seconds the worker reported spending on this session's commands
+        self.batch_id = 0  # the newest batch sent on this session (0: none)
         self.ids = itertools.count()
         self.lock = threading.Lock()
         # commands go out as the bytes send() frames (each array copied once, see
@@ -152,21 +162,23 @@ class _Session:
             why = f"{e.code().name}: {e.details()}"
         self.down(why)
 
-    def send(self, order: int, kind: str, msg) -> _Call:
+    def send(self, order: int, kind: str, msg, again=None) -> _Call:
         """Send ``msg`` (a generated message, or an :class:`Encoded` one) as the
-        Command's field ``kind``."""
+        Command's field ``kind``; a probe keeps ``again``, what its replay needs."""
         if not self.alive:
             raise _Down(self.why)
-        if not isinstance(msg, Encoded):
-            msg = Encoded(type(msg)).message(msg)
         with self.lock:
             cid = next(self.ids)
-            call = _Call(self, order, kind, msg)
+            call = _Call(self, order, kind, again)
             if not self.pending:
                 self.last_heard = call.sent
             self.pending[cid] = call
-        prefix = worker_pb2.Command(command_id=cid).SerializeToString()
-        self.requests.put(msg.frame(prefix, kind, _COMMAND_FIELDS))
+        if isinstance(msg, Encoded):
+            prefix = worker_pb2.Command(command_id=cid).SerializeToString()
+            self.requests.put(msg.frame(prefix, kind, _COMMAND_FIELDS))
+        else:
+            self.requests.put(worker_pb2.Command(command_id=cid, **{kind: msg})
+                              .SerializeToString())
         return call
 
     def down(self, why: str) -> None:
@@ -204,9 +216,10 @@ class ProbeRound:
     them, failing over dead workers, as ``[(probe_idx, stored_id, stored_seq)]`` per
     target."""
 
-    def __init__(self, backend: GrpcBackend, targets, parts):
+    def __init__(self, backend: GrpcBackend, targets, batch: SortedBatch, parts):
         self.backend = backend
         self.targets = targets
+        self.batch = batch
         self.parts = parts  # [(target indexes, call)]
         self._out = None
 
@@ -227,7 +240,7 @@ class ProbeRound:
                     todo.extend(self.backend._failover_probe(call, idxs))
                     continue
                 for i, r in zip(idxs, fb.results, strict=True):
-                    out[i] = self.backend._answer(r, self.targets[i][1])
+                    out[i] = self.backend._answer(r, self.targets[i][1], self.batch)
             self._out = out
             self.backend.rounds_in_flight -= 1
         return self._out
@@ -268,6 +281,7 @@ class GrpcBackend:
         self.promoted = 0
         self.closed = False
         self.rounds_in_flight = 0
+        self._batch_enc: tuple | None = None  # (batch, its encoding): sent once per worker
         self.stats = BackendStats()
 
     @property
@@ -368,21 +382,21 @@ class GrpcBackend:
                 continue  # creates, inserts, expires: the backups got them too
             # one probe per subwindow now, as pairs (ranges index the first main array)
             parts = []
-            msg = worker_pb2.Probe.FromString(call.msg.tobytes())
+            batch, msg = call.msg
             for j, sid in enumerate(msg.sub_ids):
-                one = worker_pb2.Probe()
-                one.CopyFrom(msg)
-                one.format = worker_pb2.RESULT_FORMAT_PAIRS
-                for field in (one.sub_ids, one.filtered, one.seq_limit):
-                    del field[:]
-                one.sub_ids.append(sid)
+                one = worker_pb2.Probe(batch_id=msg.batch_id, sub_ids=[sid],
+                                       want_seq=msg.want_seq,
+                                       format=worker_pb2.RESULT_FORMAT_PAIRS)
                 if msg.filtered:
                     one.filtered.append(msg.filtered[j])
                 if msg.seq_limit:
                     one.seq_limit.append(msg.seq_limit[j])
+                w = self.where[sid]
                 try:
-                    parts.append((j, self.sessions[self.where[sid]].send(call.order, "probe",
-                                                                          one)))
+                    # the new primary may never have had this batch, or dropped it since
+                    self._send_batch(w, batch, call.order, replay=True)
+                    parts.append((j, self.sessions[w].send(call.order, "probe", one,
+                                                            again=(batch, one))))
                 except _Down as e:
                     raise WorkerError(f"{e} while replaying the probes of another failed "
                                       "worker; the join cannot go on: restart it",
@@ -433,59 +447,82 @@ class GrpcBackend:
                 self._failover(ww)
         self.stats.creates += 1
 
-    def insert(self, sub_id: int, keys, ts, seq, ids, key2=None) -> None:
-        self._send(sub_id, "insert", codec.encode_insert(sub_id, keys, ts, seq, ids, key2))
+    def _send_batch(self, w: int, batch: SortedBatch, order: int, replay: bool = False
+                    ) -> None:
+        """Send ``batch`` to worker ``w`` unless it has it: once per worker, however many
+        of its commands name it. A normal send lets the worker drop older batches; a
+        replay's does not (the worker may need its newer one still)."""
+        s = self.sessions[w]
+        if s.batch_id == batch.batch_id and not replay:
+            return
+        if self._batch_enc is None or self._batch_enc[0] is not batch:
+            self._batch_enc = (batch, codec.encode_batch(batch))
+        msg = self._batch_enc[1].copy().message(
+            worker_pb2.Batch(release_below=0 if replay else batch.batch_id))
+        self.unchecked.append((-1, s.send(order, "batch", msg)))
+        if not replay:
+            s.batch_id = batch.batch_id
+
+    def insert(self, sub_id: int, batch: SortedBatch, seq_from: int, seq_to: int) -> None:
+        order = next(self.order)
+        msg = worker_pb2.Insert(sub_id=sub_id, batch_id=batch.batch_id, seq_from=seq_from,
+                                seq_to=seq_to)
+        for w in (self.where.get(sub_id), self.backup.get(sub_id)):  # primary, then backup
+            if w is None:
+                continue
+            try:
+                self._send_batch(w, batch, order)
+                self.unchecked.append((sub_id, self.sessions[w].send(order, "insert", msg)))
+            except _Down:
+                self._failover(w)  # the surviving copy got the insert
         mirror = self.mirrors.get(sub_id)
         if mirror is not None:  # runs while the worker does the same insert
             for rnd in self._ranged:
                 if rnd._out is None and any(t[0] == sub_id for t in rnd.targets):
                     rnd.result()  # its ranges index the mirror as it is now
             self._ranged = [r for r in self._ranged if r._out is None]
-            mirror.insert(keys, ts, seq, ids)
+            mirror.insert(*batch.columns(seq_from, seq_to)[:4])
         self._collect()
         self.stats.inserts += 1
 
-    def probe_many(self, targets, lo, hi, res=None) -> ProbeRound:
+    def probe_many(self, targets, batch: SortedBatch) -> ProbeRound:
         """One Probe command per worker, sent to all workers at once; returns at once.
-        ``targets`` = [(sub_id, filter, seq_limit)]; ``res``
-        (:class:`panjoin.subwindow.Residual`): the residual intervals on key2, which
-        the workers check while probing."""
+        ``targets`` = [(sub_id, filtered, seq_limit)]; each worker derives the batch's
+        key intervals, window bounds and residual itself."""
         self._collect()
-        full = next((f for _, f, _ in targets if f.mode), None)
-        base = codec.encode_probe(lo, hi, full, res, self.want_seq)
         parts: list = []
-        self._send_probe(base, res is None, targets, list(range(len(targets))),
-                         next(self.order), parts)
+        self._send_probe(batch, targets, list(range(len(targets))), next(self.order), parts)
         self.stats.probes += len(targets)
         self.rounds_in_flight += 1
-        rnd = ProbeRound(self, targets, parts)
+        rnd = ProbeRound(self, targets, batch, parts)
         if any(t[0] in self.mirrors for t in targets):
             self._ranged.append(rnd)
         return rnd
 
-    def _send_probe(self, base, may_range: bool, targets, idxs, order: int,
-                    parts: list) -> None:
-        """One Probe per worker holding some of ``targets[idxs]``: the shared ``base``
-        plus that worker's sub_ids, flags and limits. A worker found dead while
-        sending is failed over and its share regrouped by the new placement."""
+    def _send_probe(self, batch: SortedBatch, targets, idxs, order: int, parts: list) -> None:
+        """One Probe per worker holding some of ``targets[idxs]``; a worker found dead
+        while sending is failed over and its share regrouped by the new placement."""
         by_worker: dict[int, list[int]] = {}
         for i in idxs:
             by_worker.setdefault(self.where[targets[i][0]], []).append(i)
         for w, mine in by_worker.items():
-            own = worker_pb2.Probe(sub_ids=[targets[i][0] for i in mine],
-                                   filtered=[bool(targets[i][1].mode) for i in mine],
+            msg = worker_pb2.Probe(batch_id=batch.batch_id, want_seq=self.want_seq,
+                                   sub_ids=[targets[i][0] for i in mine],
+                                   filtered=[bool(targets[i][1]) for i in mine],
                                    seq_limit=[int(targets[i][2]) for i in mine])
             # ranges: the manager expands them; with a residual the workers filter
-            if may_range and all(targets[i][0] in self.mirrors for i in mine):
-                own.format = worker_pb2.RESULT_FORMAT_RANGES
+            if batch.predicate.residual is None and all(targets[i][0] in self.mirrors
+                                                        for i in mine):
+                msg.format = worker_pb2.RESULT_FORMAT_RANGES
             try:
-                parts.append((mine, self.sessions[w].send(order, "probe",
-                                                          base.copy().message(own))))
+                self._send_batch(w, batch, order)
+                parts.append((mine, self.sessions[w].send(order, "probe", msg,
+                                                           again=(batch, msg))))
             except _Down:
                 self._failover(w)
-                self._send_probe(base, may_range, targets, mine, order, parts)
+                self._send_probe(batch, targets, mine, order, parts)
 
-    def _answer(self, r, flt):
+    def _answer(self, r, filtered: bool, batch: SortedBatch):
         if not codec.is_ranges(r):
             return codec.decode_answer(r)
         # main-array ranges -> (probe_idx, seq) on the mirror, filtered, plus buffer pairs
@@ -493,7 +530,7 @@ class GrpcBackend:
         mirror = self.mirrors[r.sub_id]
         _, ts, sq = mirror.index.main_columns()
         self.ranges_expanded += int(rr.start.size)
-        pidx, seq = rr.expand(None, ts, sq, flt if flt.mode else None)
+        pidx, seq = rr.expand(None, ts, sq, batch.probe_inputs()[2] if filtered else None)
         return pidx, mirror.ids_of(seq), seq
 
     def expire(self, sub_id: int) -> None:

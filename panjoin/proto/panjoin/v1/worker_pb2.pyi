@@ -17,20 +17,46 @@ RESULT_FORMAT_PAIRS: ResultFormat
 RESULT_FORMAT_RANGES: ResultFormat
 
 class Command(_message.Message):
-    __slots__ = ("command_id", "create", "insert", "probe", "expire", "promote")
+    __slots__ = ("command_id", "create", "insert", "probe", "expire", "promote", "batch")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
     INSERT_FIELD_NUMBER: _ClassVar[int]
     PROBE_FIELD_NUMBER: _ClassVar[int]
     EXPIRE_FIELD_NUMBER: _ClassVar[int]
     PROMOTE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     command_id: int
     create: Create
     insert: Insert
     probe: Probe
     expire: Expire
     promote: Promote
-    def __init__(self, command_id: _Optional[int] = ..., create: _Optional[_Union[Create, _Mapping]] = ..., insert: _Optional[_Union[Insert, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., expire: _Optional[_Union[Expire, _Mapping]] = ..., promote: _Optional[_Union[Promote, _Mapping]] = ...) -> None: ...
+    batch: Batch
+    def __init__(self, command_id: _Optional[int] = ..., create: _Optional[_Union[Create, _Mapping]] = ..., insert: _Optional[_Union[Insert, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., expire: _Optional[_Union[Expire, _Mapping]] = ..., promote: _Optional[_Union[Promote, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
+
+class Batch(_message.Message):
+    __slots__ = ("batch_id", "stream", "keys", "ts", "seq", "ids", "key2", "predicate", "window", "release_below")
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    TS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    KEY2_FIELD_NUMBER: _ClassVar[int]
+    PREDICATE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_BELOW_FIELD_NUMBER: _ClassVar[int]
+    batch_id: int
+    stream: _common_pb2.Stream
+    keys: _common_pb2.Array
+    ts: _common_pb2.Array
+    seq: _common_pb2.Array
+    ids: _common_pb2.Array
+    key2: _common_pb2.Array
+    predicate: str
+    window: str
+    release_below: int
+    def __init__(self, batch_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Stream, str]] = ..., keys: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ids: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., predicate: _Optional[str] = ..., window: _Optional[str] = ..., release_below: _Optional[int] = ...) -> None: ...
 
 class Create(_message.Message):
     __slots__ = ("sub_id", "stream", "index", "capacity", "key_dtype", "partitions", "splitters", "options", "backup")
@@ -68,50 +94,32 @@ class Promote(_message.Message):
     def __init__(self, sub_id: _Optional[int] = ...) -> None: ...
 
 class Insert(_message.Message):
-    __slots__ = ("sub_id", "keys", "ts", "seq", "key2", "ids")
+    __slots__ = ("sub_id", "batch_id", "seq_from", "seq_to")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
-    KEYS_FIELD_NUMBER: _ClassVar[int]
-    TS_FIELD_NUMBER: _ClassVar[int]
-    SEQ_FIELD_NUMBER: _ClassVar[int]
-    KEY2_FIELD_NUMBER: _ClassVar[int]
-    IDS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FROM_FIELD_NUMBER: _ClassVar[int]
+    SEQ_TO_FIELD_NUMBER: _ClassVar[int]
     sub_id: int
-    keys: _common_pb2.Array
-    ts: _common_pb2.Array
-    seq: _common_pb2.Array
-    key2: _common_pb2.Array
-    ids: _common_pb2.Array
-    def __init__(self, sub_id: _Optional[int] = ..., keys: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ids: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
+    batch_id: int
+    seq_from: int
+    seq_to: int
+    def __init__(self, sub_id: _Optional[int] = ..., batch_id: _Optional[int] = ..., seq_from: _Optional[int] = ..., seq_to: _Optional[int] = ...) -> None: ...
 
 class Probe(_message.Message):
-    __slots__ = ("sub_ids", "filtered", "lo", "hi", "filter_mode", "c0", "c1", "c2", "format", "lo2", "hi2", "seq_limit", "want_seq")
+    __slots__ = ("sub_ids", "filtered", "format", "seq_limit", "want_seq", "batch_id")
     SUB_IDS_FIELD_NUMBER: _ClassVar[int]
     FILTERED_FIELD_NUMBER: _ClassVar[int]
-    LO_FIELD_NUMBER: _ClassVar[int]
-    HI_FIELD_NUMBER: _ClassVar[int]
-    FILTER_MODE_FIELD_NUMBER: _ClassVar[int]
-    C0_FIELD_NUMBER: _ClassVar[int]
-    C1_FIELD_NUMBER: _ClassVar[int]
-    C2_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
-    LO2_FIELD_NUMBER: _ClassVar[int]
-    HI2_FIELD_NUMBER: _ClassVar[int]
     SEQ_LIMIT_FIELD_NUMBER: _ClassVar[int]
     WANT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     sub_ids: _containers.RepeatedScalarFieldContainer[int]
     filtered: _containers.RepeatedScalarFieldContainer[bool]
-    lo: _common_pb2.Array
-    hi: _common_pb2.Array
-    filter_mode: int
-    c0: _common_pb2.Array
-    c1: _common_pb2.Array
-    c2: _common_pb2.Array
     format: ResultFormat
-    lo2: _common_pb2.Array
-    hi2: _common_pb2.Array
     seq_limit: _containers.RepeatedScalarFieldContainer[int]
     want_seq: bool
-    def __init__(self, sub_ids: _Optional[_Iterable[int]] = ..., filtered: _Optional[_Iterable[bool]] = ..., lo: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., hi: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., filter_mode: _Optional[int] = ..., c0: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., c1: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., c2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., format: _Optional[_Union[ResultFormat, str]] = ..., lo2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., hi2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq_limit: _Optional[_Iterable[int]] = ..., want_seq: _Optional[bool] = ...) -> None: ...
+    batch_id: int
+    def __init__(self, sub_ids: _Optional[_Iterable[int]] = ..., filtered: _Optional[_Iterable[bool]] = ..., format: _Optional[_Union[ResultFormat, str]] = ..., seq_limit: _Optional[_Iterable[int]] = ..., want_seq: _Optional[bool] = ..., batch_id: _Optional[int] = ...) -> None: ...
 
 class Expire(_message.Message):
     __slots__ = ("sub_id",)
