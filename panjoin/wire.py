@@ -11,7 +11,7 @@ dtype string and shape, never repeated scalar fields::
 
 The bulk command (a batch's keys, ts, seq and ids) is written
 straight into protobuf's wire format by :class:`Encoded`: the framing bytes
-plus the arrays' own memory, joined once when the command goes out, where
+plus the arrays' own memory, joined once when the commands go out, where
 building ``Array`` messages and nesting them copies each array four times
 (``tobytes``, into the Array, into the Command, serialising). The field numbers
 come from the generated descriptors, and the generated classes parse the result::
@@ -90,19 +90,19 @@ def _len_header(number: int, length: int) -> bytes:
 class Encoded:
     """A protobuf message of type ``cls`` written field by field as a list of buffers.
 
-    Arrays go in as views of their own memory; :meth:`tobytes` (or
-    :meth:`frame`, which nests the message in another) copies every byte once.
+    Arrays go in as views of their own memory, nesting (:meth:`wrap`) and
+    concatenating (:meth:`extend`) share them, and :meth:`tobytes` copies every
+    byte once.
     Concatenated encodings of one type parse as their merge (protobuf's rule), so
     a part shared by several messages is encoded once and each message appends
     its own fields."""
 
-    __slots__ = ("fields", "parts", "nbytes", "_keep")
+    __slots__ = ("fields", "parts", "nbytes")
 
     def __init__(self, cls):
         self.fields = cls.DESCRIPTOR.fields_by_name
         self.parts: list = []
-        self.nbytes = 0
-        self._keep: list = []  # the arrays whose memory the parts view
+        self.nbytes = 0  # a memoryview part keeps its array alive
 
     def _add(self, part) -> None:
         self.parts.append(part)
@@ -127,7 +127,6 @@ class Encoded:
         head += _len_header(_ARRAY_FIELDS["data"].number, len(data))
         self._add(_len_header(self.fields[name].number, len(head) + len(data)) + head)
         self._add(data)
-        self._keep.append(a)
         return self
 
     def message(self, msg) -> Encoded:
@@ -139,17 +138,26 @@ class Encoded:
         """Another message starting with these fields (the buffers are shared, not copied)."""
         out = Encoded.__new__(Encoded)
         out.fields, out.parts, out.nbytes = self.fields, list(self.parts), self.nbytes
-        out._keep = self._keep
         return out
 
     def tobytes(self) -> bytes:
         return b"".join(self.parts)
 
-    def frame(self, prefix: bytes, name: str, fields) -> bytes:
-        """The bytes of an outer message: ``prefix`` (its other fields, serialised),
-        then this message as its field ``name`` (``fields``: the outer type's
-        ``DESCRIPTOR.fields_by_name``)."""
-        return b"".join([prefix, _len_header(fields[name].number, self.nbytes), *self.parts])
+    def wrap(self, outer, name: str, prefix: bytes = b"") -> Encoded:
+        """This message as the field ``name`` of an ``outer`` message, after ``prefix``
+        (the outer message's other fields, serialised); the buffers are shared."""
+        out = Encoded(outer)
+        if prefix:
+            out._add(prefix)
+        out._add(_len_header(out.fields[name].number, self.nbytes))
+        out.extend(self)
+        return out
+
+    def extend(self, other: Encoded) -> Encoded:
+        """Append ``other``'s fields (the same type: a repeated field grows)."""
+        self.parts.extend(other.parts)
+        self.nbytes += other.nbytes
+        return self
 
 
 def to_payloads(arr: pa.Array | None, msg) -> None:

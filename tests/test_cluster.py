@@ -112,7 +112,8 @@ def test_bad_commands_get_invalid_argument_and_change_nothing(workers):
         worker_pb2.Command(command_id=14, batch=_batch(6, [2, 3], stream="S")),
         worker_pb2.Command(command_id=15, probe=worker_pb2.Probe(batch_id=6, sub_ids=[7])),
     ]
-    fbs = list(stub.Session(iter(cmds)))
+    fbs = [f for out in stub.Session(iter([worker_pb2.Commands(commands=cmds)]))
+           for f in out.feedback]
     ch.close()
     assert [f.command_id for f in fbs] == list(range(1, 16))
     assert fbs[0].error == "" and fbs[1].error == "" and fbs[12].error == ""

@@ -366,7 +366,8 @@ def test_worker_refuses_ranges_with_a_residual(workers):
             worker_pb2.Command(command_id=7, batch=batch(3, "S", 1.2, "band2:0.75")),
             worker_pb2.Command(command_id=8, probe=worker_pb2.Probe(batch_id=3, sub_ids=[1])),
         ]
-        fbs = list(stub.Session(iter(cmds)))
+        fbs = [f for out in stub.Session(iter([worker_pb2.Commands(commands=cmds)]))
+           for f in out.feedback]
     assert not any(fbs[i].error for i in (0, 1, 2, 3, 5, 6, 7))
     assert fbs[4].code == "INVALID_ARGUMENT" and "residual" in fbs[4].error
     assert not fbs[5].results[0].ids.data  # 0.7 outside [-0.5, 0.5]

@@ -50,18 +50,25 @@ def test_big_endian_and_strided_arrays_go_out_little_endian_and_packed():
     assert from_array(got.ids).tolist() == [0, 2, 4, 6, 8]
 
 
-def test_concatenated_encodings_merge_and_a_frame_nests_them():
+def test_concatenated_encodings_merge_and_wrapping_nests_them():
     base = Encoded(worker_pb2.Batch).array("keys", np.array([1, 2])).scalar("batch_id", 3)
     one = base.copy().message(worker_pb2.Batch(release_below=3, predicate="eq"))
     two = base.copy().message(worker_pb2.Batch(batch_id=4))
     prefix = worker_pb2.Command(command_id=77).SerializeToString()
-    cmd = worker_pb2.Command.FromString(
-        one.frame(prefix, "batch", worker_pb2.Command.DESCRIPTOR.fields_by_name))
+    cmd = worker_pb2.Command.FromString(one.wrap(worker_pb2.Command, "batch", prefix).tobytes())
     assert cmd.command_id == 77 and cmd.WhichOneof("cmd") == "batch"
     assert (cmd.batch.batch_id, cmd.batch.release_below, cmd.batch.predicate) == (3, 3, "eq")
     assert from_array(cmd.batch.keys).tolist() == [1, 2]
     assert worker_pb2.Batch.FromString(two.tobytes()).batch_id == 4  # the later field wins
     assert len(base.parts) == 3 and base.nbytes == len(base.tobytes())  # copies left it alone
+    # commands appended to one message: a repeated field, in order
+    many = Encoded(worker_pb2.Commands)
+    for cid, enc in ((1, one), (2, two)):
+        many.extend(enc.wrap(worker_pb2.Command, "batch",
+                             worker_pb2.Command(command_id=cid).SerializeToString())
+                    .wrap(worker_pb2.Commands, "commands"))
+    got = worker_pb2.Commands.FromString(many.tobytes())
+    assert [(c.command_id, c.batch.batch_id) for c in got.commands] == [(1, 3), (2, 4)]
 
 
 def test_a_zero_scalar_is_left_out_as_protobuf_leaves_it():

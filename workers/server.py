@@ -4,8 +4,9 @@ The servicer is a thin adapter (as in gRPC's route_guide example): each command
 is decoded by :mod:`panjoin.codec`, carried out by a
 :class:`panjoin.backend.LocalBackend` (the same subwindow stores the
 in-process engine uses), and its answer encoded back. One long-lived
-``Session`` stream per manager; each session owns its subwindows, and closing
-it releases them. A bad command gets a Feedback with ``code =
+``Session`` stream per manager, several commands to a message, one Feedback per
+command; each session owns its subwindows (and the batches its commands name),
+and closing it releases them. A bad command gets a Feedback with ``code =
 INVALID_ARGUMENT`` (or ``NOT_FOUND``) and the reason, and changes nothing.
 
     panjoin worker --port 50051 --threads 2
@@ -59,8 +60,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             self.sessions[sid] = backend
         log.info("session %d opened by %s", sid, context.peer())
         try:
-            for cmd in request_iterator:
-                yield self.handle(backend, cmd, batches)
+            for cmds in request_iterator:
+                out = worker_pb2.Feedbacks()
+                for cmd in cmds.commands:
+                    self.handle(backend, cmd, batches, out.feedback.add())
+                if out.feedback:  # the session's status once per message, after the last
+                    out.feedback[-1].load.CopyFrom(self._load(backend))
+                yield out
         finally:
             with self.lock:
                 self.sessions.pop(sid, None)
@@ -79,10 +85,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     # ------------------------------------------------------------------ commands
 
     def handle(self, backend: LocalBackend, cmd: worker_pb2.Command,
-               batches: dict[int, SortedBatch] | None = None) -> worker_pb2.Feedback:
+               batches: dict[int, SortedBatch] | None = None,
+               fb: worker_pb2.Feedback | None = None) -> worker_pb2.Feedback:
+        """Carry out one command; its answer goes into ``fb`` (a new Feedback if None)."""
         t0 = time.thread_time()
         self.commands += 1
-        fb = worker_pb2.Feedback(command_id=cmd.command_id)
+        fb = worker_pb2.Feedback() if fb is None else fb
+        fb.command_id = cmd.command_id
         try:
             kind = cmd.WhichOneof("cmd")
             if kind is None:
@@ -96,7 +105,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         except Exception as e:  # a bug: report it rather than kill the session
             log.exception("command %d failed", cmd.command_id)
             fb.error, fb.code = f"internal error: {e}", "INTERNAL"
-        fb.load.CopyFrom(self._load(backend))
         fb.seconds = time.thread_time() - t0
         return fb
 

@@ -16,6 +16,18 @@ class ResultFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 RESULT_FORMAT_PAIRS: ResultFormat
 RESULT_FORMAT_RANGES: ResultFormat
 
+class Commands(_message.Message):
+    __slots__ = ("commands",)
+    COMMANDS_FIELD_NUMBER: _ClassVar[int]
+    commands: _containers.RepeatedCompositeFieldContainer[Command]
+    def __init__(self, commands: _Optional[_Iterable[_Union[Command, _Mapping]]] = ...) -> None: ...
+
+class Feedbacks(_message.Message):
+    __slots__ = ("feedback",)
+    FEEDBACK_FIELD_NUMBER: _ClassVar[int]
+    feedback: _containers.RepeatedCompositeFieldContainer[Feedback]
+    def __init__(self, feedback: _Optional[_Iterable[_Union[Feedback, _Mapping]]] = ...) -> None: ...
+
 class Command(_message.Message):
     __slots__ = ("command_id", "create", "insert", "probe", "expire", "promote", "batch")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]

@@ -37,8 +37,8 @@ class WorkerStub:
         """
         self.Session = channel.stream_stream(
                 '/panjoin.v1.Worker/Session',
-                request_serializer=panjoin_dot_v1_dot_worker__pb2.Command.SerializeToString,
-                response_deserializer=panjoin_dot_v1_dot_worker__pb2.Feedback.FromString,
+                request_serializer=panjoin_dot_v1_dot_worker__pb2.Commands.SerializeToString,
+                response_deserializer=panjoin_dot_v1_dot_worker__pb2.Feedbacks.FromString,
                 _registered_method=True)
         self.Status = channel.unary_unary(
                 '/panjoin.v1.Worker/Status',
@@ -70,8 +70,8 @@ def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
-                    request_deserializer=panjoin_dot_v1_dot_worker__pb2.Command.FromString,
-                    response_serializer=panjoin_dot_v1_dot_worker__pb2.Feedback.SerializeToString,
+                    request_deserializer=panjoin_dot_v1_dot_worker__pb2.Commands.FromString,
+                    response_serializer=panjoin_dot_v1_dot_worker__pb2.Feedbacks.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -104,8 +104,8 @@ class Worker:
             request_iterator,
             target,
             '/panjoin.v1.Worker/Session',
-            panjoin_dot_v1_dot_worker__pb2.Command.SerializeToString,
-            panjoin_dot_v1_dot_worker__pb2.Feedback.FromString,
+            panjoin_dot_v1_dot_worker__pb2.Commands.SerializeToString,
+            panjoin_dot_v1_dot_worker__pb2.Feedbacks.FromString,
             options,
             channel_credentials,
             insecure,
