@@ -226,13 +226,13 @@ class KafkaStreamReader(DataSourceStreamReader):
             # change no plan (it saves a round trip per partition at every trigger)
             return self._reached
         if fast_path_off("Spark source", self.kafka_options):
-            from panjoin.kafka import io
+            from panjoin.kafka import librdkafka
 
             if self._probe is None:
-                self._probe = io.consumer(self.bootstrap, self.kafka_options,
-                                          **{"enable.partition.eof": True})
-            ends = {t: {str(p): v for p, v in io.log_ends(self._probe, t,
-                                                          where=self.bootstrap).items()}
+                self._probe = librdkafka.consumer(self.bootstrap, self.kafka_options,
+                                                  **{"enable.partition.eof": True})
+            ends = {t: {str(p): v for p, v in librdkafka.log_ends(
+                self._probe, t, where=self.bootstrap).items()}
                     for t in self.topics}
         else:
             if self._probe is None:

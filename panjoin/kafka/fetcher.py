@@ -12,7 +12,7 @@ It keeps what a fetch returned past a range's end for the range that starts
 there: a broker that answers a fetch with the rest of the partition (noida-db) is asked
 once, not once per micro-batch. Records in compressed batches, in the old message
 formats or under aborted transactions are read with librdkafka instead
-(:func:`~panjoin.kafka.io.read_range`), so every topic reads right.
+(:func:`~panjoin.kafka.librdkafka.read_range`), so every topic reads right.
 
 With client ``options`` that ask for TLS or SASL (see :mod:`panjoin.kafka.options`),
 which the plain TCP connections here cannot speak, every range is read that way:
@@ -32,7 +32,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from panjoin.kafka import protocol
+from panjoin.kafka import librdkafka, protocol
 from panjoin.kafka import record_batch as rb
 from panjoin.kafka.options import fast_path_off
 
@@ -104,11 +104,9 @@ class Fetcher:
 
     def end_offsets(self, topic: str, timeout: float = 10.0) -> dict[int, tuple[int, int]]:
         """``{partition: (low, end)}``, exact (:func:`protocol.log_ends`, or
-        :func:`io.log_ends <panjoin.kafka.io.log_ends>` through librdkafka)."""
+        :func:`panjoin.kafka.librdkafka.log_ends` through librdkafka)."""
         if self.librdkafka_only:
-            from panjoin.kafka import io
-
-            return io.log_ends(self._librdkafka(), topic, timeout, self.bootstrap)
+            return librdkafka.log_ends(self._librdkafka(), topic, timeout, self.bootstrap)
         return protocol.log_ends(self.brokers, topic, timeout)
 
     # -- reading
@@ -209,9 +207,7 @@ class Fetcher:
     def _librdkafka(self):
         """The librdkafka consumer of the ranges the built-in path does not read."""
         if self._consumer is None:
-            from panjoin.kafka import io
-
-            self._consumer = io.consumer(self.bootstrap, self.options,
+            self._consumer = librdkafka.consumer(self.bootstrap, self.options,
                                          **{"enable.partition.eof": True})
         return self._consumer
 
@@ -219,11 +215,9 @@ class Fetcher:
                               why: str | None = None) -> None:
         """Read the rest of ``key``'s range (buffered records first) with librdkafka;
         ``why``: the reason to log (none when every range goes this way)."""
-        from panjoin.kafka import io
-
         self._take(key, todo[key], out[key])
         a, b = self.pos[key], todo.pop(key)
-        msgs = io.read_range(self._librdkafka(), key[0], key[1], a, b, timeout)
+        msgs = librdkafka.read_range(self._librdkafka(), key[0], key[1], a, b, timeout)
         if why:
             log.info("%s[%d] %d..%d read with librdkafka (%s)", key[0], key[1], a, b, why)
         self.fell_back += 1

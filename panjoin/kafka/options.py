@@ -19,8 +19,8 @@ or, to Spark's ``format("panjoin_kafka")``, as ``.option("kafka.<property>", val
 
 This module owns them: :func:`parse` (strings or a table -> ``{name: value}``),
 :func:`validate` (librdkafka itself checks names and values, offline; the properties
-the project sets itself are refused with the reason), :func:`needs_librdkafka` and
-:func:`client_config`, the one place a librdkafka config is put together.
+the project sets itself are refused with the reason) and :func:`needs_librdkafka`;
+:func:`panjoin.kafka.librdkafka.client_config` puts them into every client's config.
 
 The built-in fast path (:mod:`panjoin.kafka.fetcher`, :mod:`panjoin.kafka.writer`)
 speaks the Kafka protocol over plain TCP: no TLS, no SASL. Options that ask for
@@ -32,8 +32,6 @@ reach every librdkafka client; the fast path has no use for them.
     >>> opts = parse(["security.protocol=SASL_SSL", "sasl.mechanism=PLAIN"])
     >>> needs_librdkafka(opts), needs_librdkafka({"security.protocol": "plaintext"})
     (True, False)
-    >>> client_config("10.0.0.5:9092", {"linger.ms": "20"}, {"linger.ms": 5, "acks": "all"})
-    {'linger.ms': '20', 'acks': 'all', 'bootstrap.servers': '10.0.0.5:9092'}
 """
 
 from __future__ import annotations
@@ -152,9 +150,9 @@ def validate(options: dict | None) -> dict[str, str]:
                                    f"({RESERVED[name]}); drop it")
     if not options:
         return options
-    from panjoin.kafka.io import _ck
+    from panjoin.kafka.librdkafka import confluent
 
-    ck = _ck()
+    ck = confluent()
     # log_level 0: librdkafka would warn about the missing bootstrap.servers
     try:
         ck.Producer({**options, "log_level": 0})
@@ -173,18 +171,6 @@ def validate(options: dict | None) -> dict[str, str]:
     except TypeError as e:  # the Python client's own keys (callbacks) given as text
         raise KafkaOptionError(f"Kafka options: {e}") from None
     return options
-
-
-def client_config(bootstrap: str, options: dict | None = None, defaults: dict | None = None,
-                  extra: dict | None = None) -> dict:
-    """The config of one librdkafka client: the client's ``defaults`` (tuning the user
-    may change), then the user's ``options``, then ``extra`` (what this call needs, e.g.
-    ``enable.partition.eof``), then ``bootstrap.servers``."""
-    conf = dict(defaults or {})
-    conf.update(options or {})
-    conf.update(extra or {})
-    conf["bootstrap.servers"] = bootstrap
-    return conf
 
 
 _told: set = set()

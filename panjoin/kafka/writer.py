@@ -34,7 +34,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from panjoin.kafka import io, protocol
+from panjoin.kafka import io, librdkafka, protocol
 from panjoin.kafka import record_batch as rb
 from panjoin.kafka.fetcher import value_buffers
 from panjoin.kafka.options import fast_path_off
@@ -153,7 +153,7 @@ class BatchWriter:
         if self._producer is None:
             # librdkafka gives up on a record after delivery.timeout.ms; the write waits
             # as long (a user may set it), so nothing is still pending when it returns
-            self._producer = io.producer(self.bootstrap, {
+            self._producer = librdkafka.producer(self.bootstrap, {
                 "delivery.timeout.ms": int(self.timeout * 1000), **self.options})
         return self._producer
 
@@ -161,7 +161,7 @@ class BatchWriter:
                  batch: int) -> int:
         """The records of ``pieces`` through librdkafka, each with the headers the
         record batches carry; returns how many, once every one is acknowledged."""
-        ck = io._ck()
+        ck = librdkafka.confluent()
         p = self._librdkafka()
         failed: list = []
 
