@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import importlib
 import os
 import time
 
@@ -29,6 +30,7 @@ from panjoin.events import (
 I64_MIN = np.iinfo(np.int64).min
 I64_MAX = np.iinfo(np.int64).max
 HEADER = "stream,id,key,ts\n"
+EVENT_MODULES = ["errors", "arrays", "validate", "table", "csv_text", "files", "results"]
 
 
 def table(stream="RSRS", ids=None, keys=None, ts=None, payload=None) -> EventTable:
@@ -249,11 +251,23 @@ def test_from_arrow_chunked_columns():
     assert len(EventTable.from_arrow(pa.table(empty))) == 0
 
 
-def test_read_arrays_are_writeable(tmp_path):
-    write_events(table("RS"), tmp_path / "e.parquet")
-    t = read_events(tmp_path / "e.parquet")
-    t.key[0] = 99  # arrow gives read-only views; we must not
+@pytest.mark.parametrize("suffix", [".parquet", ".csv"])
+def test_read_arrays_are_writeable(tmp_path, suffix):
+    """Arrow hands out read-only views; read_events must give arrays the caller
+    may edit and sort in place, which own their data (the file is not touched)."""
+    p = tmp_path / f"e{suffix}"
+    written = table("RSRS", keys=np.array([30, 20, 10, 0]), ts=np.array([4, 3, 2, 1]))
+    write_events(written, p)
+    t = read_events(p)
+    for name in ("stream", "id", "key", "ts"):
+        assert getattr(t, name).flags.writeable, name
+    t.key[0] = 99
     t.ts.sort()
+    t.id[:] = -1
+    assert t.key.tolist() == [99, 20, 10, 0]
+    assert t.ts.tolist() == [1, 2, 3, 4]
+    assert t.id.tolist() == [-1, -1, -1, -1]
+    assert read_events(p).equals(written)  # the edits went to our copy only
 
 
 # --------------------------------------------------------------------------- validation
@@ -436,7 +450,7 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
             f.write(b"PAR1 partial")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ev.pq, "write_table", half_write)
+    monkeypatch.setattr(pq, "write_table", half_write)
     target = tmp_path / "e.parquet"
     expect(lambda: write_events(table("RS"), target), "cannot be written", "No space left")
     assert not target.exists()
@@ -456,7 +470,7 @@ def test_interrupted_write_cleans_up_and_reraises(tmp_path, monkeypatch):
             f.write(b"x")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ev.pcsv, "write_csv", boom)
+    monkeypatch.setattr(pcsv, "write_csv", boom)
     with pytest.raises(KeyboardInterrupt):
         write_events(table("RS"), tmp_path / "e.csv")
     no_leftovers(tmp_path)
@@ -559,5 +573,16 @@ def test_round_trip_property(tmp_path, keys, data, suffix):
     assert read_events(p).equals(t)
 
 
-def test_doctests():
-    assert doctest.testmod(ev).failed == 0
+@pytest.mark.parametrize("module", EVENT_MODULES)
+def test_doctests(module):
+    mod = importlib.import_module(f"panjoin.events.{module}")
+    assert doctest.testmod(mod).failed == 0
+
+
+def test_package_reexports():
+    """Everything other code imports from panjoin.events is still there, and the
+    package's modules cover its docstring's module map."""
+    for name in ev.__all__:
+        assert hasattr(ev, name), name
+    for module in EVENT_MODULES:
+        assert f"    {module} " in ev.__doc__, module

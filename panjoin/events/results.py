@@ -1,0 +1,121 @@
+"""Result files: the join's pairs and per-stream id lists.
+
+:func:`write_pairs` / :func:`read_pairs`: int64 columns ``r_id``, ``s_id`` (and,
+with payloads, ``r_payload``, ``s_payload``). :func:`write_ids` /
+:func:`read_ids`: columns ``stream`` ('R'/'S') and ``id``, e.g. the late tuples.
+CSV if the name ends in ``.csv``, else Parquet; written atomically like event
+files (:mod:`.files`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+
+from panjoin.events.arrays import _combine, _first, _np
+from panjoin.events.errors import _fail
+from panjoin.events.files import CSV_SUFFIXES, _check_readable, _write_table, atomic_write
+from panjoin.events.table import _as_int64
+from panjoin.events.validate import STREAM_TAGS, _int_column, _stream_codes
+
+
+def _pairs_format(path) -> str:
+    return "csv" if Path(path).suffix.lower() in CSV_SUFFIXES else "parquet"
+
+
+def write_pairs(path, r_id: np.ndarray, s_id: np.ndarray, r_payload=None,
+                s_payload=None) -> None:
+    """Result pairs as int64 columns ``r_id``, ``s_id`` (CSV if named .csv, else
+    Parquet), atomically; with payloads (Arrow arrays, one per pair) also columns
+    ``r_payload``, ``s_payload``."""
+    r = _as_int64("r_id", np.asarray(r_id).ravel())
+    s = _as_int64("s_id", np.asarray(s_id).ravel())
+    if r.shape != s.shape:
+        raise ValueError(f"write_pairs: {r.size} r_ids but {s.size} s_ids")
+    path = os.fspath(path)
+    cols = {"r_id": pa.array(r), "s_id": pa.array(s)}
+    for name, p in (("r_payload", r_payload), ("s_payload", s_payload)):
+        if p is not None:
+            if len(p) != r.size:
+                raise ValueError(f"write_pairs: {len(p)} {name}s for {r.size} pairs")
+            cols[name] = p
+    table = pa.table(cols)
+    fmt = _pairs_format(path)
+    atomic_write(path, lambda tmp: _write_table(table, tmp, fmt))
+
+
+def _read_any(path, columns: tuple[str, ...], what: str) -> pa.Table:
+    path = os.fspath(path)
+    _check_readable(path)
+    try:
+        if _pairs_format(path) == "csv":
+            # typed up front: an empty file would otherwise infer the null type
+            types = {c: pa.string() if c == "stream" else pa.int64() for c in columns}
+            table = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(column_types=types))
+        else:
+            table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise _fail(
+            path, f"is not a readable {what} file ({e})", "pass a file written by panjoin"
+        ) from e
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise _fail(
+            path,
+            f"missing column {missing[0]!r}",
+            f"a {what} file has columns {', '.join(columns)}",
+        )
+    return table
+
+
+def read_pairs(path) -> np.ndarray:
+    """The pairs of :func:`write_pairs` as an ``(n, 2)`` int64 array."""
+    table = _read_any(path, ("r_id", "s_id"), "pairs")
+    out = np.empty((table.num_rows, 2), dtype=np.int64)
+    for j, c in enumerate(("r_id", "s_id")):
+        arr = _combine(table.column(c))
+        if arr.null_count:
+            i = _first(_np(pc.is_null(arr)))
+            raise _fail(path, f"column {c!r} is null", "pairs need both ids", row=i + 1, column=c)
+        out[:, j] = _int_column(arr, c, path)
+    return out
+
+
+def write_ids(path, stream_ids: dict) -> None:
+    """Ids per stream (e.g. the late tuples) as columns ``stream``, ``id``: R's
+    first, then S's, each in the given order. Keys are 'R'/'S' (or 0/1)."""
+    parts_tag, parts_id = [], []
+    for k in stream_ids:
+        if k not in ("R", "S", 0, 1):
+            raise ValueError(f"write_ids: stream {k!r} is neither 'R' nor 'S'")
+    for code, tag in enumerate(STREAM_TAGS):
+        for k in (tag, code):
+            if k in stream_ids:
+                ids = _as_int64("id", np.asarray(stream_ids[k]).ravel())
+                parts_tag.append(np.full(ids.size, code, dtype=np.uint8))
+                parts_id.append(ids)
+    codes = np.concatenate(parts_tag) if parts_tag else np.zeros(0, np.uint8)
+    ids = np.concatenate(parts_id) if parts_id else np.zeros(0, np.int64)
+    table = pa.table(
+        {"stream": pc.take(pa.array(STREAM_TAGS), pa.array(codes)), "id": pa.array(ids)}
+    )
+    path = os.fspath(path)
+    fmt = _pairs_format(path)
+    atomic_write(path, lambda tmp: _write_table(table, tmp, fmt))
+
+
+def read_ids(path) -> dict[str, np.ndarray]:
+    """The ids of :func:`write_ids`: ``{'R': int64 array, 'S': int64 array}``."""
+    path = os.fspath(path)
+    table = _read_any(path, ("stream", "id"), "ids")
+    if table.column("stream").null_count or table.column("id").null_count:
+        raise _fail(path, "null stream or id", "pass a file written by panjoin")
+    codes = _stream_codes(_combine(table.column("stream")), path)
+    ids = _int_column(_combine(table.column("id")), "id", path)
+    return {tag: ids[codes == code] for code, tag in enumerate(STREAM_TAGS)}
