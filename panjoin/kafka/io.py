@@ -180,7 +180,7 @@ def consume_to_parquet(bootstrap: str, topic: str, out: str,
     also get their fields as columns (r_id, s_id, r, s for the join output)."""
     import pyarrow.parquet as pq
 
-    from panjoin.events import _atomic_write
+    from panjoin.events.files import atomic_write
 
     table = records_table(read_topic(bootstrap, topic, options=options))
     values = table.column("kafka_value").to_pylist()
@@ -193,5 +193,5 @@ def consume_to_parquet(bootstrap: str, topic: str, out: str,
                     table = table.append_column(name, fields.column(name))
     except (ValueError, pa.ArrowException):
         pass  # not all JSON objects (e.g. a dead-letter topic): raw values only
-    _atomic_write(out, lambda tmp: pq.write_table(table, tmp))
+    atomic_write(out, lambda tmp: pq.write_table(table, tmp))
     return table.num_rows
