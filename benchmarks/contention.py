@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--window", default="4M", help="count window per stream")
     args = ap.parse_args(argv)
-    from panjoin.cli import _size
+    from panjoin.cli.options import size as _size
 
     if len(os.sched_getaffinity(0)) < 2:
         print("contention: needs two cores", file=sys.stderr)

@@ -47,7 +47,7 @@ import numpy as np
 
 from panjoin.events import EventTable
 from panjoin.handshake.chain import HandshakeChain
-from panjoin.launch import start_workers
+from panjoin.launch import start_cluster
 from panjoin.manager.engine import JoinEngine
 from panjoin.semantics import parse_size
 
@@ -249,31 +249,24 @@ def main(argv=None) -> int:
                   + [2 * w + ring_measure(w) for w in ring_windows])
     wl = Workload(biggest)
     print(f"workload: {biggest:,} tuples generated; predicate {PREDICATE}", flush=True)
-    procs = start_workers(max(chain_nodes), role="handshake-node") if chain_windows else []
-    try:
-        for w in chain_windows:
-            for n in chain_nodes:
-                row = run_chain(wl, [p.address for p in procs[:n]], w, chain_measure(w))
-                rows.append(row)
-                print(f"handshake  nodes {n}  W {w:>9,}  {row['tuples_per_s']:>12,.1f} tuples/s"
-                      f"  ({row['comparisons_per_s']:.3g} comparisons/s, "
-                      f"{row['comparisons_per_tuple']:.3g} per tuple; {row['measure']:,} "
-                      f"measured, fill {row['fill_s']:.1f} s)", flush=True)
-    finally:
-        for p in procs:
-            p.stop()
-    workers = start_workers(2)
-    try:
+    if chain_windows:
+        with start_cluster(max(chain_nodes), manager=False, role="handshake-node") as procs:
+            for w in chain_windows:
+                for n in chain_nodes:
+                    row = run_chain(wl, procs.addresses[:n], w, chain_measure(w))
+                    rows.append(row)
+                    print(f"handshake  nodes {n}  W {w:>9,}  {row['tuples_per_s']:>12,.1f} "
+                          f"tuples/s  ({row['comparisons_per_s']:.3g} comparisons/s, "
+                          f"{row['comparisons_per_tuple']:.3g} per tuple; {row['measure']:,} "
+                          f"measured, fill {row['fill_s']:.1f} s)", flush=True)
+    with start_cluster(2, manager=False) as workers:
         for w in ring_windows:
-            for ws in ([p.address for p in workers], None):
+            for ws in (workers.addresses, None):
                 row = run_ring(wl, ws, w, ring_measure(w), check_at=(chain_measure(w),))
                 rows.append(row)
                 print(f"ring       {'2 workers ' if ws else 'in-process'}  W {w:>9,}  "
                       f"{row['tuples_per_s']:>12,.0f} tuples/s  ({row['measure']:,} measured, "
                       f"fill {row['fill_s']:.1f} s)", flush=True)
-    finally:
-        for p in workers:
-            p.stop()
     # the 1-node chain and the rings give the same pairs for the measured tuples
     for r in rows:
         if r["topology"] == "handshake" and r["nodes"] == 1:

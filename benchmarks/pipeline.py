@@ -47,8 +47,9 @@ from panjoin.kafka import io
 from panjoin.kafka.broker import start_broker
 from panjoin.launch import start_cluster
 from panjoin.semantics import Window, parse_predicate
+from spark_conn.config import PipelineConfig
 from spark_conn.peer import join_condition
-from spark_conn.pipeline import PipelineConfig, run
+from spark_conn.pipeline import run
 from spark_conn.session import spark_session
 
 JSON_SCHEMA = "id long, key long, ts long, payload string"

@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from panjoin.bench.proc import cpu_seconds, status_mib
 from panjoin.events import write_events
 from panjoin.generate import band_for_selectivity, generate
-from panjoin.launch import pinned, start_manager, start_workers
+from panjoin.launch import pinned, start_cluster
 from panjoin.reference import sort_pairs
 
 KEY_MAX = 1 << 40
@@ -79,25 +79,18 @@ def one_window(w: int, work: str, n: int, config: str = "pinned") -> dict:
     e = int(band_for_selectivity(1.0, w, 0, KEY_MAX))
     pin = config == "pinned"
     local = _replay(events, w, e, os.path.join(work, "local.parquet"), [], {0})
-    ws = start_workers(1 if pin else 2, 1, cpus={1} if pin else None)
-    try:
-        mgr = start_manager([x.address for x in ws], args=["--replicas", "1" if pin else "2"],
-                            cpus={0} if pin else None)
-        try:
-            pids = {"manager": mgr.proc.pid}
-            pids.update({f"worker{i}" if not pin else "worker": x.proc.pid
-                         for i, x in enumerate(ws)})
-            cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
-            rss0 = {k: status_mib(p, "VmRSS") for k, p in pids.items()}
-            client = _replay(events, w, e, os.path.join(work, "cluster.parquet"),
-                             ["--cluster", mgr.address], {0} if pin else None)
-            procs = {k: {"cpu_s": cpu_seconds(p) - cpu0[k], "rss_mib": status_mib(p, "VmHWM"),
-                         "rss_start_mib": rss0[k]} for k, p in pids.items()}
-        finally:
-            mgr.stop()
-    finally:
-        for x in ws:
-            x.stop()
+    with start_cluster(1 if pin else 2, 1, cpus={1} if pin else None,
+                       manager_args=["--replicas", "1" if pin else "2"],
+                       manager_cpus={0} if pin else None) as c:
+        pids = {"manager": c.manager.proc.pid}
+        pids.update({f"worker{i}" if not pin else "worker": x.proc.pid
+                     for i, x in enumerate(c.workers)})
+        cpu0 = {k: cpu_seconds(p) for k, p in pids.items()}
+        rss0 = {k: status_mib(p, "VmRSS") for k, p in pids.items()}
+        client = _replay(events, w, e, os.path.join(work, "cluster.parquet"),
+                         ["--cluster", c.address], {0} if pin else None)
+        procs = {k: {"cpu_s": cpu_seconds(p) - cpu0[k], "rss_mib": status_mib(p, "VmHWM"),
+                     "rss_start_mib": rss0[k]} for k, p in pids.items()}
     same = np.array_equal(_pairs(os.path.join(work, "local.parquet")),
                           _pairs(os.path.join(work, "cluster.parquet")))
     if not pin:  # one line per role in the report: the workers together
@@ -221,7 +214,7 @@ def main(argv=None) -> int:
     if len(os.sched_getaffinity(0)) < 2:
         print("scaling: needs two cores (taskset -c 0 and -c 1)", file=sys.stderr)
         return 2
-    from panjoin.cli import _size
+    from panjoin.cli.options import size as _size
 
     sizes = [1 << 18] if args.quick else [_size(x) for x in args.windows.split(",")]
     recs = []

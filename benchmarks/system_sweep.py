@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from panjoin.bench.system import SystemPoint, run_system, system_events
-from panjoin.launch import start_workers
+from panjoin.launch import start_cluster
 
 HERE = Path(__file__).parent
 INDEXES = ["rap", "wib", "bisort"]
@@ -70,22 +70,17 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     points = plan(args.quick, args.workers)
     events = system_events(points[0])
-    workers = start_workers(args.workers, 1)
     rows = []
-    try:
+    with start_cluster(args.workers, manager=False) as workers:
         for i, pt in enumerate(points, 1):
             t0 = time.perf_counter()
-            cluster, local = run_system(pt, events=events,
-                                        addresses=[w.address for w in workers])
+            cluster, local = run_system(pt, events=events, addresses=workers.addresses)
             row = {**asdict(pt), "cluster": cluster, "local": local,
                    "overhead": local / cluster, "seconds": time.perf_counter() - t0}
             rows.append(row)
             print(f"[{i}/{len(points)}] {pt.index:6s} NBat {pt.batch:>7,}  in-process "
                   f"{local:>12,.0f}  cluster {cluster:>12,.0f} tuples/s  overhead "
                   f"{local / cluster:.2f}x", flush=True)
-    finally:
-        for w in workers:
-            w.stop()
     tag = "-quick" if args.quick else ""
     out = HERE / "results" / f"system_sweep{tag}.json"
     out.parent.mkdir(exist_ok=True)

@@ -13,6 +13,7 @@ payloads in its JoinInputs; the manager then keeps them for it).
 
 from __future__ import annotations
 
+import queue
 from types import SimpleNamespace
 from typing import NamedTuple
 
@@ -49,6 +50,57 @@ class Result(NamedTuple):
 
     def __iter__(self):
         return iter((self.r_id, self.s_id, self.late))
+
+
+def join_input(join_id: str, batch_id: int, chunk, flush: bool = False,
+               watermark: int | None = None) -> manager_pb2.JoinInput:
+    """The JoinInput of one chunk (anything with stream/id/key/ts arrays and optionally
+    ``payload`` and ``key2``); ``watermark``: the client's event-time watermark."""
+    msg = manager_pb2.JoinInput(
+        join_id=join_id, batch_id=batch_id, stream=to_array(np.asarray(chunk.stream, np.uint8)),
+        id=to_array(np.asarray(chunk.id, np.int64)), key=to_array(np.asarray(chunk.key)),
+        ts=to_array(np.asarray(chunk.ts, np.int64)), flush=flush)
+    to_payloads(getattr(chunk, "payload", None), msg.payload)
+    if getattr(chunk, "key2", None) is not None:
+        msg.key2.CopyFrom(to_array(np.asarray(chunk.key2, np.float64)))
+    if watermark is not None:
+        msg.watermark = watermark
+    return msg
+
+
+def output_of(out: manager_pb2.JoinOutput) -> Output:
+    r, s = from_array(out.r_id, "<i8"), from_array(out.s_id, "<i8")
+    return Output(out.batch_id, r, s, from_payloads(out.r_payload, r.size),
+                  from_payloads(out.s_payload, s.size), from_array(out.late_stream, "|u1"),
+                  from_array(out.late_id, "<i8"), out.duplicate)
+
+
+class JoinSession:
+    """One open join's long-lived Join stream, one batch at a time: :meth:`send` puts a
+    JoinInput on the stream and returns its :class:`Output` (the Spark pipeline sends
+    each micro-batch so, flushed, and checks its answer)."""
+
+    def __init__(self, client: Client, join_id: str):
+        self.client = client
+        self.join_id = join_id
+        self._q: queue.Queue = queue.Queue()
+        self._out = client.stub.Join(iter(self._q.get, None))
+
+    def send(self, batch_id: int, chunk, flush: bool = True,
+             watermark: int | None = None) -> Output:
+        self._q.put(join_input(self.join_id, batch_id, chunk, flush, watermark))
+        out = output_of(next(self._out))
+        if out.batch_id != batch_id:
+            raise RuntimeError(f"manager answered batch {out.batch_id} to batch {batch_id}")
+        return out
+
+    def close(self) -> None:
+        """End the stream and close the join (which the stream's end may have done)."""
+        self._q.put(None)
+        try:
+            self.client.stub.Close(manager_pb2.JoinRef(join_id=self.join_id), timeout=30)
+        except grpc.RpcError:
+            pass
 
 
 def payloads_of(events, stream: int, ids: np.ndarray) -> pa.Array:
@@ -88,28 +140,18 @@ class Client:
         """Send arrival-ordered chunks (EventTables, or anything with stream/id/key/ts
         arrays and optionally ``payload``); yields one :class:`Output` per chunk, the last
         one flushed (``flush_last``). Chunk i gets batch id ``first_batch_id + i``; the
-        manager applies a batch id at most once, so a replay after a crash is safe."""
+        manager applies a batch id at most once, so a replay after a crash is safe. The
+        chunks stream without waiting for answers (see :meth:`session` for one at a time)."""
         chunks = list(chunks)
+        inputs = (join_input(join_id, first_batch_id + i, ch,
+                             flush=flush_last and i == len(chunks) - 1)
+                  for i, ch in enumerate(chunks))
+        for out in self.stub.Join(inputs):
+            yield output_of(out)
 
-        def inputs():
-            for i, ch in enumerate(chunks):
-                msg = manager_pb2.JoinInput(
-                    join_id=join_id, batch_id=first_batch_id + i,
-                    stream=to_array(np.asarray(ch.stream, np.uint8)),
-                    id=to_array(np.asarray(ch.id, np.int64)), key=to_array(np.asarray(ch.key)),
-                    ts=to_array(np.asarray(ch.ts, np.int64)),
-                    flush=flush_last and i == len(chunks) - 1)
-                to_payloads(getattr(ch, "payload", None), msg.payload)
-                if getattr(ch, "key2", None) is not None:
-                    msg.key2.CopyFrom(to_array(np.asarray(ch.key2, np.float64)))
-                yield msg
-
-        for out in self.stub.Join(inputs()):
-            r, s = from_array(out.r_id, "<i8"), from_array(out.s_id, "<i8")
-            yield Output(out.batch_id, r, s, from_payloads(out.r_payload, r.size),
-                         from_payloads(out.s_payload, s.size),
-                         from_array(out.late_stream, "|u1"), from_array(out.late_id, "<i8"),
-                         out.duplicate)
+    def session(self, join_id: str) -> JoinSession:
+        """A long-lived Join stream on ``join_id`` that sends one batch at a time."""
+        return JoinSession(self, join_id)
 
     def join(self, events, window: str, predicate: str, index: str = "bisort",
              chunk: int = 1 << 18, **settings) -> Result:

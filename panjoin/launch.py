@@ -122,31 +122,65 @@ def start_manager(workers: list[str], timeout: float = 120.0,
 
 @dataclass
 class LocalCluster:
-    """Workers and a manager over them, each in its own process."""
+    """Worker processes and, if started, a manager over them; a context manager that
+    stops them all (the one lifecycle of the CLI, the benchmarks and the tests)::
+
+        with start_cluster(2, manager=False) as c:     # doctest: +SKIP
+            backend = GrpcBackend(c.addresses)
+    """
 
     workers: list[WorkerProcess]
-    manager: WorkerProcess
+    manager: WorkerProcess | None = None
+
+    @property
+    def addresses(self) -> list[str]:
+        """The workers' addresses: what :class:`GrpcBackend` and ``--workers`` take."""
+        return [w.address for w in self.workers]
 
     @property
     def address(self) -> str:
         """The manager's address: what ``--manager`` and :class:`panjoin.client.Client` take."""
+        if self.manager is None:
+            raise ValueError("this cluster has no manager: start it with manager=True")
         return self.manager.address
 
+    def warm_up(self, index: str = "bisort") -> None:
+        """Run a small join through the workers (:func:`panjoin.manager.engine.warm_up`)."""
+        from panjoin.manager.engine import warm_up
+        from panjoin.manager.grpc_backend import GrpcBackend
+
+        with GrpcBackend(self.addresses) as backend:
+            warm_up(index, backend, len(self.workers))
+
     def stop(self) -> None:
-        self.manager.stop()
+        if self.manager is not None:
+            self.manager.stop()
         for w in self.workers:
             w.stop()
 
+    def __enter__(self) -> LocalCluster:
+        return self
 
-def start_cluster(n: int, threads: int = 1) -> LocalCluster:
-    """``n`` workers and ``panjoin manager`` over them (:func:`start_manager`)."""
-    ws = start_workers(n, threads)
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_cluster(n: int, threads: int = 1, *, manager: bool = True, role: str = "worker",
+                  worker_args: list[list[str]] | None = None, manager_args: list[str] | None = None,
+                  cpus: set[int] | None = None, manager_cpus: set[int] | None = None
+                  ) -> LocalCluster:
+    """``n`` workers (:func:`start_workers`, with ``role``, ``worker_args``, ``cpus``)
+    and, with ``manager``, ``panjoin manager`` over them (:func:`start_manager`, with
+    ``manager_args`` on ``manager_cpus``); a failed start stops what did start."""
+    ws = start_workers(n, threads, role=role, worker_args=worker_args, cpus=cpus)
     try:
-        return LocalCluster(ws, start_manager([w.address for w in ws]))
+        m = (start_manager([w.address for w in ws], args=manager_args, cpus=manager_cpus)
+             if manager else None)
     except BaseException:
         for w in ws:
             w.stop()
         raise
+    return LocalCluster(ws, m)
 
 
 def pinned(cmd: list[str], cpus: set[int] | None) -> list[str]:

@@ -33,3 +33,19 @@ def start_server(add_servicer, service_name: str, port: int = 0, host: str = "12
     hs.set("", health_pb2.HealthCheckResponse.SERVING)
     hs.set(service_name, health_pb2.HealthCheckResponse.SERVING)
     return server, bound
+
+
+def serve_until_stopped(stop_fn) -> int:
+    """Block until SIGTERM or Ctrl-C, then call ``stop_fn`` (a server's or a broker's
+    stop); the exit status of a process that was asked to stop: 0."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    stop_fn()
+    return 0

@@ -17,7 +17,8 @@ from panjoin.kafka import io
 from panjoin.kafka.broker import start_broker
 from panjoin.launch import start_cluster
 from panjoin.semantics import parse_size
-from spark_conn.pipeline import PipelineConfig, run
+from spark_conn.config import PipelineConfig
+from spark_conn.pipeline import run
 from spark_conn.session import spark_session
 
 

@@ -1,8 +1,15 @@
 """The Spark job: Kafka R and S -> the PanJoin manager -> Kafka, exactly once.
 
-    python -m spark_conn.pipeline --bootstrap-servers 127.0.0.1:9092 \\
+    panjoin pipeline --bootstrap-servers 127.0.0.1:9092 \\
         --manager 127.0.0.1:50050 --window time:1000,1000 --predicate band:10 \\
-        --checkpoint /tmp/ckpt            (same flags as `panjoin pipeline`)
+        --checkpoint /tmp/ckpt            (or python -m spark_conn.cli, the same flags)
+
+The job's parts, one module each: its settings (:mod:`spark_conn.config`), records
+to tuples (:mod:`spark_conn.records`), reading ahead (:mod:`spark_conn.read_ahead`),
+the join log (:mod:`spark_conn.join_log`), the window's records and ids
+(:mod:`spark_conn.record_window`), the watermark (:mod:`spark_conn.watermark`), the
+command line (:mod:`spark_conn.cli`); this module is the job itself, per micro-batch
+(:class:`Pipeline`) and as a Spark query (:func:`run`).
 
 Per micro-batch ``b`` (Spark's batch id), on the driver (``foreachBatch``)::
 
@@ -22,8 +29,9 @@ Spark's source (``format("panjoin_kafka")`` with ``ranges``) hands the job only
 each micro-batch's offset ranges; Spark still admits them (``maxOffsetsPerTrigger``)
 and keeps them in its checkpoint. While batch ``b`` joins and writes, a background
 thread reads and parses batch ``b + 1``, whose ranges follow from ``b``'s by the
-source's own planner (:class:`ReadAhead`). The records skip Spark's Python worker, its JVM
-rows and ``toArrow`` (that trip cost more than the join itself; see
+source's own planner (:class:`~spark_conn.read_ahead.ReadAhead`). The records skip
+Spark's Python worker, its JVM rows and ``toArrow`` (that trip cost more than the
+join itself; see
 benchmarks/RESULTS.md, issue 6). Records come and go as whole Kafka record batches,
 decoded and encoded by Numba kernels (:mod:`panjoin.kafka.fetcher`,
 :mod:`panjoin.kafka.writer`): nothing in the data path is per-record Python.
@@ -41,7 +49,7 @@ its output is written) naming each batch's offset ranges, where the output topic
 ended before the batch wrote, the watermark it was joined under, its repeated ids,
 and per stream the tuples it stored and their largest ts. A restarted job opens a
 new join and replays the logged batches that the window still needs
-(:meth:`Pipeline.first_needed`: re-read from Kafka, same order, same watermarks,
+(:func:`spark_conn.join_log.first_needed`: re-read from Kafka, same order, same watermarks,
 same repeated ids, output discarded); older batches hold nothing that a later tuple
 can pair with, so the log is compacted as they leave the window and a restart costs
 what the window holds, not the job's age. The batch Spark replays is then recomputed
@@ -61,8 +69,8 @@ least over the input partitions of the largest ts read from each, taken at the s
 of the micro-batch; the manager gets W with the batch and expires by it.
 
 Joining ahead: when the next micro-batch's ranges are known in advance (an
-"available now" run, :class:`ReadAhead`), the job joins it right after this one,
-in a background thread, while this batch's output is written and Spark commits
+"available now" run, :class:`~spark_conn.read_ahead.ReadAhead`), the job joins it
+right after this one, in a background thread, while this batch's output is written and Spark commits
 and plans the next trigger. Nothing of it is logged or written until Spark hands
 that batch: with the ranges joined ahead, its output is written as is; with other
 ranges (a wrong guess), the join is rebuilt from the log and the batch is joined
@@ -82,8 +90,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -91,409 +97,22 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from panjoin.kafka import fetcher, io, json_fields
+from panjoin.client import Client, JoinSession
+from panjoin.kafka import io
 from panjoin.kafka.fetcher import Fetcher
 from panjoin.kafka.io import BATCH_HEADER, SEQ_HEADER
 from panjoin.kafka.writer import BatchWriter
 from panjoin.semantics import parse_predicate, parse_window
-from panjoin.wire import from_array, to_array
+from spark_conn.config import PipelineConfig
+from spark_conn.join_log import JoinLog, first_needed
+from spark_conn.read_ahead import ReadAhead, offset_log_ranges
 from spark_conn.record_window import IdWindow, RecordWindow
+from spark_conn.records import Parsed, Records, fetch_ranges, parse_batch, raw_record
 from spark_conn.watermark import PartitionWatermarks
 
 log = logging.getLogger("panjoin.pipeline")
 
-_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-@dataclass
-class PipelineConfig:
-    bootstrap: str
-    manager: str
-    checkpoint: str
-    window: str
-    predicate: str
-    r_topic: str = "R"
-    s_topic: str = "S"
-    out_topic: str = "joined"
-    late_topic: str = "late"
-    dead_letter_topic: str = "dead-letter"
-    key_field: str = "key"
-    ts_field: str = "ts"
-    id_field: str = "id"
-    key_type: str = "int64"
-    index: str = "bisort"
-    allowed_lateness: int = 0
-    subwindow_size: int | None = None
-    partitions: int | None = None
-    batch_size: int = 32768
-    max_offsets_per_trigger: int | None = None
-    starting_offsets: str = "earliest"
-    trigger: str = "available-now"
-    source: str = "python"
-    idle_timeout: float | None = None  # s without records before a partition stops holding W
-    manager_timeout: float = 60.0  # s to wait for a lost manager to come back
-    extra_open: dict = field(default_factory=dict)
-    #: librdkafka client properties for every Kafka client the job opens (TLS, SASL;
-    #: see panjoin.kafka.options), and for Spark's source as kafka.* options
-    kafka_options: dict = field(default_factory=dict)
-
-    def open_settings(self) -> dict:
-        s = {"allowed_lateness": self.allowed_lateness, "batch_size": self.batch_size,
-             "key_dtype": self.key_type}
-        if self.subwindow_size:
-            s["subwindow_size"] = self.subwindow_size
-        if self.partitions:
-            s["partitions"] = self.partitions
-        s.update(self.extra_open)
-        return s
-
-
-# --------------------------------------------------------------------------- parsing
-
-
-@dataclass
-class Parsed:
-    """A micro-batch's good tuples in the order they go to the manager, and its rejects."""
-
-    stream: np.ndarray  # uint8
-    id: np.ndarray
-    key: np.ndarray
-    ts: np.ndarray
-    records: pa.Array  # the micro-batch's records as they came (binary, raw JSON)
-    row: np.ndarray  # tuple i's record is records[row[i]]
-    bad: list  # (topic, partition, offset, reason, raw value) in offset order
-    ranges: dict  # {topic: {partition: [first offset, last offset + 1]}}
-    partition: np.ndarray | None = None  # int64: each tuple's Kafka partition
-
-    def take(self, keep: np.ndarray) -> Parsed:
-        """The tuples where ``keep`` is true (records, rejects and ranges unchanged)."""
-        return Parsed(self.stream[keep], self.id[keep], self.key[keep], self.ts[keep],
-                      self.records, self.row[keep], self.bad, self.ranges,
-                      None if self.partition is None else self.partition[keep])
-
-
-def _int_field(obj, name):
-    v = obj.get(name)
-    if isinstance(v, bool) or v is None:
-        return None, f"field {name!r} is {'missing' if v is None else 'a boolean'}"
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if not isinstance(v, int):
-        return None, f"field {name!r} is {v!r}, not an integer"
-    if not _I64_MIN <= v <= _I64_MAX:
-        return None, f"field {name!r} = {v} is outside int64"
-    return v, None
-
-
-def _parse_record(v: bytes | None, cfg: PipelineConfig):
-    """One record by Python's json (the rules of DESIGN section 6): ``(reason, id, key,
-    ts)`` with ``reason`` None when it is good."""
-    try:
-        obj = json.loads(v) if v is not None else None
-    except (ValueError, UnicodeDecodeError) as e:
-        return f"not JSON ({e})", None, None, None
-    except RecursionError:
-        return "not JSON (nested too deeply)", None, None, None
-    if not isinstance(obj, dict):
-        return ("not a JSON object" if v is not None else "empty record (null value)",
-                None, None, None)
-    rid, reason = _int_field(obj, cfg.id_field)
-    if reason is not None:
-        return reason, None, None, None
-    ts, reason = _int_field(obj, cfg.ts_field)
-    if reason is not None:
-        return reason, None, None, None
-    k = obj.get(cfg.key_field)
-    if isinstance(k, bool) or not isinstance(k, (int, float)):
-        return f"field {cfg.key_field!r} is {k!r}, not a number", None, None, None
-    if cfg.key_type == "float64":
-        k = float(k)
-        if not np.isfinite(k):
-            return f"field {cfg.key_field!r} = {k} is not finite", None, None, None
-        return None, rid, k, ts
-    if isinstance(k, float):
-        if not k.is_integer():
-            return (f"field {cfg.key_field!r} = {k} is not an integer (run with "
-                    f"--key-type float64 for float keys)", None, None, None)
-        k = int(k)
-    if not _I64_MIN <= k <= _I64_MAX:
-        return f"field {cfg.key_field!r} = {k} is outside int64", None, None, None
-    return None, rid, k, ts
-
-
-@dataclass
-class Records:
-    """A micro-batch's records as they came: one entry per record (columns)."""
-
-    stream: np.ndarray  # uint8: 0 = the R topic, 1 = the S topic
-    partition: np.ndarray  # int64
-    offset: np.ndarray  # int64
-    value: pa.Array  # large_binary; null for a record without a value
-    ranges: dict  # {topic: {partition: [start, end]}}
-
-    @classmethod
-    def from_table(cls, table: pa.Table, cfg: PipelineConfig) -> Records:
-        """From the source's rows (topic, partition, offset, value); ranges are the
-        offsets seen, ``[min, max + 1]`` per partition."""
-        import pyarrow.compute as pc
-
-        ranges: dict = {}
-        g = table.group_by(["topic", "partition"]).aggregate([("offset", "min"),
-                                                             ("offset", "max")])
-        for t, p, lo, hi in zip(*(g.column(c).to_pylist() for c in (
-                "topic", "partition", "offset_min", "offset_max")), strict=True):
-            ranges.setdefault(t, {})[str(p)] = [lo, hi + 1]
-        stream = pc.equal(table.column("topic"), cfg.s_topic).to_numpy(
-            zero_copy_only=False).astype(np.uint8)
-        return cls(stream, table.column("partition").to_numpy().astype(np.int64),
-                   table.column("offset").to_numpy().astype(np.int64),
-                   table.column("value").combine_chunks().cast(pa.large_binary()), ranges)
-
-
-def fetch_ranges(reader: Fetcher, ranges: dict, cfg: PipelineConfig) -> Records:
-    """The records of ``{topic: {partition: [start, end]}}`` read in bulk: the
-    Spark-planned offsets of a micro-batch (or a logged one on replay)."""
-    want = [(t, int(p), lo, hi) for t in sorted(ranges)
-            for p, (lo, hi) in sorted(ranges[t].items(), key=lambda x: int(x[0]))]
-    return records_of(reader.read(want), want, ranges, cfg)
-
-
-def records_of(got: dict, want: list, ranges: dict, cfg: PipelineConfig) -> Records:
-    """:class:`Records` from :meth:`Fetcher.read`'s answer, ranges in ``want`` order."""
-    tables = [got[(t, p)] for t, p, _, _ in want]
-    sizes = [x.num_rows for x in tables]
-    part = np.repeat([p for _, p, _, _ in want], sizes).astype(np.int64)
-    stream = np.repeat([int(t == cfg.s_topic) for t, _, _, _ in want], sizes).astype(np.uint8)
-    if not tables:
-        tables = [fetcher.SCHEMA.empty_table()]
-    both = pa.concat_tables(tables)
-    return Records(stream, part, both.column("offset").to_numpy(),
-                   both.column("value").combine_chunks(), ranges)
-
-
-def parse_batch(table: pa.Table | Records, cfg: PipelineConfig) -> Parsed:
-    """Records (a table of the source's rows, or :class:`Records`) to tuples by the
-    configured fields; anything that is not a JSON object with an integer id and ts
-    and a finite key of the configured type is a reject with the reason. Good tuples
-    are sorted by event time (ties: stream, partition, offset).
-
-    The fields are read by a Numba pass over the records' bytes
-    (:func:`panjoin.kafka.json_fields.read_fields`); the records it does not vouch
-    for (malformed ones, ``1.0`` for an integer, ...) are parsed by Python's json,
-    whose rules decide."""
-    rec = table if isinstance(table, Records) else Records.from_table(table, cfg)
-    vals = rec.value
-    float_keys = cfg.key_type == "float64"
-    ints, floats, ok = json_fields.read_fields(
-        *fetcher.value_buffers(vals),
-        [f.encode() for f in (cfg.id_field, cfg.key_field, cfg.ts_field)],
-        [json_fields.INT, json_fields.FLOAT if float_keys else json_fields.INT, json_fields.INT])
-    ids, ts_a = ints[:, 0].copy(), ints[:, 2].copy()
-    keys = floats[:, 1].copy() if float_keys else ints[:, 1].copy()
-    bad = []
-    marked = np.flatnonzero(~ok)
-    if len(marked):  # nulls and empty values are among them: they are no JSON object
-        topics = (cfg.r_topic, cfg.s_topic)
-        for i, v in zip(marked.tolist(), vals.take(marked).to_pylist(), strict=True):
-            reason, rid, k, t = _parse_record(v, cfg)
-            if reason is None:
-                ids[i], keys[i], ts_a[i], ok[i] = rid, k, t, True
-            else:
-                bad.append((topics[rec.stream[i]], int(rec.partition[i]), int(rec.offset[i]),
-                            reason, v))
-        bad.sort(key=lambda b: (b[0], b[1], b[2]))
-    pos = np.flatnonzero(ok) if len(marked) else np.arange(len(ok))
-    # event-time order; ties by stream, then the records' own (partition, offset)
-    perm = pos[np.lexsort((rec.offset[pos], rec.partition[pos], rec.stream[pos], ts_a[pos]))]
-    return Parsed(rec.stream[perm], ids[perm], keys[perm], ts_a[perm], vals, perm, bad,
-                  rec.ranges, rec.partition[perm])
-
-
-def _raw(v: bytes | None) -> dict:
-    """A rejected record as it came: text, or base64 when it is not UTF-8."""
-    if v is None:
-        return {"record": None}
-    try:
-        return {"record": v.decode("utf-8")}
-    except UnicodeDecodeError:
-        import base64
-
-        return {"record_base64": base64.b64encode(v).decode()}
-
-
-class ReadAhead:
-    """The next micro-batch read from Kafka and parsed in a background thread while
-    this one joins and writes.
-
-    The source plans every micro-batch with :func:`spark_conn.kafka_source.plan_batch`
-    from where the last one ended, the end offsets and the trigger limit. In an
-    "available now" run the end offsets are fixed (``endingOffsets``), so the next
-    plan is known as soon as this one is: its records are read and parsed ahead.
-    When Spark hands other ranges (a restart, a partition that was not seen yet) the
-    records go back to the reader (:meth:`Fetcher.unread`) and the batch is read
-    as usual, so a wrong guess costs time, never a record.
-
-    Example: batch 3 is R[0] 400..600; with R[0] ending at 900 and 200 records per
-    trigger, batch 4 is guessed as R[0] 600..800 and read while batch 3 joins.
-    """
-
-    def __init__(self, cfg: PipelineConfig, ending: dict | None):
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.cfg, self.ending = cfg, ending
-        self.pos: dict = {}  # {topic: {partition: where the last batch ended}}
-        # two threads: the read ahead, and the output topics' ends (Pipeline.out_start)
-        self.pool = ThreadPoolExecutor(2, thread_name_prefix="panjoin-read-ahead")
-        self._job = None  # (the guessed ranges, future of (got, Records, Parsed))
-        self.hits = self.misses = 0
-
-    def guess(self, ranges: dict) -> dict | None:
-        """The ranges of the batch after ``ranges``, or None when there is none to guess."""
-        from spark_conn.kafka_source import plan_batch
-
-        for t, ps in ranges.items():
-            for p, (_, e) in ps.items():
-                self.pos.setdefault(t, {})[p] = e
-        if self.ending is None:
-            return None
-        begin = {t: {p: self.pos.get(t, {}).get(p, e) for p, e in ps.items()}
-                 for t, ps in self.ending.items()}
-        end = {t: {p: max(e, begin[t][p]) for p, e in ps.items()}
-               for t, ps in self.ending.items()}
-        nxt = plan_batch(begin, end, self.cfg.max_offsets_per_trigger)
-        out = {t: {p: [begin[t][p], e] for p, e in ps.items() if e > begin[t][p]}
-               for t, ps in nxt.items()}
-        return {t: ps for t, ps in out.items() if ps} or None
-
-    def prime(self, reader: Fetcher, begin: dict) -> None:
-        """Before the first batch: read the one the source will plan from ``begin``
-        (``{topic: {partition: offset}}``, where a fresh query starts)."""
-        self.pos = {t: dict(ps) for t, ps in begin.items()}
-        self.start(reader, {})
-
-    def start(self, reader: Fetcher, ranges: dict) -> None:
-        """After a batch of ``ranges`` is planned: read the next one in the background."""
-        nxt = self.guess(ranges)
-        if nxt is not None and self._job is None:
-            self._job = (nxt, self.pool.submit(self._read, reader, nxt))
-
-    def guessed(self) -> dict | None:
-        """The ranges being read ahead, if any."""
-        return self._job[0] if self._job is not None else None
-
-    def _read(self, reader: Fetcher, ranges: dict):
-        want = [(t, int(p), lo, hi) for t in sorted(ranges)
-                for p, (lo, hi) in sorted(ranges[t].items(), key=lambda x: int(x[0]))]
-        got = reader.read(want)
-        rec = records_of(got, want, ranges, self.cfg)
-        return got, rec, parse_batch(rec, self.cfg)
-
-    def take(self, reader: Fetcher, ranges: dict | None):
-        """``(Records, Parsed)`` of ``ranges`` if they were read ahead, else None. Waits
-        for the read in flight: the reader is never used by two threads. ``None``
-        gives back whatever was read ahead."""
-        if self._job is None:
-            return None
-        guessed, fut = self._job
-        self._job = None
-        try:
-            got, rec, parsed = fut.result()
-        except Exception as e:  # the batch is read again, from its first offset
-            log.warning("read-ahead of %s failed (%s); reading the batch again", guessed, e)
-            self.misses += 1
-            return None
-        if guessed == ranges:
-            self.hits += 1
-            return rec, parsed
-        reader.unread(got)
-        self.misses += 1
-        return None
-
-    def close(self) -> None:
-        if self._job is not None:
-            self._job[1].cancel()
-            try:
-                self._job[1].result()
-            except Exception:
-                pass
-            self._job = None
-        self.pool.shutdown(wait=True)
-
-
-def offset_log_ranges(spark_checkpoint: str, batch: int) -> dict | None:
-    """Micro-batch ``batch``'s offset ranges ``{topic: {partition: [start, end]}}`` from
-    Spark's offset log, or None when it cannot say (batch 0, whose start only the
-    source knows, or a log this cannot read).
-
-    Spark writes ``offsets/<b>`` (a version line, the batch's metadata, then each
-    source's end offsets as JSON) before batch b runs, and b starts where b - 1
-    ended. Reading two small files costs far less than a Spark job that collects
-    the planned ranges from the batch's frame (about 0.13 s a batch)."""
-    def end_of(b: int) -> dict:
-        with open(os.path.join(spark_checkpoint, "offsets", str(b))) as f:
-            lines = f.read().splitlines()
-        if len(lines) != 3 or lines[0] != "v1":  # one source, the log format Spark 4 writes
-            raise ValueError(f"offset log {b}: {len(lines)} lines")
-        return json.loads(lines[2])
-
-    if batch < 1:
-        return None
-    try:
-        start, end = end_of(batch - 1), end_of(batch)
-        out = {t: {str(p): [int(start.get(t, {}).get(p, 0)), int(e)] for p, e in ps.items()}
-               for t, ps in end.items()}
-    except (OSError, ValueError, TypeError, AttributeError) as e:
-        log.debug("batch %d: no ranges from Spark's offset log (%s)", batch, e)
-        return None
-    return {t: {p: r for p, r in ps.items() if r[1] > r[0]} for t, ps in out.items()
-            if any(r[1] > r[0] for r in ps.values())}
-
-
-# --------------------------------------------------------------------------- the manager
-
-
-class JoinSession:
-    """One open join on the manager and one long-lived Join stream: each micro-batch
-    goes out as one JoinInput (with each tuple's record as its payload) and comes back
-    as one JoinOutput (the pairs with both records)."""
-
-    def __init__(self, cfg: PipelineConfig):
-        from panjoin.client import Client
-
-        self.client = Client(cfg.manager)
-        self.join_id = self.client.open(cfg.window, cfg.predicate, cfg.index,
-                                        **cfg.open_settings())
-        self.time_window = parse_window(cfg.window).kind == "time"
-        self._q: queue.Queue = queue.Queue()
-        self._out = self.client.stub.Join(iter(self._q.get, None))
-
-    def send(self, batch_id: int, p: Parsed, watermark: int | None = None):
-        """One micro-batch; on a time window with the job's watermark (None: none yet)."""
-        from panjoin.proto.panjoin.v1 import manager_pb2
-
-        msg = manager_pb2.JoinInput(
-            join_id=self.join_id, batch_id=batch_id, stream=to_array(p.stream),
-            id=to_array(p.id), key=to_array(p.key), ts=to_array(p.ts), flush=True)
-        if self.time_window:  # from the first batch on: the manager's own rule stays off
-            msg.watermark = _I64_MIN if watermark is None else watermark
-        self._q.put(msg)
-        out = next(self._out)
-        if out.batch_id != batch_id:
-            raise RuntimeError(f"manager answered batch {out.batch_id} to batch {batch_id}")
-        if out.duplicate:
-            raise RuntimeError(f"manager took batch {batch_id} as a replay on a fresh join")
-        r, s = from_array(out.r_id, "<i8"), from_array(out.s_id, "<i8")
-        return r, s, from_array(out.late_stream, "|u1"), from_array(out.late_id, "<i8")
-
-    def close(self) -> None:
-        from panjoin.proto.panjoin.v1 import manager_pb2
-
-        self._q.put(None)
-        try:
-            self.client.stub.Close(manager_pb2.JoinRef(join_id=self.join_id), timeout=30)
-        except Exception:  # the stream's end may have closed it already
-            pass
-        self.client.close()
+_I64_MIN = -(1 << 63)
 
 
 # --------------------------------------------------------------------------- the job
@@ -529,9 +148,7 @@ class Pipeline:
         if parse_predicate(cfg.predicate).residual is not None:  # fail before Spark starts
             raise ValueError(f"predicate {cfg.predicate!r}: the Kafka records carry no key2, "
                              "so a residual condition ('&band2:...') cannot be used here")
-        self.dir = os.path.join(cfg.checkpoint, "panjoin")
-        os.makedirs(self.dir, exist_ok=True)
-        self.log_path = os.path.join(self.dir, "join.log")
+        self.log = JoinLog(os.path.join(cfg.checkpoint, "panjoin"))
         self.session: JoinSession | None = None
         self._stale = False  # the window must be rebuilt from the log before the next batch
         self.wm: PartitionWatermarks | None = None
@@ -552,27 +169,6 @@ class Pipeline:
                       "joined_ahead_wrong": 0}
 
     # -- join log
-
-    def read_log(self) -> dict[int, dict]:
-        entries = {}
-        if os.path.exists(self.log_path):
-            with open(self.log_path) as f:
-                for line in f:
-                    line = line.strip()
-                    if not line:
-                        continue
-                    try:
-                        e = json.loads(line)
-                    except ValueError:
-                        break  # a torn last line: the batch was never sent
-                    entries[e["batch"]] = e
-        return entries
-
-    def append_log(self, entry: dict) -> None:
-        with open(self.log_path, "a") as f:
-            f.write(json.dumps(entry) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
 
     # -- one batch through the manager
 
@@ -607,7 +203,7 @@ class Pipeline:
                            else np.asarray(logged["dups"], np.int64))
         if p.partition is not None:  # every well-formed tuple read moves its partition
             wm.observe(p.stream, p.partition, p.ts)
-        dead = [{"topic": t, "partition": q, "offset": o, "reason": r, **_raw(v)}
+        dead = [{"topic": t, "partition": q, "offset": o, "reason": r, **raw_record(v)}
                 for t, q, o, r, v in p.bad]
         if len(dup):  # an id seen before in its stream: the join names tuples by id
             keep = np.ones(len(p.id), bool)
@@ -624,10 +220,16 @@ class Pipeline:
         if len(p.id) == 0:
             return out
         if self.session is None:
-            self.session = JoinSession(self.cfg)
+            self.session = self._open_join()
         self.records.add(p)
         t0 = time.perf_counter()
-        r, s, ls, li = self.session.send(batch + 1, p, w)
+        # on a time window the job's watermark goes with every batch, from the first on
+        # (None: none yet), so the manager's own lateness rule stays off
+        ans = self.session.send(batch + 1, p, watermark=(_I64_MIN if w is None else w)
+                                if self.window.kind == "time" else None)
+        if ans.duplicate:
+            raise RuntimeError(f"manager took batch {batch + 1} as a replay on a fresh join")
+        r, s, ls, li = ans.r_id, ans.s_id, ans.late_stream, ans.late_id
         self._time("manager", t0)  # a part of "join": the round trip to the cluster
         order = np.lexsort((s, r))
         if len(order):
@@ -717,49 +319,14 @@ class Pipeline:
 
     # -- replay after a restart
 
-    def first_needed(self, entries: dict, upto: int) -> int:
-        """The oldest logged batch a join rebuilt for batch ``upto`` must replay: older
-        ones hold no tuple that a tuple of ``upto`` or later can pair with, nor an id
-        that can still repeat (bounded recovery: restart time follows the window, not
-        the job's age; the join log is compacted to this point).
-
-        Time windows: batch j is needed while one of its stored tuples of stream X has
-        ``ts + T_X > W - L``, W the newest logged watermark (no later tuple is below
-        ``W - L``). Count windows: the newest batches holding the last ``W_X + NBat``
-        stored tuples of each stream (the ids kept by :class:`IdWindow`). Entries of an
-        older log, without these counts, are all needed."""
-        older = sorted(b for b in entries if b < upto)
-        if not older:
-            return upto
-        if any("stored" not in entries[b] for b in older):
-            return older[0]
-        w = self.window
-        if w.kind == "time":
-            marks = [e.get("watermark") for e in entries.values()]
-            marks = [m for m in marks if m is not None]
-            if not marks:
-                return older[0]
-            edge = max(marks) - w.lateness
-            need = [b for b in older if any(
-                t is not None and t + w.size("RS"[x]) > edge
-                for x, t in enumerate(entries[b]["ts_max"]))]
-            return need[0] if need else upto
-        want = [w.size("RS"[x]) + self.cfg.batch_size for x in (0, 1)]
-        have = [0, 0]
-        for b in reversed(older):
-            have = [h + n for h, n in zip(have, entries[b]["stored"], strict=True)]
-            if all(h >= n for h, n in zip(have, want, strict=True)):
-                return b
-        return older[0]
-
     def rebuild(self, upto: int, entries: dict) -> None:
         """Replay the logged batches ``< upto`` that the window still needs
-        (:meth:`first_needed`) into a fresh join, writing nothing."""
+        (:func:`spark_conn.join_log.first_needed`) into a fresh join, writing nothing."""
         self._stale = True  # until the replay is done: a failure leaves a window to redo
-        first = self.first_needed(entries, upto)
+        first = first_needed(entries, upto, self.window, self.cfg.batch_size)
         missing = [b for b in range(first, upto) if b not in entries]
         if missing:
-            raise RuntimeError(f"join log {self.log_path} lacks batches {missing[:5]}: the "
+            raise RuntimeError(f"join log {self.log.path} lacks batches {missing[:5]}: the "
                                f"window cannot be rebuilt; start over with a new --checkpoint")
         prev = [b for b in entries if b < upto]
         if prev and "wm_after" in entries[max(prev)]:  # partitions' maxima before upto
@@ -778,27 +345,16 @@ class Pipeline:
                  "are out of the window", len(replay), first, upto - 1,
                  time.perf_counter() - t0, first - min(entries, default=first))
 
-    def compact_log(self, batch: int) -> None:
-        """Drop the log entries that a rebuild for ``batch`` no longer needs, rewriting the
-        log (atomically) once they are at least as many as the ones kept."""
-        first = self.first_needed(self.entries, batch)
+    def _compact_log(self, batch: int) -> None:
+        """Drop the log entries that a rebuild for ``batch`` no longer needs, rewriting
+        the log once they are at least as many as the ones kept."""
+        first = first_needed(self.entries, batch, self.window, self.cfg.batch_size)
         gone = [b for b in self.entries if b < first]
         if len(gone) < max(16, len(self.entries) - len(gone)):
             return
         for b in gone:
             del self.entries[b]
-        tmp = self.log_path + ".tmp"
-        with open(tmp, "w") as f:
-            for b in sorted(self.entries):
-                f.write(json.dumps(self.entries[b]) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.log_path)
-        fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # the rename itself survives a crash
-        finally:
-            os.close(fd)
+        self.log.rewrite(self.entries)
         self.stats["log_compactions"] = self.stats.get("log_compactions", 0) + 1
         log.info("join log compacted: %d batches out of the window dropped, %d kept",
                  len(gone), len(self.entries))
@@ -833,7 +389,7 @@ class Pipeline:
                 self.stats["ranges_from_log"] = self.stats.get("ranges_from_log", 0) + 1
             t0 = self._time("ranges", t0)
             if self.entries is None:  # a restart replays logged batches first
-                self.entries = self.read_log()
+                self.entries = self.log.read()
                 self._stale = True  # rebuilt by apply_reconnecting, before this batch
             done = self._joined_ahead(batch_id, ranges)
             if done is not None:
@@ -855,8 +411,8 @@ class Pipeline:
         {partition: offset}}``): read and join batch 0 as the source will plan it, in
         the background, while Spark starts its query (about 1.5 s); when Spark hands
         batch 0 with other ranges it is joined again from scratch (:meth:`_joined_ahead`)."""
-        if self.read_log():
-            raise RuntimeError(f"{self.log_path} holds batches: this job is not fresh")
+        if self.log.read():
+            raise RuntimeError(f"{self.log.path} holds batches: this job is not fresh")
         self.entries = {}
         self.read_ahead.prime(self.reader(), begin)
         self._join_ahead(0)
@@ -907,10 +463,25 @@ class Pipeline:
         self._stale = True  # apply_reconnecting rebuilds, waiting for the manager if need be
         return None
 
-    def _reset_join(self) -> None:
+    def _open_join(self) -> JoinSession:
+        """A new join on the manager, and the Join stream the batches go on."""
+        client = Client(self.cfg.manager)
+        try:
+            join_id = client.open(self.cfg.window, self.cfg.predicate, self.cfg.index,
+                                  **self.cfg.open_settings())
+        except BaseException:
+            client.close()
+            raise
+        return client.session(join_id)
+
+    def _close_join(self) -> None:
         if self.session is not None:
             self.session.close()
+            self.session.client.close()
             self.session = None
+
+    def _reset_join(self) -> None:
+        self._close_join()
         self.ids = IdWindow(self.window, self.cfg.batch_size)
         self.records = RecordWindow(self.window, self.cfg.batch_size)
         self.wm = None  # a rebuild restores it from the log
@@ -959,7 +530,7 @@ class Pipeline:
         """One micro-batch: log it, join it (unless ``out`` is its output, joined
         ahead), join the next one ahead, and write this one's output."""
         if self.entries is None:  # the first batch of this run: rebuild what came before
-            self.entries = self.read_log()
+            self.entries = self.log.read()
             self._stale = True  # apply_reconnecting rebuilds, waiting for the manager
         t0 = time.perf_counter()
         p = parsed if parsed is not None else parse_batch(table, self.cfg)
@@ -982,9 +553,9 @@ class Pipeline:
             # decisions a replay must repeat
             entry = {"batch": batch, "ranges": p.ranges, "out_start": self.out_start(),
                      **out.log_fields()}
-            self.append_log(entry)
+            self.log.append(entry)
             self.entries[batch] = entry
-            self.compact_log(batch)
+            self._compact_log(batch)
             t0 = self._time("log", t0)
         self._join_ahead(batch + 1)
         self.write(batch, out, skip)
@@ -1015,9 +586,7 @@ class Pipeline:
             self._ahead_pool = None
         self.read_ahead.close()  # before the reader it uses closes
         self._ends = None
-        if self.session is not None:
-            self.session.close()
-            self.session = None
+        self._close_join()
         if self.writer is not None:
             self.writer.close()
             self.writer = None
@@ -1082,7 +651,7 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
         ending = {t: {p: v[1] for p, v in ps.items()} for t, ps in offs.items()}
     pipe = Pipeline(cfg, ending if cfg.source == "python" else None)
     if (ending is not None and cfg.source == "python" and cfg.starting_offsets == "earliest"
-            and not pipe.read_log()):  # a fresh query starts at the earliest offsets
+            and not pipe.log.read()):  # a fresh query starts at the earliest offsets
         pipe.join_first_ahead({t: {p: v[0] for p, v in ps.items()} for t, ps in offs.items()})
 
     reached = threading.Event()  # the batch that reaches the ending offsets is done
@@ -1167,55 +736,3 @@ def _await_end(q, ending: dict, reached: threading.Event | None = None,
 def _covers(end: dict, want: dict) -> bool:
     return all(int(end.get(t, {}).get(p, -1)) >= o for t, ps in want.items()
                for p, o in ps.items())
-
-
-def config_from_args(args) -> PipelineConfig:
-    """The job's config; the Kafka options are checked here, before Spark starts."""
-    from panjoin.kafka.cli import kafka_options
-
-    return PipelineConfig(
-        bootstrap=args.bootstrap_servers, manager=args.manager, checkpoint=args.checkpoint,
-        window=args.window, predicate=args.predicate, r_topic=args.r_topic,
-        s_topic=args.s_topic, out_topic=args.out_topic, late_topic=args.late_topic,
-        dead_letter_topic=args.dead_letter_topic, key_field=args.key_field,
-        ts_field=args.ts_field, id_field=args.id_field, key_type=args.key_type,
-        index=args.index, allowed_lateness=args.allowed_lateness,
-        subwindow_size=args.subwindow_size, partitions=args.partitions,
-        batch_size=args.batch_size, max_offsets_per_trigger=args.max_offsets_per_trigger,
-        starting_offsets=args.starting_offsets, trigger=args.trigger, source=args.source,
-        idle_timeout=args.idle_timeout, manager_timeout=args.manager_timeout,
-        kafka_options=kafka_options(args))
-
-
-def run_from_args(args) -> int:
-    cfg = config_from_args(args)
-    st = run(cfg)
-    print(f"pipeline: {st['batches']} micro-batches, {st['tuples']:,} records in "
-          f"{st['seconds']:.1f} s ({st['tuples'] / max(st['seconds'], 1e-9):,.0f} records/s); "
-          f"{st['joined']:,} joined -> {cfg.out_topic}, {st['late']:,} late -> "
-          f"{cfg.late_topic}, {st['dead']:,} malformed -> {cfg.dead_letter_topic}"
-          + (f"; {st['replayed_batches']} batches replayed into the join, "
-             f"{st['skipped_records']} records already written" if st["replayed_batches"]
-             else ""), flush=True)
-    return 0
-
-
-def main(argv=None) -> int:
-    import argparse
-
-    from panjoin.cli import _add_common, _add_join_opts
-    from panjoin.kafka.cli import add_pipeline_opts
-
-    ap = argparse.ArgumentParser(prog="python -m spark_conn.pipeline",
-                                 description="Kafka R,S -> PanJoin manager -> Kafka output")
-    add_pipeline_opts(ap)
-    _add_join_opts(ap)
-    _add_common(ap)
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run_from_args(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

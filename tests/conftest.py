@@ -1,4 +1,4 @@
-"""Test-wide settings, read before any test module imports gRPC.
+"""Test-wide settings and fixtures, read before any test module imports gRPC.
 
 gRPC's fork handlers are for processes that fork without exec; here every fork is
 followed by exec (worker processes, brokers, Spark's JVM, which pyspark starts with
@@ -6,8 +6,37 @@ followed by exec (worker processes, brokers, Spark's JVM, which pyspark starts w
 are busy can break the child ("Java gateway process exited before sending its port
 number", seen in CI when a test module's in-process manager was serving), so they
 are off, as gRPC's documentation advises for fork + exec.
+
+Fixtures for the Kafka and Spark tests (any test module may ask for them):
+
+- ``brokers``: the session's real brokers by kind (``"noida"``, ``"tansu"``), started
+  on first use and stopped at the end of the session;
+- ``broker``: runs the test once on noida-db and once on Tansu.
+
+Topics get unique names (``kafka_helpers.topic``), so tests share a broker.
 """
 
 import os
 
+import pytest
+
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+
+@pytest.fixture(scope="session")
+def brokers():
+    started: dict = {}
+    yield started
+    for b in started.values():
+        b.stop()
+
+
+@pytest.fixture(params=["noida", "tansu"])
+def broker(request, brokers):
+    from panjoin.kafka.broker import start_broker
+
+    kind = request.param
+    b = brokers.get(kind)
+    if b is None or not b.alive():
+        b = brokers[kind] = start_broker(kind)
+    return b

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from panjoin.cli import main
+from panjoin.cli.main import main
 from panjoin.events import read_events, read_pairs
 from panjoin.reference import reference_join, sort_pairs
 from panjoin.semantics import parse_predicate, parse_window

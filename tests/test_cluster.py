@@ -224,7 +224,7 @@ def test_manager_rejects_bad_specs_and_replays_are_not_applied_twice(manager, ev
 
 
 def test_replay_cli_on_a_local_cluster(tmp_path):
-    from panjoin.cli import main
+    from panjoin.cli.main import main
     from panjoin.events import read_pairs, write_events
 
     t = generate(2000, "uniform", key_min=0, key_max=50, rate=1000, seed=9)

@@ -1,7 +1,8 @@
 """Handshake chains of real node processes on loopback: neighbours talk over gRPC streams.
 
 1-, 2- and 3-node chains against the reference (count and time windows, late
-tuples), tiny result FIFOs that force admission control, the replay CLI and
+tuples), tiny result FIFOs that force admission control (pauses > 0, nothing lost;
+also through the replay CLI's and the cluster's ``--fifo``), the replay CLI and
 the `panjoin cluster --topology handshake` endpoint, and bad configurations.
 """
 
@@ -100,28 +101,33 @@ def test_bad_configuration_is_rejected(nodes):
 
 
 def test_replay_cli_handshake_topology(tmp_path, capsys):
-    from panjoin.cli import main
+    from panjoin.cli.main import main
     from panjoin.events import read_pairs, write_events
 
     t = generate(1500, "uniform", key_min=0, key_max=50, rate=1000, seed=9)
     ev = tmp_path / "ev.parquet"
     write_events(t, ev)
     out = tmp_path / "p.parquet"
+    # about 10 pairs per tuple into FIFOs of 4 pairs: --fifo must reach the chain and pause it
     assert main(["replay", str(ev), "--window", "count:200,200", "--predicate", "band:1",
                  "--topology", "handshake", "--workers", "2", "--batch-size", "100",
-                 "--fifo", "64", "--segment", "sorted", "--out", str(out),
+                 "--fifo", "4", "--segment", "sorted", "--out", str(out),
                  "--no-progress"]) == 0
     ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:200,200"),
                          parse_predicate("band:1"))
     assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
-    assert "handshake: 2 nodes  admission pauses:" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "handshake: 2 nodes  admission pauses: " in printed, printed
+    pauses = int(printed.split("admission pauses: ")[1].split()[0])
+    assert pauses > 0, printed
 
 
 def test_cluster_command_with_handshake_topology():
     from panjoin.client import Client
 
+    # result FIFOs of 2 pairs: the dense join below must fill them and pause its input
     proc = subprocess.Popen([sys.executable, "-m", "panjoin.cli", "cluster", "--workers", "2",
-                             "--port", "0", "--topology", "handshake", "--fifo", "16"],
+                             "--port", "0", "--topology", "handshake", "--fifo", "2"],
                             stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -129,18 +135,27 @@ def test_cluster_command_with_handshake_topology():
         assert "handshake chain" in line
         address = line.split("manager on ")[1].split(",")[0]
         t = generate(900, "uniform", key_min=0, key_max=20, rate=1000, seed=2, disorder_ms=20)
+        # 3 keys, windows of 50: about 14 pairs per tuple, fed 5 tuples at a time
+        u = generate(300, "uniform", key_min=0, key_max=2, rate=1000, seed=3)
         with Client(address) as c:
             r, s, late = c.join(t, "time:80,60", "eq", chunk=200, batch_size=50,
                                 allowed_lateness=5)
-            jid = c.open("count:10,10", "eq")
-            list(c.stream(jid, [t.slice(0, 300)]))
+            jid = c.open("count:50,50", "eq", batch_size=5)
+            outs = list(c.stream(jid, [u.slice(a, a + 100) for a in range(0, 300, 100)]))
             st = c.status(jid)
-            assert st.tuples_in == 300 and st.pauses >= 0
         w = parse_window("time:80,60", 5)
         ref = reference_join(t.stream, t.id, t.key, t.ts, w, parse_predicate("eq"))
         assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
         for k in "RS":
             assert np.array_equal(np.sort(late[k]), np.sort(ref.late_ids[k]))
+        dense = reference_join(u.stream, u.id, u.key, u.ts, parse_window("count:50,50"),
+                               parse_predicate("eq"))
+        got = np.stack([np.concatenate([o.r_id for o in outs]),
+                        np.concatenate([o.s_id for o in outs])], axis=1)
+        assert len(dense.pairs) > 3000
+        assert np.array_equal(sort_pairs(got), dense.pairs)
+        assert st.tuples_in == 300 and st.batches == 60
+        assert st.pauses > 0, "FIFOs of 2 pairs never filled: --fifo did not reach the chain"
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)

@@ -7,16 +7,16 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from kafka_fixtures import broker, brokers, topic  # noqa: F401
+from kafka_helpers import topic
 
-from panjoin.cli import main
+from panjoin.cli.main import main
 from panjoin.events import write_events
 from panjoin.generate import generate
 from panjoin.kafka import io
 
 
 @pytest.mark.parametrize("float_keys", [False, True])
-def test_produce_then_read_back_every_record(broker, float_keys):  # noqa: F811
+def test_produce_then_read_back_every_record(broker, float_keys):
     ev = generate(600, "zipf", float_keys=float_keys, payload=True, seed=3)
     r, s = topic("R"), topic("S")
     counts = io.produce_events(broker.bootstrap, ev, r, s, partitions=2)
@@ -38,7 +38,7 @@ def test_produce_then_read_back_every_record(broker, float_keys):  # noqa: F811
             assert [pos[i] for i in ids] == sorted(pos[i] for i in ids)
 
 
-def test_end_offsets_exact_after_each_produce_batch(broker):  # noqa: F811
+def test_end_offsets_exact_after_each_produce_batch(broker):
     # Tansu's ListOffsets reports one produce batch short; a fetch knows the truth
     t = topic("E")
     io.create_topics(broker.bootstrap, [t], partitions=1)
@@ -53,7 +53,7 @@ def test_end_offsets_exact_after_each_produce_batch(broker):  # noqa: F811
     assert len(io.read_topic(broker.bootstrap, t)) == total
 
 
-def test_cli_produce_and_consume(broker, tmp_path, capsys):  # noqa: F811
+def test_cli_produce_and_consume(broker, tmp_path, capsys):
     ev = generate(300, "uniform", seed=5, payload=True)
     path = tmp_path / "ev.parquet"
     write_events(ev, path)
@@ -71,6 +71,6 @@ def test_cli_produce_and_consume(broker, tmp_path, capsys):  # noqa: F811
     assert f"{rows.sum():,} records of {r}" in capsys.readouterr().out
 
 
-def test_missing_topic_is_a_clear_error(broker):  # noqa: F811
+def test_missing_topic_is_a_clear_error(broker):
     with pytest.raises(io.KafkaIOError, match="does not exist"):
         io.end_offsets(broker.bootstrap, topic("nope"))

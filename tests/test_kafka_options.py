@@ -17,7 +17,7 @@ import confluent_kafka
 import confluent_kafka.admin
 import pyarrow as pa
 import pytest
-from kafka_fixtures import broker, brokers, topic  # noqa: F401
+from kafka_helpers import topic
 
 from panjoin.kafka import io, options, protocol
 from panjoin.kafka.fetcher import SCHEMA, Fetcher
@@ -101,7 +101,7 @@ def _headers(bootstrap: str, t: str) -> dict:
         c.close()
 
 
-def test_librdkafka_path_gives_what_the_fast_path_gives(broker):  # noqa: F811
+def test_librdkafka_path_gives_what_the_fast_path_gives(broker):
     """The same writes through the built-in path and through librdkafka land the same
     records, headers and partitions; the two readers give the same tables of every
     range (consecutive ranges, a seek back, a give-back); the end offsets agree.
@@ -147,7 +147,7 @@ def test_librdkafka_path_gives_what_the_fast_path_gives(broker):  # noqa: F811
         f_slow.close()
 
 
-def test_librdkafka_path_failures_are_clear(broker):  # noqa: F811
+def test_librdkafka_path_failures_are_clear(broker):
     """A record librdkafka refuses fails the write with the reason, and the writer goes
     on with a fresh producer (the refused write's records never arrive later); a
     missing topic is named, and not created."""
@@ -192,8 +192,8 @@ PIPELINE = ["--bootstrap-servers", "127.0.0.1:1", "--manager", "127.0.0.1:2",
 
 
 def test_a_bad_option_stops_the_pipeline_before_spark_starts(monkeypatch, tmp_path, capsys):
-    from panjoin.cli import main
-    from spark_conn import pipeline
+    from panjoin.cli.main import main, parse
+    from spark_conn import cli
 
     _no_kafka_no_spark(monkeypatch)
     ck = ["--checkpoint", str(tmp_path / "ck")]
@@ -204,22 +204,20 @@ def test_a_bad_option_stops_the_pipeline_before_spark_starts(monkeypatch, tmp_pa
     with pytest.raises(SystemExit) as e:  # no '=': argparse's own error
         main(["pipeline", *PIPELINE, *ck, "--kafka-option", "security.protocol"])
     assert e.value.code == 2 and "give KEY=VALUE" in capsys.readouterr().err
-    # python -m spark_conn.pipeline
+    # python -m spark_conn.cli
     with pytest.raises(KafkaOptionError, match="group.id: the project sets it itself"):
-        pipeline.main([*PIPELINE, *ck, "--kafka-option", "group.id=mine"])
+        cli.main([*PIPELINE, *ck, "--kafka-option", "group.id=mine"])
     # a config file's table, and a flag over the file's list
     conf = tmp_path / "job.toml"
     conf.write_text('[kafka-option]\nsecurity.protocol = "SASL_SSL"\nbogus.name = 1\n')
     assert main(["pipeline", *PIPELINE, *ck, "--config", str(conf)]) == 2
     assert "unknown Kafka option 'bogus.name'" in capsys.readouterr().err
-    from panjoin.cli import _parse
-
     conf.write_text('kafka-option = ["client.id=a", "socket.timeout.ms=500"]\n')
-    args = _parse(["pipeline", *PIPELINE, *ck, "--config", str(conf),
+    args = parse(["pipeline", *PIPELINE, *ck, "--config", str(conf),
                    "--kafka-option", "client.id=b"])
-    assert pipeline.config_from_args(args).kafka_options == {
+    assert cli.config_from_args(args).kafka_options == {
         "client.id": "b", "socket.timeout.ms": "500"}
-    assert pipeline.config_from_args(_parse(["pipeline", *PIPELINE, *ck])).kafka_options == {}
+    assert cli.config_from_args(parse(["pipeline", *PIPELINE, *ck])).kafka_options == {}
 
 
 # --------------------------------------------------------------------------- every client
@@ -270,12 +268,13 @@ class Clients:
         assert all(c.get("client.id") == self.tag for _, c in new), new
 
 
-def test_options_reach_every_client(broker, made, tmp_path, capsys):  # noqa: F811
-    from panjoin.cli import main
+def test_options_reach_every_client(broker, made, tmp_path, capsys):
+    from panjoin.cli.main import main
     from panjoin.events import write_events
     from panjoin.generate import generate
     from spark_conn import kafka_source
-    from spark_conn.pipeline import BatchOutput, Pipeline, PipelineConfig
+    from spark_conn.config import PipelineConfig
+    from spark_conn.pipeline import BatchOutput, Pipeline
 
     tag = topic("panjoin-test")
     opts = {"client.id": tag, **SASL_OFF_PLAINTEXT}

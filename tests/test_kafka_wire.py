@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka_fixtures import broker, brokers, topic  # noqa: F401
+from kafka_helpers import topic
 
 from panjoin.kafka import io, protocol
 from panjoin.kafka import record_batch as rb
@@ -102,7 +102,7 @@ def _rows(table: pa.Table) -> list:
 
 
 @pytest.mark.parametrize("compression", ["none", "lz4"])
-def test_fetcher_reads_ranges_like_librdkafka(broker, compression):  # noqa: F811
+def test_fetcher_reads_ranges_like_librdkafka(broker, compression):
     """Consecutive micro-batch ranges of two partitions, then a seek back, an empty range
     and a give-back (unread): each range gives exactly its records, with offsets,
     timestamps, null keys and values as librdkafka reads them. Compressed batches are
@@ -132,7 +132,7 @@ def test_fetcher_reads_ranges_like_librdkafka(broker, compression):  # noqa: F81
         f.close()
 
 
-def test_fetcher_skips_transaction_markers_and_aborted_records(brokers):  # noqa: F811
+def test_fetcher_skips_transaction_markers_and_aborted_records(brokers):
     """Committed and aborted transactions between plain records, on noida-db (Tansu keeps
     aborted records visible, see panjoin.kafka.broker): the Fetcher reads what a read
     committed librdkafka consumer reads, markers and aborted records left out."""
@@ -175,7 +175,7 @@ def test_fetcher_skips_transaction_markers_and_aborted_records(brokers):  # noqa
         f.close()
 
 
-def test_batch_writer_output_reads_back_with_checksums(broker):  # noqa: F811
+def test_batch_writer_output_reads_back_with_checksums(broker):
     """Values written as record batches (several per partition, over three partitions)
     read back with librdkafka checking every CRC, with the pipeline's batch and seq
     headers; positions in ``skip`` are not written."""

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
-from kafka_fixtures import RangesFrame, broker, brokers, topic  # noqa: F401
+from kafka_helpers import RangesFrame, topic
 
 from panjoin.events import EventTable
 from panjoin.generate import generate
@@ -28,14 +28,10 @@ from panjoin.launch import start_workers
 from panjoin.manager.service import serve_manager
 from panjoin.reference import reference_join, sort_pairs
 from panjoin.semantics import parse_predicate, parse_window
+from spark_conn.config import PipelineConfig
 from spark_conn.kafka_source import plan_batch
-from spark_conn.pipeline import (
-    BatchOutput,
-    Pipeline,
-    PipelineConfig,
-    parse_batch,
-    run,
-)
+from spark_conn.pipeline import BatchOutput, Pipeline, run
+from spark_conn.records import parse_batch
 
 LATENESS = 2000  # ms: covers the event-time skew between partitions in one micro-batch
 MALFORMED = [
@@ -140,7 +136,7 @@ def _check_outputs(bootstrap, cfg, ev, malformed=True) -> None:
         assert dead == []
 
 
-def test_band_join_equals_reference_with_late_and_malformed(broker, manager, spark,  # noqa: F811
+def test_band_join_equals_reference_with_late_and_malformed(broker, manager, spark,
                                                             tmp_path):
     ev = _events(1200, seed=1, key_max=3000)
     r, s = topic("R"), topic("S")
@@ -156,7 +152,7 @@ def test_band_join_equals_reference_with_late_and_malformed(broker, manager, spa
     # together they tile every partition from its first offset to its end, once
     assert stats["ranges_from_log"] == 2
     pipe = Pipeline(cfg)
-    logged = pipe.read_log()
+    logged = pipe.log.read()
     pipe.close()
     for t in (r, s):
         for p, (_, end) in io.end_offsets(broker.bootstrap, t).items():
@@ -177,7 +173,7 @@ def test_band_join_equals_reference_with_late_and_malformed(broker, manager, spa
     _check_outputs(broker.bootstrap, cfg, ev)
 
 
-def test_equi_join_equals_reference(manager, spark, brokers, tmp_path):  # noqa: F811
+def test_equi_join_equals_reference(manager, spark, brokers, tmp_path):
     from panjoin.kafka.broker import start_broker
 
     b = brokers.get("noida") or brokers.setdefault("noida", start_broker("noida"))
@@ -221,7 +217,7 @@ def _micro_batches(bootstrap, topics, per_partition: int) -> list[pa.Table]:
     return out
 
 
-def test_restart_mid_batch_writes_the_rest_exactly_once(broker, manager, tmp_path):  # noqa: F811
+def test_restart_mid_batch_writes_the_rest_exactly_once(broker, manager, tmp_path):
     """Without Spark: a job dies after writing part of batch 2's output; a new job on
     the same checkpoint rebuilds the window from the join log, is handed batch 2
     again (as Spark would), writes only the missing records and goes on."""
@@ -238,7 +234,7 @@ def test_restart_mid_batch_writes_the_rest_exactly_once(broker, manager, tmp_pat
         first.process_table(batches[b], b)
     # batch 2 dies after 10 of its joined records reached the broker
     p2 = parse_batch(batches[2], cfg)  # what process_table does, up to the crash
-    first.append_log({"batch": 2, "ranges": p2.ranges, "out_start": first.out_ends()})
+    first.log.append({"batch": 2, "ranges": p2.ranges, "out_start": first.out_ends()})
     out = first.apply(2, p2)
     assert len(out.joined) > 20
     first.write(2, BatchOutput(out.joined[:10], [], []), None)
@@ -264,7 +260,7 @@ def test_restart_mid_batch_writes_the_rest_exactly_once(broker, manager, tmp_pat
 
 
 def _pipeline_cmd(cfg: PipelineConfig) -> list[str]:
-    return [sys.executable, "-m", "spark_conn.pipeline", "--bootstrap-servers", cfg.bootstrap,
+    return [sys.executable, "-m", "spark_conn.cli", "--bootstrap-servers", cfg.bootstrap,
             "--manager", cfg.manager, "--checkpoint", cfg.checkpoint, "--window", cfg.window,
             "--predicate", cfg.predicate, "--allowed-lateness", str(cfg.allowed_lateness),
             "--r-topic", cfg.r_topic, "--s-topic", cfg.s_topic, "--out-topic", cfg.out_topic,
@@ -272,7 +268,7 @@ def _pipeline_cmd(cfg: PipelineConfig) -> list[str]:
             "--max-offsets-per-trigger", str(cfg.max_offsets_per_trigger), "-v"]
 
 
-def test_kill_and_restart_gives_the_same_output(broker, manager, tmp_path):  # noqa: F811
+def test_kill_and_restart_gives_the_same_output(broker, manager, tmp_path):
     """The job as its own process, killed (SIGKILL) mid-stream and started again."""
     ev = _events(1500, seed=4, key_max=3000)
     r, s = topic("R"), topic("S")
@@ -349,7 +345,7 @@ def test_share_limit_is_proportional_and_exact():
         assert all(0 <= take[p] <= waiting[p] for p in waiting)
 
 
-def test_source_and_sink_round_trip(broker, spark):  # noqa: F811
+def test_source_and_sink_round_trip(broker, spark):
     """Batch and streaming reads (startingOffsets, maxOffsetsPerTrigger) and the sink."""
     t, out = topic("src"), topic("sink")
     io.create_topics(broker.bootstrap, [t, out], partitions=2)
@@ -396,7 +392,7 @@ def test_demo_runs_the_whole_kafka_path(spark, capsys):
 
 
 def test_source_stops_asking_the_broker_once_its_ends_reach_the_ending_offsets(
-        broker, tmp_path):  # noqa: F811
+        broker, tmp_path):
     """With ``endingOffsets`` the source's plans are capped there: once the broker's
     ends reach them, ``latestOffset`` plans the same batches without asking again
     (here the broker is made unreachable), while ends short of them are asked anew."""
@@ -438,7 +434,7 @@ def test_source_stops_asking_the_broker_once_its_ends_reach_the_ending_offsets(
     ([500, 500, 100, 500], False, 2, 2),  # batch 2 is short: batches 0, 1 replayed
     ([100, 500, 500, 500], True, 3, 0),  # batch 0, joined while Spark started, is short
 ])
-def test_a_batch_joined_ahead_on_a_wrong_guess_is_undone(broker, manager,  # noqa: F811
+def test_a_batch_joined_ahead_on_a_wrong_guess_is_undone(broker, manager,
                                                          tmp_path, limits, first_ahead,
                                                          ahead, replayed):
     """Batches whose ranges the read-ahead guessed right are joined ahead; when Spark
@@ -472,7 +468,7 @@ def test_a_batch_joined_ahead_on_a_wrong_guess_is_undone(broker, manager,  # noq
     assert pipe.stats["replayed_batches"] == replayed  # into a new join
 
 
-def test_read_ahead_guesses_the_next_batch_and_gives_back_a_wrong_guess(broker,  # noqa: F811
+def test_read_ahead_guesses_the_next_batch_and_gives_back_a_wrong_guess(broker,
                                                                         tmp_path):
     """The read-ahead reads the batch the source will plan next (same planner, same
     ending offsets); when Spark hands other ranges, the records read for the guess go

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 import pytest
-from kafka_fixtures import RangesFrame, brokers, topic  # noqa: F401
+from kafka_helpers import RangesFrame, topic
 
 from panjoin.events import EventTable
 from panjoin.generate import generate
@@ -24,15 +24,16 @@ from panjoin.kafka import io
 from panjoin.launch import start_manager, start_workers
 from panjoin.reference import reference_join, sort_pairs
 from panjoin.semantics import parse_predicate, parse_window
+from spark_conn.config import PipelineConfig
 from spark_conn.kafka_source import plan_batch
-from spark_conn.pipeline import Pipeline, PipelineConfig, run
+from spark_conn.pipeline import Pipeline, run
 from spark_conn.watermark import PartitionWatermarks
 
 WINDOW, PRED = "time:200,500", "eq"
 
 
 @pytest.fixture(scope="module")
-def tansu(brokers):  # noqa: F811
+def tansu(brokers):
     from panjoin.kafka.broker import start_broker
 
     b = brokers.get("tansu")
@@ -196,7 +197,7 @@ def test_bounded_recovery_replays_only_the_window(tansu, cluster, tmp_path):
     finally:
         first.close()
     assert first.stats["log_compactions"] >= 1
-    kept = first.read_log()
+    kept = first.log.read()
     assert len(kept) < 20 and max(kept) == 29
     # a new job (a crash after batch 29 was logged and written): Spark replays 29
     second = Pipeline(cfg, ending)

@@ -15,8 +15,8 @@ import spark_conn.joined
 import spark_conn.record_window
 from panjoin.semantics import parse_window
 from spark_conn.joined import copy_spans, frame
-from spark_conn.pipeline import Parsed
 from spark_conn.record_window import IdWindow, RecordWindow
+from spark_conn.records import Parsed
 
 I64 = st.integers(-(1 << 63), (1 << 63) - 1)
 

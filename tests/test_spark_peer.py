@@ -1,7 +1,12 @@
 """The Spark peer (issue 7's hook): Spark Structured Streaming's own stream-stream join
-on a small stream equals the brute-force reference's count, for a count window (the
-count condition on arrival numbers) and a time window with late tuples; band joins
-are refused with a clear error. One local SparkSession, small streams."""
+on a small stream gives the brute-force reference's pairs (and counts them), for a
+count window (the count condition on arrival numbers) and a time window with late
+tuples; band joins are refused with a clear error. One local SparkSession, small
+streams.
+
+``spark_stream_join`` returns only the count; the ``spark_pairs`` fixture catches
+the pairs of each of its queries on their way to its ``foreachBatch``, so that a
+wrong pair fails the test even when the count is right."""
 
 from __future__ import annotations
 
@@ -9,14 +14,14 @@ import numpy as np
 import pytest
 
 from panjoin.generate import generate
-from panjoin.reference import reference_join
+from panjoin.reference import reference_join, sort_pairs
 from panjoin.semantics import parse_predicate, parse_window
 from spark_conn.peer import SparkCannotJoin, count_bounds, count_columns, spark_stream_join
 
 
-def _ref_count(ev, window, pred, lateness=0) -> int:
-    return len(reference_join(ev.stream, ev.id, ev.key, ev.ts, parse_window(window, lateness),
-                              parse_predicate(pred)).pairs)
+def _ref_pairs(ev, window, pred, lateness=0) -> np.ndarray:
+    return reference_join(ev.stream, ev.id, ev.key, ev.ts, parse_window(window, lateness),
+                          parse_predicate(pred)).pairs
 
 
 def test_count_columns_and_bounds_cover_every_pair():
@@ -43,17 +48,59 @@ def spark():
     s.stop()
 
 
-def test_spark_join_equals_reference(spark, tmp_path):
+@pytest.fixture
+def spark_pairs(monkeypatch):
+    """One list per streaming query started in the test: the (r_id, s_id) rows of its
+    micro-batches, read from each batch before the query's own foreachBatch function
+    runs on it (the batch is persisted, so Spark computes it once)."""
+    from pyspark.sql.streaming import DataStreamWriter
+
+    queries = []
+    original = DataStreamWriter.foreachBatch
+
+    def catching(self, func):
+        rows = []
+        queries.append(rows)
+
+        def each(df, batch_id):
+            df.persist()
+            try:
+                rows.extend(df.select("r_id", "s_id").collect())
+                return func(df, batch_id)
+            finally:
+                df.unpersist()
+
+        return original(self, each)
+
+    monkeypatch.setattr(DataStreamWriter, "foreachBatch", catching)
+    return queries
+
+
+def _pairs(rows) -> np.ndarray:
+    return sort_pairs(np.array([(r.r_id, r.s_id) for r in rows], np.int64).reshape(-1, 2))
+
+
+def test_spark_join_equals_reference(spark, spark_pairs, tmp_path):
     ev = generate(6000, "uniform", key_max=400, seed=5, rate=1000, disorder_ms=40)
     count, secs = spark_stream_join(ev, "count:500,700", "eq", spark, batch=1500,
                                     workdir=str(tmp_path))
-    assert count == _ref_count(ev, "count:500,700", "eq") > 500 and secs > 0
+    ref = _ref_pairs(ev, "count:500,700", "eq")
+    got = _pairs(spark_pairs[0])
+    assert len(ref) > 500 and secs > 0
+    assert len(np.unique(got, axis=0)) == len(got), "a pair came twice"
+    assert np.array_equal(got, ref)
+    assert count == len(got)
     # time window with lateness 10 ms: the tuples more than 10 ms behind are late
     from panjoin.semantics import Window
 
     w = Window("time", 300, 200, 10)
     count, _ = spark_stream_join(ev, w, "eq", spark, batch=2000, workdir=str(tmp_path))
-    assert count == _ref_count(ev, "time:300,200", "eq", 10) > 500
+    ref = _ref_pairs(ev, "time:300,200", "eq", 10)
+    got = _pairs(spark_pairs[1])
+    assert len(ref) > 500 and len(spark_pairs) == 2
+    assert len(np.unique(got, axis=0)) == len(got), "a pair came twice"
+    assert np.array_equal(got, ref)
+    assert count == len(got)
 
 
 def test_band_predicates_are_refused_clearly():

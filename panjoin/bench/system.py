@@ -90,9 +90,11 @@ def run_system(point: SystemPoint, progress: bool = False, events=None,
     ``costs`` gets, for the timed part, ``local`` and ``cluster``: this process's
     CPU-seconds (in-process: everything; cluster: the manager's) and ``index_s``
     (in-process: time in the index commands; cluster: the workers' CPU for them)."""
+    from contextlib import nullcontext
+
     from tqdm import tqdm
 
-    from panjoin.launch import start_workers
+    from panjoin.launch import start_cluster
     from panjoin.manager.grpc_backend import GrpcBackend
 
     events = system_events(point) if events is None else events
@@ -101,17 +103,12 @@ def run_system(point: SystemPoint, progress: bool = False, events=None,
         local_costs: dict = {}
         local = _run(point, events, None, 1, bar, local_costs)
         extra = [["--null"] if point.null_workers else [] for _ in range(point.workers)]
-        workers = (start_workers(point.workers, point.threads, worker_args=extra)
-                   if addresses is None else [])
-        backend = GrpcBackend(addresses or [w.address for w in workers],
-                              result_format=point.result_format, replicas=point.replicas)
         cluster_costs: dict = {}
-        try:
-            cluster = _run(point, events, backend, point.workers, bar, cluster_costs)
-        finally:
-            backend.close()
-            for w in workers:
-                w.stop()
+        with (start_cluster(point.workers, point.threads, manager=False, worker_args=extra)
+              if addresses is None else nullcontext()) as started:
+            with GrpcBackend(addresses or started.addresses, result_format=point.result_format,
+                             replicas=point.replicas) as backend:
+                cluster = _run(point, events, backend, point.workers, bar, cluster_costs)
     if costs is not None:
         costs.update(local=local_costs, cluster=cluster_costs)
     return cluster, local

@@ -215,3 +215,9 @@ def add_option_arg(parser) -> None:
              "sasl.password=P, ssl.ca.location=/etc/kafka/ca.pem; TLS or SASL turn the "
              "built-in fast path off (records go through librdkafka). In --config: "
              "kafka-option = [\"KEY=VALUE\", ...] or a [kafka-option] table")
+
+
+def from_args(args) -> dict[str, str]:
+    """The ``--kafka-option`` values (and a config file's) of parsed ``args``, checked
+    by librdkafka (:func:`validate`): a ValueError names a bad one."""
+    return validate(parse(getattr(args, "kafka_option", None)))

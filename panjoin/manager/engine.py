@@ -638,3 +638,15 @@ class JoinEngine:
             "buffered": {s: self.buffers[s].n for s in STREAM_NAMES},
             "probes_in_flight": len(self._inflight),
         }
+
+
+def warm_up(index: str = "bisort", backend=None, n_workers: int = 1) -> None:
+    """A small join (in this process, or over ``backend``'s workers), so that the index
+    kernels are compiled, or loaded from Numba's disk cache, before anything is timed."""
+    from panjoin.generate import generate
+
+    eng = JoinEngine("count:4096,4096", "band:10", index=index, batch_size=1024,
+                     subwindow_size=2048, backend=backend, n_workers=n_workers)
+    eng.push(generate(20_000, "uniform", key_min=0, key_max=1 << 20, seed=1))
+    eng.flush()
+    eng.take_results()

@@ -577,6 +577,12 @@ class GrpcBackend:
         self._collect()
         return sum(s.load.nbytes for s in self.sessions if s.alive)
 
+    def __enter__(self) -> GrpcBackend:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def close(self) -> None:
         self.closed = True  # sessions ending now are not worker failures
         for s in self.sessions:

@@ -1,0 +1,7 @@
+"""``python -m panjoin.cli``: the ``panjoin`` command."""
+
+import sys
+
+from panjoin.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,171 @@
+"""``panjoin bench index|system|peers``: one point of an index microbenchmark, a local
+cluster against the in-process engine, and PanJoin against its peers (the sweeps
+and plots are in ``benchmarks/``).
+
+    panjoin bench index --index bisort --op probe --nsub 8M --partitions 64K --batch 32K
+    panjoin bench system --workers 2 --window 1M --measure 4M [--null-workers]
+    panjoin bench peers --quick
+"""
+
+from __future__ import annotations
+
+from panjoin.cli.options import INDEX_HELP, add_common, size
+from panjoin.config import INDEX_KINDS
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="benchmarks (see benchmarks/)")
+    bsub = p.add_subparsers(dest="bench", required=True, metavar="WHAT")
+    b = bsub.add_parser("index", help="one point of an index microbenchmark",
+                        description="Insert or probe throughput of one subwindow index after a "
+                                    "warm-up; prints 'tuples/s: X' last.")
+    b.add_argument("--index", required=True, choices=INDEX_KINDS,
+                   help=INDEX_HELP)
+    b.add_argument("--op", required=True, choices=["insert", "probe"])
+    b.add_argument("--nsub", type=size, default=1 << 20, help="subwindow size NSub")
+    b.add_argument("--partitions", type=size, default=8192, help="partition count P")
+    b.add_argument("--batch", type=size, default=32768, help="batch size NBat")
+    b.add_argument("--selectivity", type=float, default=1.0, help="matches per probe tuple S")
+    b.add_argument("--predicate", choices=["eq", "band"], default="band")
+    b.add_argument("--threads", type=int, default=1)
+    b.add_argument("--repeat", type=int, default=3, help="timed repetitions (median reported)")
+    b.add_argument("--seed", type=int, default=0)
+    add_common(b)
+    b.set_defaults(run=run_index)
+
+    b = bsub.add_parser("system", help="end-to-end rate of a local cluster vs in-process",
+                        description="Fill count windows of W tuples per stream, then time the "
+                                    "next tuples through a local cluster and through the "
+                                    "in-process engine; prints 'tuples/s: X  "
+                                    "overhead-vs-in-process: Y' last.")
+    b.add_argument("--workers", type=int, default=2, help="worker processes")
+    b.add_argument("--window", type=size, default=1 << 20, help="count window W per stream")
+    b.add_argument("--batch", type=size, default=32768, help="batch size NBat")
+    b.add_argument("--index", default="bisort", choices=INDEX_KINDS)
+    b.add_argument("--selectivity", type=float, default=1.0, help="matches per tuple S")
+    b.add_argument("--measure", type=size, default=1 << 21, help="timed tuples after the fill")
+    b.add_argument("--threads", type=int, default=1, help="probe threads per worker")
+    b.add_argument("--result-format", choices=["pairs", "ranges"], default="pairs",
+                   help="BI-Sort: workers answer with (start, end) ranges that the manager "
+                        "expands on its mirror of each main array (default: %(default)s)")
+    b.add_argument("--replicas", type=int, choices=[1, 2], default=2,
+                   help="copies of each subwindow on the cluster (default: %(default)s)")
+    b.add_argument("--null-workers", action="store_true",
+                   help="workers that hold nothing and answer every probe empty: the rate is "
+                        "the manager's own ceiling, with its CPU-seconds per million tuples")
+    add_common(b)
+    b.set_defaults(run=run_peers)
+    b.set_defaults(run=run_system)
+
+    b = bsub.add_parser("peers", help="PanJoin against its peers on the same data (issue 7)",
+                        description="Nested loop, sorted list, symmetric hash join, DuckDB, "
+                                    "Spark (when installed) and PanJoin (each index and the "
+                                    "local cluster) on the same event files; prints a table, "
+                                    "writes benchmarks/results/peers*.json and "
+                                    "benchmarks/plots/peers_*.png.")
+    b.add_argument("--quick", action="store_true", help="small windows (a few minutes)")
+    b.add_argument("--windows", default=None,
+                   help="comma-separated window sizes per stream, e.g. 64K,1M,8M")
+    b.add_argument("--peers", default=None, help="comma-separated subset of the peers")
+    b.add_argument("--workloads", default=None,
+                   help="comma-separated subset of the workloads, e.g. 'band S=64 uniform,eq "
+                        "uniform'")
+    b.add_argument("--threads", type=int, default=None,
+                   help="threads of every peer (PanJoin's Numba probes, DuckDB; default: 1)")
+    b.add_argument("--measure", type=size, default=None,
+                   help="timed tuples after the fill (default: W)")
+    b.add_argument("--bounded-probes", type=size, default=None,
+                   help="probe tuples of a peer run bounded beyond its limit (default: 8K)")
+    b.add_argument("--tag", default=None, help="suffix of the result and plot files")
+    b.add_argument("--repeat", type=int, default=None,
+                   help="interleaved rounds per workload, best kept (default: 2; quick: 1)")
+    b.add_argument("--merge", nargs="+", metavar="JSON", default=None,
+                   help="run nothing: print the table of these results files and plot them "
+                        "together (with --tag)")
+    b.add_argument("--out", default="benchmarks", help="folder for results/ and plots/")
+    add_common(b)
+
+
+def run_index(args) -> int:
+    from panjoin.bench.index import IndexPoint, run_point
+
+    point = IndexPoint(index=args.index, op=args.op, nsub=args.nsub, partitions=args.partitions,
+                       batch=args.batch, selectivity=args.selectivity, predicate=args.predicate,
+                       threads=args.threads, repeat=args.repeat, seed=args.seed)
+    res = run_point(point, progress=not args.no_progress)
+    print(f"index: {point.index}  op: {point.op}  nsub: {point.nsub}  partitions: "
+          f"{point.partitions}  batch: {point.batch}  threads: {point.threads}")
+    print(f"results per probe tuple: {res.results_per_tuple:.2f}  "
+          f"bytes per stored tuple: {res.bytes_per_tuple:.1f}")
+    print(f"tuples/s: {res.tuples_per_s:.6g}")
+    return 0
+
+
+def run_system(args) -> int:
+    from panjoin.bench.system import SystemPoint, run_system
+
+    pt = SystemPoint(workers=args.workers, window=args.window, batch=args.batch,
+                     index=args.index, selectivity=args.selectivity, measure=args.measure,
+                     threads=args.threads, result_format=args.result_format,
+                     replicas=args.replicas, null_workers=args.null_workers)
+    costs: dict = {}
+    cluster, local = run_system(pt, progress=not args.no_progress, costs=costs)
+    lc, cc = costs["local"], costs["cluster"]
+    print(f"workers: {pt.workers}{' (null)' if pt.null_workers else ''}  window: {pt.window}  "
+          f"batch: {pt.batch}  index: {pt.index}  selectivity: {pt.selectivity:g}  "
+          f"replicas: {pt.replicas}  results as: {pt.result_format}  "
+          f"in-process: {local:,.0f} tuples/s")
+    per_m = 1e6 / pt.measure
+    print(f"CPU-s per M tuples: in-process {lc['process_cpu_s'] * per_m:.3f} (index "
+          f"{lc['index_s'] * per_m:.3f}); manager {cc['process_cpu_s'] * per_m:.3f}, workers' "
+          f"commands {cc['index_s'] * per_m:.3f}"
+          + ("" if pt.null_workers else
+             f" = {cc['index_s'] / max(lc['index_s'], 1e-9):.2f}x the in-process index"))
+    if pt.null_workers:
+        print(f"manager ceiling: {cluster:,.0f} tuples/s on its own")
+    print(f"tuples/s: {cluster:.6g}  overhead-vs-in-process: {local / cluster:.3f}")
+    return 0
+
+
+def run_peers(args) -> int:
+    from pathlib import Path
+
+    from panjoin.bench.peers import PeerConfig, check_counts, run_peers, table
+
+    cfg = PeerConfig.quick() if args.quick else PeerConfig()
+    if args.windows:
+        cfg.windows = [size(w) for w in args.windows.split(",")]
+    if args.peers:
+        cfg.peers = tuple(p.strip() for p in args.peers.split(","))
+    if args.workloads:
+        cfg.only = tuple(w.strip() for w in args.workloads.split(","))
+    if args.merge:
+        from panjoin.bench.peers import load_records, plot
+
+        recs = load_records(args.merge)
+        plot(recs, Path(args.out) / "plots", f"-{args.tag}" if args.tag else "")
+        print(table(recs))
+        problems = check_counts(recs)
+        print("result counts: " + ("MISMATCH: " + "; ".join(problems) if problems else
+                                   "all peers that ran agree"))
+        return 1 if problems else 0
+    if args.repeat:
+        cfg.repeat = args.repeat
+    if args.threads:
+        cfg.threads = args.threads
+    if args.measure:
+        cfg.measure = args.measure
+    if args.bounded_probes is not None:
+        cfg.bounded_probes = args.bounded_probes
+    tag = "-quick" if args.quick else ""
+    tag = tag if args.tag is None else f"-{args.tag}"
+    out = Path(args.out)
+    recs = run_peers(cfg, progress=not args.no_progress,
+                     out_json=out / "results" / f"peers{tag}.json", plot_dir=out / "plots",
+                     tag=tag)
+    print(table(recs))
+    problems = check_counts(recs)
+    for p in problems:
+        print(f"COUNT MISMATCH: {p}")
+    print("result counts: " + ("MISMATCH" if problems else "all peers that ran agree"))
+    return 1 if problems else 0

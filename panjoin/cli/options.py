@@ -1,0 +1,101 @@
+"""Options shared by the ``panjoin`` commands, public so that the commands registered
+from other packages (``panjoin kafka``: :mod:`panjoin.kafka.cli`; ``panjoin pipeline``:
+:mod:`spark_conn.cli`) take them with the same names, help and defaults.
+
+    >>> import argparse
+    >>> p = argparse.ArgumentParser()
+    >>> add_join_opts(p)
+    >>> p.parse_args(["--window", "count:1K,1K", "--predicate", "eq"]).batch_size
+    32768
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from panjoin.config import INDEX_KINDS
+from panjoin.semantics import SpecError, parse_size
+
+INDEX_HELP = ("subwindow index: rap (RaP-Table), wib (WiB+-Tree), bisort (BI-Sort), "
+              "nested (nested loop, the baseline), sortedlist (a sortedcontainers "
+              "SortedList, a peer), bisort-opencl (BI-Sort on an OpenCL device: "
+              "$PANJOIN_OPENCL_DEVICE, else the pocl CPU device)")
+
+
+def size(text: str) -> int:
+    """An argparse type: a count such as 8M or 64K (powers of two), or 1000."""
+    try:
+        return parse_size(text)
+    except SpecError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    """--config, --verbose, --no-progress: every command has them."""
+    p.add_argument("--config", metavar="FILE", help="TOML file of option defaults")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every step")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """The join's knobs, named as in the paper: window, predicate, index, NSub, P, NBat."""
+    g = p.add_argument_group("join (the paper's knobs)")
+    g.add_argument("--window", required=required, metavar="SPEC",
+                   help="count:WR,WS (tuples) or time:TR,TS (ms of event time)")
+    g.add_argument("--predicate", required=required, metavar="SPEC",
+                   help="eq | ne | band:E (|r.key-s.key|<=E) | bands:A,B;C,D (s.key-r.key in ...);"
+                        " append &band2:E, &bands2:A,B or &eq2 for a residual on the events'"
+                        " key2 column, e.g. band:10&band2:10")
+    g.add_argument("--index", default="bisort",
+                   choices=INDEX_KINDS,
+                   help=INDEX_HELP + " (default: %(default)s)")
+    g.add_argument("--allowed-lateness", type=int, default=0, metavar="MS",
+                   help="time windows: a tuple more than MS behind the largest ts so far is "
+                        "late (default: %(default)s)")
+    g.add_argument("--subwindow-size", type=size, metavar="NSUB",
+                   help="tuples per subwindow (default: a quarter of a count window, else "
+                        "64K). For a large time window give about half the tuples it holds "
+                        "per stream: each batch probes fewer subwindows (1.75x faster at 1M "
+                        "tuples per stream with 512K, benchmarks/RESULTS.md)")
+    g.add_argument("--partitions", type=size, metavar="P",
+                   help="partitions per subwindow (default: NSub/128, at most 64K)")
+    g.add_argument("--batch-size", type=size, default=32768, metavar="NBAT",
+                   help="max tuples per batch (default: %(default)s)")
+    g.add_argument("--max-lag", type=size, metavar="N",
+                   help="cut a stream's batch once the other stream has received N tuples since "
+                        "its oldest tuple (default: the batch size)")
+    g.add_argument("--threads", type=int, metavar="T", help="probe threads (default: all cores)")
+
+
+def add_topology(p: argparse.ArgumentParser) -> None:
+    """Where the subwindows live: the ring (replicas) or a handshake chain (FIFOs)."""
+    p.add_argument("--topology", choices=["ring", "handshake"], default="ring",
+                   help="ring: PanJoin subwindows over workers (default); handshake: a chain of "
+                        "handshake join nodes (nested-loop segments, two-phase forwarding)")
+    p.add_argument("--fifo", type=size, default=1 << 16, metavar="PAIRS",
+                   help="handshake: capacity of every result FIFO in pairs; admission control "
+                        "pauses the input while one is full (default: %(default)s)")
+    p.add_argument("--segment", choices=["nested", "sorted"], default="nested",
+                   help="handshake: how a node scans its segments: the paper's nested loop "
+                        "(default) or a sorted key index")
+    p.add_argument("--replicas", type=int, choices=[1, 2], default=2,
+                   help="ring: copies of each subwindow. 2: a backup on the next worker logs "
+                        "the same inserts and takes over when its worker dies (no loss; "
+                        "default); 1: none, so a lost worker ends the join")
+
+
+def progress(total, desc, disable, unit="tuples"):
+    """A progress bar on stderr (tqdm), off with ``--no-progress``."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, disable=disable,
+                file=sys.stderr, dynamic_ncols=True)
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

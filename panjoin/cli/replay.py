@@ -1,0 +1,186 @@
+"""``panjoin replay``: join a recorded event file, in-process, on a local cluster of
+worker processes, on a running manager endpoint or on a handshake chain, and write
+the exact result pairs (and late tuples).
+
+    panjoin replay events.parquet --window count:1M,1M --predicate band:10 \\
+        --index bisort --out pairs.parquet [--workers 2 | --cluster HOST:PORT]
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from panjoin.cli.options import (
+    add_common,
+    add_join_opts,
+    add_topology,
+    fmt_bytes,
+    progress,
+    size,
+)
+
+log = logging.getLogger("panjoin")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("replay", help="join a recorded event file and write the result pairs",
+                       description="Join an event file (Parquet or CSV with columns stream, id, "
+                                   "key, ts[, payload], rows in arrival order) and write the "
+                                   "exact result as Parquet columns r_id, s_id.")
+    p.add_argument("events", help="event file (.parquet or .csv)")
+    add_join_opts(p)
+    p.add_argument("--out", required=True, metavar="PAIRS.parquet", help="result pairs")
+    p.add_argument("--late-out", metavar="LATE.parquet",
+                   help="late tuples (time windows): columns stream, id")
+    p.add_argument("--chunk", type=size, default=1 << 20, help="rows pushed at a time")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, metavar="N",
+                       help="run on a local cluster of N worker processes (default: in-process)")
+    where.add_argument("--cluster", metavar="HOST:PORT",
+                       help="run on an existing manager endpoint (panjoin cluster / manager)")
+    p.add_argument("--result-format", choices=["pairs", "ranges"], default="pairs",
+                   help="on a cluster with BI-Sort: workers answer with (start, end) ranges "
+                        "expanded on the manager's mirror, a copy of each BI-Sort subwindow "
+                        "(O(window) memory on the manager; default: %(default)s)")
+    p.add_argument("--with-payload", action="store_true",
+                   help="join the events' payloads back onto the pairs: columns r_payload, "
+                        "s_payload (kept by the client or in-process engine; workers never "
+                        "see them)")
+    add_topology(p)
+    add_common(p)
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from panjoin.events import read_events
+    from panjoin.semantics import parse_predicate, parse_window
+
+    window = parse_window(args.window, args.allowed_lateness)
+    pred = parse_predicate(args.predicate)
+    t0 = time.perf_counter()
+    events = read_events(args.events)
+    log.info("read %d events (%d R, %d S) from %s in %.2fs", len(events), *events.counts(),
+             args.events, time.perf_counter() - t0)
+    if args.with_payload and events.payload is None:
+        raise SystemExit(f"panjoin replay: error: {args.events} has no payload column; "
+                         "drop --with-payload, or add one (panjoin gen --payload)")
+    if args.with_payload and args.topology == "handshake":
+        raise SystemExit("panjoin replay: error: the handshake topology carries no payloads; "
+                         "drop --with-payload or use --topology ring")
+    if pred.residual is not None and events.key2 is None:
+        raise SystemExit(f"panjoin replay: error: predicate {pred} has a residual on key2, "
+                         f"but {args.events} has no key2 column; add one or drop the '&...2' "
+                         "part of --predicate")
+    if not args.with_payload:
+        events.payload = None  # not asked for: the manager need not keep them
+    if args.cluster:
+        return _replay_on_manager(args, events, window, pred)
+    if args.topology == "handshake":
+        return _replay_handshake(args, events, window, pred)
+    if not args.workers:
+        return _replay_engine(args, events, window, pred, None, 1)
+    from panjoin.launch import start_cluster
+    from panjoin.manager.grpc_backend import GrpcBackend
+
+    with start_cluster(args.workers, args.threads or 1, manager=False) as cluster:
+        log.info("local cluster: %s", ", ".join(cluster.addresses))
+        with GrpcBackend(cluster.addresses, result_format=args.result_format,
+                         replicas=args.replicas) as backend:
+            return _replay_engine(args, events, window, pred, backend, args.workers)
+
+
+def _replay_on_manager(args, events, window, pred) -> int:
+    from panjoin.client import Client
+    from panjoin.events import write_ids, write_pairs
+
+    t1 = time.perf_counter()
+    opts = {k: v for k, v in dict(subwindow_size=args.subwindow_size,
+                                   partitions=args.partitions, batch_size=args.batch_size,
+                                   max_lag=args.max_lag,
+                                   allowed_lateness=window.lateness,
+                                   result_format=int(args.result_format == "ranges")).items()
+            if v}
+    with Client(args.cluster) as c:
+        res = c.join(events, str(window), str(pred), args.index, chunk=args.chunk, **opts)
+    r, s, late = res
+    elapsed = time.perf_counter() - t1
+    write_pairs(args.out, r, s, res.r_payload, res.s_payload)
+    if args.late_out:
+        write_ids(args.late_out, late)
+    print(f"input tuples: {len(events)}  late: {sum(len(v) for v in late.values())}")
+    print(f"results: {len(r)} pairs -> {args.out}")
+    print(f"time: {elapsed:.2f} s  throughput: {len(events) / max(elapsed, 1e-9):,.0f} tuples/s"
+          f"  (manager {args.cluster})")
+    return 0
+
+
+def _replay_handshake(args, events, window, pred) -> int:
+    from panjoin.handshake.chain import HandshakeChain
+    from panjoin.launch import start_cluster
+
+    with start_cluster(args.workers or 1, args.threads or 1, manager=False,
+                       role="handshake-node") as nodes:
+        log.info("handshake chain: %s", " - ".join(nodes.addresses))
+        chain = HandshakeChain(nodes.addresses, window, pred, key_dtype=str(events.key.dtype),
+                               batch_size=min(args.batch_size, 4096), node_fifo=args.fifo,
+                               merger_fifo=args.fifo, index=args.segment)
+        try:
+            rc = _replay_engine(args, events, window, pred, None, len(nodes.workers),
+                                engine=chain)
+            st = chain.status()
+            print(f"handshake: {len(nodes.workers)} nodes  admission pauses: {st['pauses']}  "
+                  f"segments R {st['segments']['R']} S {st['segments']['S']}")
+            return rc
+        finally:
+            chain.close()
+
+
+def _replay_engine(args, events, window, pred, backend, n_workers, engine=None) -> int:
+    from panjoin.events import write_ids, write_pairs
+    from panjoin.manager.engine import JoinEngine
+
+    if engine is None:
+        engine = JoinEngine(window, pred, index=args.index, subwindow_size=args.subwindow_size,
+                            partitions=args.partitions, batch_size=args.batch_size,
+                            max_lag=args.max_lag, threads=args.threads,
+                            key_dtype=str(events.key.dtype), backend=backend,
+                            n_workers=n_workers)
+        log.info("join %s on %s, index %s, NSub %d, P %d, NBat %d", window, pred, args.index,
+                 engine.nsub, engine.partitions, engine.batch_size)
+    parts = []
+    peak = 0
+    t1 = time.perf_counter()
+    with progress(len(events), "replay", args.no_progress) as bar:
+        for start in range(0, len(events), args.chunk):
+            chunk = events.slice(start, min(len(events), start + args.chunk))
+            engine.push(chunk)
+            parts.append(engine.take_results(payloads=True))
+            peak = max(peak, engine.memory_bytes())
+            bar.update(len(chunk))
+        engine.flush()
+        parts.append(engine.take_results(payloads=True))
+    elapsed = time.perf_counter() - t1
+    r_all = np.concatenate([p[0] for p in parts])
+    s_all = np.concatenate([p[1] for p in parts])
+    pays = [None, None]
+    if getattr(engine, "with_payload", False):
+        import pyarrow as pa
+
+        pays = [pa.concat_arrays([p[k] for p in parts]) for k in (2, 3)]
+    write_pairs(args.out, r_all, s_all, *pays)
+    late = engine.take_late()
+    if args.late_out:
+        write_ids(args.late_out, late)
+    n_late = sum(len(v) for v in late.values())
+    rate = len(events) / elapsed if elapsed > 0 else float("inf")
+    stored = max(1, max(engine.window_tuples().values()) * 2)
+    print(f"input tuples: {len(events)}  late: {n_late}"
+          + ("" if args.late_out or not n_late else " (not written: give --late-out)"))
+    print(f"results: {len(r_all)} pairs -> {args.out}")
+    print(f"time: {elapsed:.2f} s  throughput: {rate:,.0f} tuples/s")
+    print(f"memory: peak {fmt_bytes(peak)} in the window "
+          f"({peak / stored:.1f} bytes per stored tuple)")
+    return 0

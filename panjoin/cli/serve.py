@@ -1,0 +1,141 @@
+"""``panjoin cluster|manager|worker|handshake-node``: the long-running processes. A
+worker serves the subwindow commands, the manager the join endpoint over workers,
+and ``cluster`` starts both on loopback; each runs until Ctrl-C or SIGTERM.
+
+    panjoin cluster --workers 4 --port 50050
+    panjoin worker --host 0.0.0.0 --port 50051
+    panjoin manager --workers hostA:50051,hostB:50051 --port 50050
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from panjoin.cli.options import add_common, add_topology
+from panjoin.serving import serve_until_stopped
+
+log = logging.getLogger("panjoin")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("cluster", help="start workers and a manager endpoint on loopback",
+                       description="Start N worker processes and the manager endpoint on "
+                                   "127.0.0.1; Ctrl-C or SIGTERM stops everything.")
+    p.add_argument("--workers", type=int, default=2, help="worker processes (default: 2)")
+    p.add_argument("--port", type=int, default=50050, help="manager port, 0 for any free one")
+    p.add_argument("--threads", type=int, default=1, help="probe threads per worker")
+    add_topology(p)
+    add_common(p)
+    p.set_defaults(run=run_cluster)
+
+    p = sub.add_parser("manager", help="run the manager endpoint over existing workers",
+                       description="Serve the panjoin.v1.Manager gRPC service over workers "
+                                   "started with 'panjoin worker'.")
+    p.add_argument("--workers", required=True, metavar="HOST:PORT,...",
+                   help="comma-separated worker addresses")
+    p.add_argument("--port", type=int, default=50050, help="port, 0 for any free one")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind")
+    add_topology(p)
+    add_common(p)
+    p.set_defaults(run=run_manager)
+
+    p = sub.add_parser("worker", help="run a worker process (gRPC server over the indexes)",
+                       description="Serve the worker contract (create/insert/probe/expire "
+                                   "subwindows) over gRPC, with health checking and "
+                                   "reflection.")
+    p.add_argument("--port", type=int, default=50051, help="port, 0 for any free one "
+                                                           "(default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=1, help="probe threads (default: %(default)s)")
+    p.add_argument("--index-backend", choices=["numba", "opencl"], default="numba",
+                   help="opencl: BI-Sort subwindows ('bisort') run on an OpenCL device "
+                        "(default: %(default)s)")
+    p.add_argument("--device", metavar="SPEC",
+                   help="OpenCL device: 'P:D', cpu, gpu, accelerator or part of its name "
+                        "(default: $PANJOIN_OPENCL_DEVICE, else the pocl CPU device; "
+                        "'python -m opencl' lists them)")
+    p.add_argument("--null", action="store_true",
+                   help="hold nothing and answer every probe empty: a cluster of null workers "
+                        "measures the manager's own ceiling")
+    add_common(p)
+    p.set_defaults(run=run_worker)
+
+    p = sub.add_parser("handshake-node", help="run a handshake chain node (--topology handshake)",
+                       description="Serve panjoin.v1.HandshakeNode: one node of a handshake "
+                                   "join chain, talking to its neighbours over gRPC.")
+    p.add_argument("--port", type=int, default=50061, help="port, 0 for any free one "
+                                                           "(default: %(default)s)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=1, help="scan threads (default: %(default)s)")
+    add_common(p)
+    p.set_defaults(run=run_handshake_node)
+
+
+def run_cluster(args) -> int:
+    from panjoin.launch import start_cluster
+    from panjoin.manager.service import serve_manager
+
+    role = "handshake-node" if args.topology == "handshake" else "worker"
+    cluster = start_cluster(args.workers, args.threads, manager=False, role=role)
+    try:
+        server, port = serve_manager(cluster.addresses, args.port, topology=args.topology,
+                                     fifo=args.fifo, segment=args.segment,
+                                     replicas=args.replicas)
+    except BaseException:
+        cluster.stop()
+        raise
+    print(f"panjoin cluster: manager on 127.0.0.1:{port}, workers "
+          f"{', '.join(cluster.addresses)}"
+          + (" (handshake chain)" if args.topology == "handshake" else ""), flush=True)
+
+    def stop():
+        server.stop(grace=2).wait()
+        cluster.stop()
+        print("panjoin cluster: stopped", flush=True)
+
+    return serve_until_stopped(stop)
+
+
+def run_manager(args) -> int:
+    from panjoin.launch import MANAGER_READY, wait_healthy
+    from panjoin.manager.service import serve_manager
+
+    addrs = [a.strip() for a in args.workers.split(",") if a.strip()]
+    for a in addrs:
+        wait_healthy(a, timeout=30)
+    server, port = serve_manager(addrs, args.port, args.host, topology=args.topology,
+                                 fifo=args.fifo, segment=args.segment, replicas=args.replicas)
+    print(f"{MANAGER_READY}{args.host}:{port}, workers {', '.join(addrs)}", flush=True)
+    return serve_until_stopped(lambda: server.stop(grace=2).wait())
+
+
+def run_worker(args) -> int:
+    from panjoin.launch import READY
+    from workers.server import serve
+
+    if args.index_backend == "opencl":
+        from opencl.device import OpenCLError, runtime
+
+        try:  # fail now, not at the first subwindow: no platform, no device, no build
+            rt = runtime(args.device)
+            rt.program("int64")
+        except OpenCLError as e:
+            print(f"panjoin worker: {e}", file=sys.stderr)
+            return 2
+        log.info("BI-Sort subwindows on OpenCL device %s", rt.name)
+    server, port = serve(args.port, args.threads, args.host, index_backend=args.index_backend,
+                         device=args.device, null=args.null)
+    print(f"{READY}{args.host}:{port}", flush=True)
+    log.info("worker serving on %s:%d with %d threads", args.host, port, args.threads)
+    return serve_until_stopped(lambda: server.stop(grace=2).wait())
+
+
+def run_handshake_node(args) -> int:
+    from panjoin.launch import READY
+    from workers.handshake_node import serve
+
+    server, port = serve(args.port, args.threads, args.host)
+    print(f"{READY}{args.host}:{port}", flush=True)
+    log.info("handshake node serving on %s:%d", args.host, port)
+    return serve_until_stopped(lambda: server.stop(grace=2).wait())

@@ -1,0 +1,129 @@
+"""``panjoin pipeline`` (also ``python -m spark_conn.cli``): the Spark job's command
+line, registered by :mod:`panjoin.cli.main` with the join options every command
+shares (:mod:`panjoin.cli.options`).
+
+    panjoin pipeline --bootstrap-servers 127.0.0.1:9092 --manager 127.0.0.1:50050 \\
+        --window time:1000,1000 --predicate band:10 --checkpoint ckpt/
+
+The Kafka options (``--kafka-option KEY=VALUE``: librdkafka properties for every
+client the job opens, e.g. TLS or SASL; see :mod:`panjoin.kafka.options`) are checked
+before anything connects or Spark starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from panjoin.cli.options import add_common, add_join_opts
+from panjoin.kafka.options import add_option_arg, from_args
+from spark_conn.config import PipelineConfig
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("pipeline", help="the Spark job: Kafka R,S -> manager -> Kafka output",
+                       description="PySpark Structured Streaming: read the R and S topics, "
+                                   "send each micro-batch to the manager in event-time order, "
+                                   "write joined records to the output topic, late records to "
+                                   "the late topic and malformed ones to the dead-letter "
+                                   "topic; exactly once across restarts (--checkpoint).")
+    add_pipeline_opts(p)
+    add_join_opts(p)
+    add_common(p)
+    p.set_defaults(run=run)
+
+
+def add_pipeline_opts(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("pipeline")
+    g.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
+    add_option_arg(g)
+    g.add_argument("--manager", required=True, metavar="HOST:PORT",
+                   help="the manager endpoint (panjoin cluster prints it)")
+    g.add_argument("--r-topic", default="R")
+    g.add_argument("--s-topic", default="S")
+    g.add_argument("--out-topic", default="joined")
+    g.add_argument("--late-topic", default="late")
+    g.add_argument("--dead-letter-topic", default="dead-letter")
+    g.add_argument("--checkpoint", required=True, metavar="DIR",
+                   help="Spark checkpoint + the pipeline's join log (restart from here)")
+    g.add_argument("--key-field", default="key")
+    g.add_argument("--ts-field", default="ts")
+    g.add_argument("--id-field", default="id")
+    g.add_argument("--key-type", choices=["int64", "float64"], default="int64")
+    g.add_argument("--max-offsets-per-trigger", type=int, default=None, metavar="N",
+                   help="most records per micro-batch, over both topics (default: no limit)")
+    g.add_argument("--starting-offsets", default="earliest",
+                   help="earliest | latest | JSON {\"topic\": {\"partition\": offset}}")
+    g.add_argument("--trigger", default="available-now",
+                   help="available-now (process what is there, then stop) or a processing "
+                        "interval like '2 seconds'")
+    g.add_argument("--source", choices=["python", "python-records", "native"],
+                   default="python",
+                   help="python: Spark plans each micro-batch's offsets with the Python Data "
+                        "Source and the job reads the records with confluent-kafka; "
+                        "python-records: the records travel through Spark's Python Data "
+                        "Source; native: Spark's format('kafka') (needs the JVM connector "
+                        "jar on the classpath)")
+    g.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
+                   help="time windows: a partition nothing was read from for this long stops "
+                        "holding the watermark back (as Flink's withIdleness); the watermark "
+                        "W is the least, over the input partitions, of the largest ts read "
+                        "from each, and a tuple is late iff ts < W - allowed lateness "
+                        "(default: never idle, so an empty partition holds W at -inf)")
+    g.add_argument("--manager-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="how long to wait for a lost manager to come back before the batch "
+                        "fails (the job then reconnects and rebuilds its window from the join "
+                        "log; default: %(default)s)")
+
+
+def config_from_args(args) -> PipelineConfig:
+    """The job's config; the Kafka options are checked here, before Spark starts."""
+    return PipelineConfig(
+        bootstrap=args.bootstrap_servers, manager=args.manager, checkpoint=args.checkpoint,
+        window=args.window, predicate=args.predicate, r_topic=args.r_topic,
+        s_topic=args.s_topic, out_topic=args.out_topic, late_topic=args.late_topic,
+        dead_letter_topic=args.dead_letter_topic, key_field=args.key_field,
+        ts_field=args.ts_field, id_field=args.id_field, key_type=args.key_type,
+        index=args.index, allowed_lateness=args.allowed_lateness,
+        subwindow_size=args.subwindow_size, partitions=args.partitions,
+        batch_size=args.batch_size, max_offsets_per_trigger=args.max_offsets_per_trigger,
+        starting_offsets=args.starting_offsets, trigger=args.trigger, source=args.source,
+        idle_timeout=args.idle_timeout, manager_timeout=args.manager_timeout,
+        kafka_options=from_args(args))
+
+
+def run(args) -> int:
+    """Run the job of parsed ``args`` (``panjoin pipeline``); needs the spark extra."""
+    cfg = config_from_args(args)
+    try:
+        from spark_conn.pipeline import run as run_job
+    except ModuleNotFoundError as e:
+        print(f"panjoin pipeline: {e}; install the spark extra (make .venv/.installed)",
+              file=sys.stderr)
+        return 2
+    st = run_job(cfg)
+    print(f"pipeline: {st['batches']} micro-batches, {st['tuples']:,} records in "
+          f"{st['seconds']:.1f} s ({st['tuples'] / max(st['seconds'], 1e-9):,.0f} records/s); "
+          f"{st['joined']:,} joined -> {cfg.out_topic}, {st['late']:,} late -> "
+          f"{cfg.late_topic}, {st['dead']:,} malformed -> {cfg.dead_letter_topic}"
+          + (f"; {st['replayed_batches']} batches replayed into the join, "
+             f"{st['skipped_records']} records already written" if st["replayed_batches"]
+             else ""), flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m spark_conn.cli",
+                                 description="Kafka R,S -> PanJoin manager -> Kafka output")
+    add_pipeline_opts(ap)
+    add_join_opts(ap)
+    add_common(ap)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

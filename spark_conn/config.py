@@ -1,0 +1,49 @@
+"""The Spark job's settings: ``panjoin pipeline``'s flags (:mod:`spark_conn.cli`), and
+what the job opens its join on the manager with."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PipelineConfig:
+    bootstrap: str
+    manager: str
+    checkpoint: str
+    window: str
+    predicate: str
+    r_topic: str = "R"
+    s_topic: str = "S"
+    out_topic: str = "joined"
+    late_topic: str = "late"
+    dead_letter_topic: str = "dead-letter"
+    key_field: str = "key"
+    ts_field: str = "ts"
+    id_field: str = "id"
+    key_type: str = "int64"
+    index: str = "bisort"
+    allowed_lateness: int = 0
+    subwindow_size: int | None = None
+    partitions: int | None = None
+    batch_size: int = 32768
+    max_offsets_per_trigger: int | None = None
+    starting_offsets: str = "earliest"
+    trigger: str = "available-now"
+    source: str = "python"
+    idle_timeout: float | None = None  # s without records before a partition stops holding W
+    manager_timeout: float = 60.0  # s to wait for a lost manager to come back
+    extra_open: dict = field(default_factory=dict)
+    #: librdkafka client properties for every Kafka client the job opens (TLS, SASL;
+    #: see panjoin.kafka.options), and for Spark's source as kafka.* options
+    kafka_options: dict = field(default_factory=dict)
+
+    def open_settings(self) -> dict:
+        s = {"allowed_lateness": self.allowed_lateness, "batch_size": self.batch_size,
+             "key_dtype": self.key_type}
+        if self.subwindow_size:
+            s["subwindow_size"] = self.subwindow_size
+        if self.partitions:
+            s["partitions"] = self.partitions
+        s.update(self.extra_open)
+        return s
