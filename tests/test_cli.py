@@ -159,3 +159,27 @@ def test_gen_key2_and_replay_with_a_residual(tmp_path):
     with pytest.raises(SystemExit):  # a residual on a file without key2: a clear error
         main(["replay", str(bare), "--window", "count:50,50", "--predicate", pred,
               "--out", str(tmp_path / "x.parquet"), "--no-progress"])
+
+
+def test_every_command_has_a_runner():
+    """Each (sub)command's parser, or one above it, names the function that runs it."""
+    import argparse
+
+    from panjoin.cli.main import build_parser
+
+    def leaves(parser, path, run):
+        run = parser.get_default("run") or run
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            yield path, run
+            return
+        for name, p in subs[0].choices.items():
+            yield from leaves(p, [*path, name], run)
+
+    runners = {" ".join(path): run for path, run in leaves(build_parser(), [], None)}
+    assert len(runners) >= 13
+    for path, run in runners.items():
+        assert callable(run), path
+    assert runners["bench peers"].__name__ == "run_peers"
+    assert runners["bench system"].__name__ == "run_system"
+    assert runners["pipeline"].__module__ == "spark_conn.cli"

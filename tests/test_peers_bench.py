@@ -1,43 +1,82 @@
-"""The peer benchmark (issue 7) on tiny windows: every peer runs, the counts agree with
-each other and with the reference, files appear."""
+"""The peer benchmark (issue 7) on tiny windows: every peer runs, its result pairs agree
+with the reference's (as sorted pairs where a test holds them, as pair digests where the
+runner folded them), a wrong pair fails the check, files appear."""
 
 import json
 
 import numpy as np
+import pytest
 
 from panjoin.bench.peers import (
     Data,
+    PairDigest,
     PeerConfig,
     PeerResult,
+    PeerRunner,
     Workload,
     _SHJOp,
     _stream,
     calibrate,
-    check_counts,
+    check_results,
+    engine_op,
     events_for,
+    pair_digest,
     run_peers,
     table,
     two_d_engine_op,
 )
+from panjoin.bench.peers import runner as peers_runner
 from panjoin.generate import generate
-from panjoin.reference import reference_join
+from panjoin.reference import reference_join, sort_pairs
 from panjoin.semantics import parse_predicate, parse_window
 
 SCANS = ("nested-loop", "sorted-list", "shj")
 
 
-def _ref_count(wl: Workload, data, n: int | None = None) -> int:
-    """Reference result count of the first n tuples (2-D: the y band on the x-band pairs)."""
+def _ref_pairs(wl: Workload, data, n: int | None = None) -> np.ndarray:
+    """Reference (r_id, s_id) pairs of the first n tuples, sorted (2-D: the y band on
+    the x-band pairs)."""
     ev = data.events if n is None else data.events.slice(0, n)
     ref = reference_join(ev.stream, ev.id, ev.key, ev.ts, parse_window(wl.window_spec()),
                          parse_predicate(wl.predicate())).pairs
     if wl.residual is None:
-        return len(ref)
+        return ref
     y = data.y if n is None else data.y[:n]
     yr, ys = y[ev.stream == 0], y[ev.stream == 1]
     ((_, (a, b)),) = wl.residual.items()
     d = ys[ref[:, 1]] - yr[ref[:, 0]]
-    return int(((d >= a) & (d <= b)).sum())
+    return ref[(d >= a) & (d <= b)]
+
+
+def _ref_count(wl: Workload, data, n: int | None = None) -> int:
+    return len(_ref_pairs(wl, data, n))
+
+
+def _bounded_pairs(wl: Workload, data, fill: int, probes: int) -> np.ndarray:
+    """The reference pairs a bounded run finds: those with one of the ``probes`` tuples
+    after the fill in them (the pairs of the longer prefix less those of the fill)."""
+    old = {tuple(p) for p in _ref_pairs(wl, data, fill).tolist()}
+    new = [p for p in _ref_pairs(wl, data, fill + probes).tolist() if tuple(p) not in old]
+    return sort_pairs(np.array(new, np.int64).reshape(-1, 2))
+
+
+def _ident(pairs: np.ndarray) -> tuple[int, str]:
+    """(count, pair digest) of a pair array: what a record's (results, pair_digest) is."""
+    d = pair_digest(pairs)
+    return d.count, d.hex()
+
+
+def _pairs_of(op, data, fill: int, chunk: int, bounded: bool = False) -> np.ndarray:
+    """Drive an adapter as the runner does (chunks; a bounded run fills first) and keep
+    every pair it hands back, sorted."""
+    start = 0
+    if bounded:
+        op.fill(data.slice(0, fill))
+        start = fill
+    out = [op.push(data.slice(a, min(len(data), a + chunk)))
+           for a in range(start, len(data), chunk)] + [op.finish()]
+    return sort_pairs(np.stack([np.concatenate([r for r, _ in out]),
+                                np.concatenate([s for _, s in out])], axis=1))
 
 
 def test_peers_bench_small_run(tmp_path):
@@ -47,28 +86,38 @@ def test_peers_bench_small_run(tmp_path):
                            ("duckdb", "duckdb-range", "spark"))
     recs = run_peers(cfg, progress=False, out_json=tmp_path / "r.json", plot_dir=tmp_path,
                      tag="-t", log=lambda *_: None)
-    assert check_counts(recs) == []
+    assert check_results(recs) == []
     by = {(r.workload, r.window, r.peer): r for r in recs}
     names = {wl.name for wl in cfg.workloads()}
     assert {"band S=64 zipf", "band S=64 increasing", "band S=64 uniform time",
             "band2d handshake", "eq zipf"} <= names
-    # every workload's full-file count equals the reference's, and is non-trivial
+    # every workload's full-file pairs are the reference's (count and pair digest; Spark's
+    # hook gives a count only), and they are non-trivial
     for wl in cfg.workloads():
         data = events_for(wl, 256, cfg.seed)
         wl = calibrate(wl, data)
-        want = _ref_count(wl, data)
-        got = {r.results for r in recs if (r.workload, r.window) == (wl.name, wl.window)
-               and r.status == "ok"}
-        assert got == {want}, (wl.name, wl.window, got, want)
-        assert wl.pred == "band2d" or want > 100, wl.name  # 2-D: dense data below
+        want = _ident(_ref_pairs(wl, data))
+        ran = [r for r in recs if (r.workload, r.window) == (wl.name, wl.window)
+               and r.status == "ok"]
+        assert {r.peer for r in ran} >= {"panjoin-bisort", "panjoin-rap", "duckdb"}, [
+            r for r in recs if (r.workload, r.window) == (wl.name, wl.window)
+            and r.status != "ok"]
+        for r in ran:
+            if r.peer == "spark":  # its hook returns a count only
+                assert r.pair_digest is None and r.results == want[0], (wl.name, r)
+            else:
+                got = (r.results, r.pair_digest)
+                assert got == want, (wl.name, wl.window, r.peer, got, want)
+        assert wl.pred == "band2d" or want[0] > 100, wl.name  # 2-D: dense data below
         if wl.window == 512 and wl.pred != "eq":
             # beyond their limit the scans run bounded: fill without joining, then 64
-            # probe tuples; they count the pairs with a probe tuple in them
+            # probe tuples; they find the pairs with a probe tuple in them
             fill = 2 * wl.window
-            bounded = _ref_count(wl, data, fill + 64) - _ref_count(wl, data, fill)
+            bounded = _ident(_bounded_pairs(wl, data, fill, 64))
             for p in SCANS:
                 r = by[(wl.name, 512, p)]
-                assert r.status == "bounded" and r.results == bounded, (wl.name, p, r)
+                assert r.status == "bounded", (wl.name, p, r)
+                assert (r.results, r.pair_digest) == bounded, (wl.name, p, r, bounded)
                 assert r.steady_tps > 0 and r.whole_tps is None
             # duckdb-range is offline: extrapolated from 256, flagged
             dr = by[(wl.name, 512, "duckdb-range")]
@@ -94,15 +143,19 @@ def test_two_d_engine_op_and_shj_on_dense_data():
     wl = Workload("band2d", 0, "uniform", 512)
     ev = generate(1536, "uniform", key_min=1, key_max=300, seed=3)
     data = Data(ev, np.random.default_rng(4).integers(0, 3000, len(ev)).astype(np.int64))
-    want = _ref_count(wl, data)
+    want = _ref_pairs(wl, data)
     fill = 1024
-    bounded = _ref_count(wl, data, fill + 200) - _ref_count(wl, data, fill)
-    assert want > 1000 and bounded > 100
+    bdata = data.slice(0, fill + 200)
+    bounded = _bounded_pairs(wl, data, fill, 200)
+    assert len(want) > 1000 and len(bounded) > 100
     for make in (lambda: two_d_engine_op(wl, data, "bisort", 1),
                  lambda: two_d_engine_op(wl, data, "nested", 1), lambda: _SHJOp(wl)):
-        assert _stream(make(), data, fill, 128)["results"] == want
-        assert _stream(make(), data.slice(0, fill + 200), fill, 128,
-                       bounded=True)["results"] == bounded
+        np.testing.assert_array_equal(_pairs_of(make(), data, fill, 128), want)
+        np.testing.assert_array_equal(_pairs_of(make(), bdata, fill, 128, True), bounded)
+        out = _stream(make(), data, fill, 128)
+        assert (out["results"], out["pair_digest"]) == _ident(want)
+        out = _stream(make(), bdata, fill, 128, bounded=True)
+        assert (out["results"], out["pair_digest"]) == _ident(bounded)
 
 
 def test_calibrate_hits_the_selectivity():
@@ -141,10 +194,120 @@ def test_count_check_reports_a_mismatch():
             PeerResult("eq uniform", 8, "nested-loop", "extrapolated"),
             PeerResult("eq uniform", 8, "sorted-list", "bounded", results=1),
             PeerResult("eq uniform", 8, "panjoin-rap", "bounded", results=2)]
-    msgs = check_counts(recs)
+    msgs = check_results(recs)
     assert len(msgs) == 2
     assert "differ" in msgs[0] and "shj" in msgs[0] and "duckdb" in msgs[0]
     assert "bounded" in msgs[1]
+
+
+def test_check_reports_a_wrong_pair_with_the_right_count():
+    """Same counts, one peer's pairs differ: the check fails; a count-only peer (no
+    digest) is checked by its count; matching digests pass."""
+    ok = pair_digest(np.array([[0, 1], [2, 3]])).hex()
+    bad = pair_digest(np.array([[0, 1], [2, 4]])).hex()
+    recs = [PeerResult("eq uniform", 8, "panjoin-rap", results=2, pair_digest=ok),
+            PeerResult("eq uniform", 8, "duckdb", results=2, pair_digest=ok),
+            PeerResult("eq uniform", 8, "spark", results=2),
+            PeerResult("eq uniform", 16, "panjoin-rap", "bounded", results=2, pair_digest=ok),
+            PeerResult("eq uniform", 16, "shj", "bounded", results=2, pair_digest=bad)]
+    msgs = check_results(recs)
+    assert len(msgs) == 1
+    assert "pairs differ" in msgs[0] and "bounded" in msgs[0] and "shj" in msgs[0]
+    assert check_results(recs[:3]) == []
+    recs[2].results = 3
+    assert "counts differ" in check_results(recs[:3])[0]
+
+
+def test_pair_digest_is_order_free_and_catches_every_kind_of_wrong_pair():
+    rng = np.random.default_rng(0)
+    pairs = rng.integers(0, 1 << 20, (1000, 2))
+    want = pair_digest(pairs)
+    # any order, any chunking: the same digest
+    shuffled = pairs[rng.permutation(len(pairs))]
+    d = PairDigest()
+    for a in range(0, len(pairs), 97):
+        d.add(shuffled[a:a + 97, 0], shuffled[a:a + 97, 1])
+    assert (d.count, d.hex()) == (want.count, want.hex())
+    assert pair_digest(sort_pairs(pairs)).hex() == want.hex()
+    # the same count, one pair wrong in each way: every digest differs
+    wrong = []
+    for i, j, v in ((0, 1, 1), (5, 0, 1), (7, 1, -1)):  # an s_id or r_id off by one
+        w = pairs.copy()
+        w[i, j] += v
+        wrong.append(w)
+    w = pairs.copy()
+    w[[3, 4], 1] = w[[4, 3], 1]  # two s_ids swapped: the same ids on each side
+    wrong.append(w)
+    w = pairs.copy()
+    w[9] = w[10]  # a pair duplicated in place of another
+    wrong.append(w)
+    wrong.append(pairs[:, ::-1])  # (s_id, r_id)
+    for w in wrong:
+        assert pair_digest(w).count == want.count
+        assert pair_digest(w).hex() != want.hex()
+    assert pair_digest(pairs[1:]).hex() != want.hex()
+    assert pair_digest(np.zeros((0, 2), np.int64)).hex() == "0" * 16
+
+
+class _OneWrongPair:
+    """An engine adapter that hands back one wrong pair (s_id + 1) in place of a right
+    one: the count stays right, the pairs do not."""
+
+    def __init__(self, op):
+        self.op, self.done = op, False
+
+    def __getattr__(self, name):
+        return getattr(self.op, name)
+
+    def _spoil(self, r, s):
+        if len(s) and not self.done:
+            s = s.copy()
+            s[0] += 1
+            self.done = True
+        return r, s
+
+    def push(self, data):
+        return self._spoil(*self.op.push(data))
+
+    def finish(self):  # a batch not yet full at the last push is joined here
+        return self._spoil(*self.op.finish())
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+def test_runner_fails_a_peer_with_a_wrong_pair(monkeypatch, bounded):
+    """A nested loop that finds one wrong pair (and the right count) is caught by the
+    runner's check, whole-file and bounded."""
+    real = peers_runner.engine_op
+
+    def engine_op_with_a_bug(wl, data, index, *a, **k):
+        op = real(wl, data, index, *a, **k)
+        return _OneWrongPair(op) if index == "nested" else op
+
+    monkeypatch.setattr(peers_runner, "engine_op", engine_op_with_a_bug)
+    cfg = PeerConfig(windows=[256], measure=256, nested_max=128 if bounded else 256,
+                     bounded_probes=64, chunk=128, repeat=1,
+                     peers=("panjoin-bisort", "nested-loop", "shj"))
+    recs = PeerRunner(cfg, progress=False, log=lambda *_: None).run_workload(
+        Workload("band", 64, "uniform", 256))
+    by = {r.peer: r for r in recs}
+    status = "bounded" if bounded else "ok"
+    assert by["nested-loop"].status == status and by["shj"].status == status
+    assert by["nested-loop"].results == by["shj"].results > 0
+    msgs = check_results(recs)
+    assert len(msgs) == 1 and "pairs differ" in msgs[0] and "nested-loop" in msgs[0], msgs
+    assert check_results([r for r in recs if r.peer != "nested-loop"]) == []
+
+
+def test_engine_op_pairs_are_the_reference_pairs():
+    """The adapters hand back exactly the reference's pairs (band and eq, one index
+    each way), not only as many."""
+    for wl in (Workload("band", 64, "uniform", 256), Workload("eq", 1, "zipf", 256)):
+        data = events_for(wl, 256, 1)
+        wl = calibrate(wl, data)
+        want = _ref_pairs(wl, data)
+        assert len(want) > 100
+        for op in (engine_op(wl, data, "rap", 1), _SHJOp(wl)):
+            np.testing.assert_array_equal(_pairs_of(op, data, 512, 64), want)
 
 
 def test_merge_keeps_the_later_record(tmp_path):
@@ -161,5 +324,5 @@ def test_merge_keeps_the_later_record(tmp_path):
     got = load_records([tmp_path / "a.json", tmp_path / "b.json"])
     assert [(r.peer, r.window, r.steady_tps or r.whole_tps) for r in got] == [
         ("shj", 8, 3.0), ("duckdb", 8, 2.0), ("shj", 16, 4.0)]
-    assert check_counts(got) == []
+    assert check_results(got) == []
 

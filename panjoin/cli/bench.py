@@ -54,7 +54,6 @@ def add_parser(sub) -> None:
                    help="workers that hold nothing and answer every probe empty: the rate is "
                         "the manager's own ceiling, with its CPU-seconds per million tuples")
     add_common(b)
-    b.set_defaults(run=run_peers)
     b.set_defaults(run=run_system)
 
     b = bsub.add_parser("peers", help="PanJoin against its peers on the same data (issue 7)",
@@ -84,6 +83,7 @@ def add_parser(sub) -> None:
                         "together (with --tag)")
     b.add_argument("--out", default="benchmarks", help="folder for results/ and plots/")
     add_common(b)
+    b.set_defaults(run=run_peers)
 
 
 def run_index(args) -> int:
@@ -130,7 +130,7 @@ def run_system(args) -> int:
 def run_peers(args) -> int:
     from pathlib import Path
 
-    from panjoin.bench.peers import PeerConfig, check_counts, run_peers, table
+    from panjoin.bench.peers import PeerConfig, check_results, run_peers, table
 
     cfg = PeerConfig.quick() if args.quick else PeerConfig()
     if args.windows:
@@ -145,9 +145,9 @@ def run_peers(args) -> int:
         recs = load_records(args.merge)
         plot(recs, Path(args.out) / "plots", f"-{args.tag}" if args.tag else "")
         print(table(recs))
-        problems = check_counts(recs)
-        print("result counts: " + ("MISMATCH: " + "; ".join(problems) if problems else
-                                   "all peers that ran agree"))
+        problems = check_results(recs)
+        print("result pairs: " + ("MISMATCH: " + "; ".join(problems) if problems else
+                                  "all peers that ran agree"))
         return 1 if problems else 0
     if args.repeat:
         cfg.repeat = args.repeat
@@ -164,8 +164,8 @@ def run_peers(args) -> int:
                      out_json=out / "results" / f"peers{tag}.json", plot_dir=out / "plots",
                      tag=tag)
     print(table(recs))
-    problems = check_counts(recs)
+    problems = check_results(recs)
     for p in problems:
-        print(f"COUNT MISMATCH: {p}")
-    print("result counts: " + ("MISMATCH" if problems else "all peers that ran agree"))
+        print(f"RESULT MISMATCH: {p}")
+    print("result pairs: " + ("MISMATCH" if problems else "all peers that ran agree"))
     return 1 if problems else 0
