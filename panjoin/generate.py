@@ -76,6 +76,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from panjoin.events import EventTable
+from panjoin.semantics import I64_MAX, I64_MIN
 
 DISTRIBUTIONS = ("uniform", "zipf", "increasing", "normal", "equal")
 
@@ -88,8 +89,6 @@ INCREASING_NOISE = 0.001
 #: standard deviation of each normal peak, as a fraction of the spacing between peaks
 NORMAL_SIGMA = 0.1
 
-_I64_MIN = -(2**63)
-_I64_MAX = 2**63 - 1
 # the largest double below 2**64: u * 2**64 rounded may reach 2**64, which uint64 can't hold
 _U64_FMAX = float(2**64 - 2048)
 
@@ -100,7 +99,7 @@ def _int_bounds(key_min, key_max) -> tuple[int, int]:
         if isinstance(v, float | np.floating) and not float(v).is_integer():
             raise ValueError(f"{name}={v!r}: integer keys need integer bounds (or float_keys=True)")
     lo, hi = int(lo), int(hi)
-    if not (_I64_MIN <= lo <= hi <= _I64_MAX):
+    if not (I64_MIN <= lo <= hi <= I64_MAX):
         raise ValueError(f"key range [{lo}, {hi}]: need -2**63 <= key_min <= key_max <= 2**63 - 1")
     return lo, hi
 

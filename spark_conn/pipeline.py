@@ -102,7 +102,7 @@ from panjoin.kafka import io
 from panjoin.kafka.fetcher import Fetcher
 from panjoin.kafka.io import BATCH_HEADER, SEQ_HEADER
 from panjoin.kafka.writer import BatchWriter
-from panjoin.semantics import parse_predicate, parse_window
+from panjoin.semantics import I64_MIN, parse_predicate, parse_window
 from spark_conn.config import PipelineConfig
 from spark_conn.join_log import JoinLog, first_needed
 from spark_conn.read_ahead import ReadAhead, offset_log_ranges
@@ -112,7 +112,6 @@ from spark_conn.watermark import PartitionWatermarks
 
 log = logging.getLogger("panjoin.pipeline")
 
-_I64_MIN = -(1 << 63)
 
 
 # --------------------------------------------------------------------------- the job
@@ -225,7 +224,7 @@ class Pipeline:
         t0 = time.perf_counter()
         # on a time window the job's watermark goes with every batch, from the first on
         # (None: none yet), so the manager's own lateness rule stays off
-        ans = self.session.send(batch + 1, p, watermark=(_I64_MIN if w is None else w)
+        ans = self.session.send(batch + 1, p, watermark=(I64_MIN if w is None else w)
                                 if self.window.kind == "time" else None)
         if ans.duplicate:
             raise RuntimeError(f"manager took batch {batch + 1} as a replay on a fresh join")

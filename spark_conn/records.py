@@ -19,9 +19,8 @@ import pyarrow as pa
 
 from panjoin.kafka import fetcher, json_fields
 from panjoin.kafka.fetcher import Fetcher
+from panjoin.semantics import I64_MAX, I64_MIN
 from spark_conn.config import PipelineConfig
-
-_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 @dataclass
@@ -53,7 +52,7 @@ def _int_field(obj, name):
         v = int(v)
     if not isinstance(v, int):
         return None, f"field {name!r} is {v!r}, not an integer"
-    if not _I64_MIN <= v <= _I64_MAX:
+    if not I64_MIN <= v <= I64_MAX:
         return None, f"field {name!r} = {v} is outside int64"
     return v, None
 
@@ -89,7 +88,7 @@ def _parse_record(v: bytes | None, cfg: PipelineConfig):
             return (f"field {cfg.key_field!r} = {k} is not an integer (run with "
                     f"--key-type float64 for float keys)", None, None, None)
         k = int(k)
-    if not _I64_MIN <= k <= _I64_MAX:
+    if not I64_MIN <= k <= I64_MAX:
         return f"field {cfg.key_field!r} = {k} is outside int64", None, None, None
     return None, rid, k, ts
 

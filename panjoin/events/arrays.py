@@ -14,9 +14,6 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-_I64_MIN = np.iinfo(np.int64).min
-_I64_MAX = np.iinfo(np.int64).max
-
 
 def _first(mask: np.ndarray) -> int | None:
     """Index of the first True in a bool mask, or None: one vectorised pass."""

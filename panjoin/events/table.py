@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from panjoin.events.arrays import _I64_MAX, _combine, _first
+from panjoin.events.arrays import _combine, _first
 from panjoin.events.errors import _fail
 from panjoin.events.validate import (
     COLUMNS,
@@ -38,6 +38,7 @@ from panjoin.events.validate import (
     _payload_column,
     _stream_codes,
 )
+from panjoin.semantics import I64_MAX
 
 
 def _as_int64(name: str, a) -> np.ndarray:
@@ -46,7 +47,7 @@ def _as_int64(name: str, a) -> np.ndarray:
         raise ValueError(f"EventTable.{name} must be 1-D, got shape {a.shape}")
     if a.dtype == np.int64:
         return a
-    if a.dtype.kind == "u" and a.size and a.max() > _I64_MAX:
+    if a.dtype.kind == "u" and a.size and a.max() > I64_MAX:
         raise ValueError(f"EventTable.{name} has values above the int64 range")
     if a.dtype.kind in "iu":
         return a.astype(np.int64)

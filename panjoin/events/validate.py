@@ -41,8 +41,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from panjoin.events.arrays import _I64_MAX, _combine, _first, _np
+from panjoin.events.arrays import _combine, _first, _np
 from panjoin.events.errors import EventError, _fail, _show
+from panjoin.semantics import I64_MAX
 
 REQUIRED = ("stream", "id", "key", "ts")
 COLUMNS = REQUIRED + ("payload", "key2")
@@ -189,11 +190,11 @@ def _floats_to_int64(f: np.ndarray, name: str, source, rows: np.ndarray | None =
 def _unsigned_to_int64(arr: pa.Array, name: str, source) -> np.ndarray:
     v = _np(arr)
     if v.dtype == np.uint64:
-        i = _first(v > np.uint64(_I64_MAX))
+        i = _first(v > np.uint64(I64_MAX))
         if i is not None:
             raise _fail(
                 source,
-                f"column {name!r} has {int(v[i])}, above the int64 maximum {_I64_MAX}",
+                f"column {name!r} has {int(v[i])}, above the int64 maximum {I64_MAX}",
                 f"{name} must fit in int64",
                 row=i + 1,
                 column=name,
@@ -216,7 +217,7 @@ def _int_column(arr: pa.Array, name: str, source) -> np.ndarray:
         per_ms = {"s": None, "ms": 1, "us": 1_000, "ns": 1_000_000}[t.unit]
         raw = _np(arr.cast(pa.int64()))
         if per_ms is None:  # seconds
-            i = _first(np.abs(raw) > _I64_MAX // 1000)
+            i = _first(np.abs(raw) > I64_MAX // 1000)
             if i is not None:
                 raise _fail(
                     source,

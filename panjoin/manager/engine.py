@@ -61,6 +61,7 @@ from panjoin.backend import CreateSpec, LocalBackend, SortedBatch
 from panjoin.config import DEFAULT_BATCH, default_threads, tune_allocator
 from panjoin.manager.ring import SubwindowRing
 from panjoin.semantics import (
+    I64_MIN,
     Predicate,
     Window,
     parse_predicate,
@@ -73,7 +74,6 @@ log = logging.getLogger("panjoin.manager")
 
 STREAM_NAMES = ("R", "S")
 _I64 = np.int64
-_I64_MIN = -(1 << 63)
 
 
 @dataclass
@@ -222,7 +222,7 @@ class JoinEngine:
         self.maxts: int | None = None  # largest ts pushed (decides lateness)
         self.seen_maxts: int | None = None  # largest ts appended to a buffer (the watermark)
         # the client's watermark W (push_arrays(watermark=...)); once given, it alone
-        # decides lateness and expiry: None = never given, _I64_MIN = none yet (-inf)
+        # decides lateness and expiry: None = never given, I64_MIN = none yet (-inf)
         self.client_wm: int | None = None
         self.late_ids: dict[str, list[np.ndarray]] = {s: [] for s in STREAM_NAMES}
         self._results: list[tuple] = []  # (r_id, s_id, r_payload, s_payload)
@@ -305,13 +305,13 @@ class JoinEngine:
                 raise ValueError("this join's lateness is already decided by the largest ts "
                                  "pushed; give a watermark from its first push on")
             self.client_wm = max(int(watermark), self.client_wm if self.client_wm is not None
-                                 else _I64_MIN)
+                                 else I64_MIN)
         self.stats.tuples_in += n
 
         keep = None  # None: every tuple is on time
         if self.client_wm is not None:
             low = self.client_wm - self.window.lateness
-            if low > _I64_MIN:  # an int64 compare: W = -inf (none yet) makes nothing late
+            if low > I64_MIN:  # an int64 compare: W = -inf (none yet) makes nothing late
                 keep = ts >= low
         elif self.window.kind == "time":
             # late iff ts < (largest ts of all earlier arrivals) - L, per tuple in arrival order
