@@ -163,13 +163,15 @@ def _side_table(events, code: int, window: Window) -> pa.Table:
 
 
 def spark_stream_join(events, window, predicate, spark=None, batch: int | None = None,
-                      workdir: str | None = None) -> tuple[int, float]:
+                      workdir: str | None = None, on_pairs=None) -> tuple[int, float]:
     """Spark's stream-stream join of ``events`` (an EventTable in arrival order) with
     ``window`` and ``predicate`` (specs or parsed): ``(result count, seconds)``, the
     seconds from the query's start to its end (Spark's start-up and the Parquet chunks'
     writing excluded). Micro-batches of ``batch`` arrivals (default: the larger of 64K
     and a quarter of the window), read by Spark's file source from one Parquet file
-    per micro-batch and stream. Raises :class:`SparkCannotJoin` for predicates other
+    per micro-batch and stream. ``on_pairs(r_ids, s_ids)``, if given, gets each
+    micro-batch's pairs, fetched to the driver as Arrow (the query's sink; without it
+    the sink only counts them). Raises :class:`SparkCannotJoin` for predicates other
     than ``eq``."""
     from pyspark.sql import functions as F
 
@@ -208,8 +210,17 @@ def spark_stream_join(events, window, predicate, spark=None, batch: int | None =
             frames.append(df.withWatermark(f"{name}_time", f"{delay} milliseconds"))
         joined = frames[0].join(frames[1], join_condition(window, pred, bounds), "inner")
         counts = []
+
+        def sink(df, _batch):
+            if on_pairs is None:
+                counts.append(df.count())
+                return
+            t = df.select("r_id", "s_id").toArrow()
+            counts.append(t.num_rows)
+            on_pairs(t["r_id"].to_numpy(), t["s_id"].to_numpy())
+
         t0 = time.perf_counter()
-        q = (joined.writeStream.foreachBatch(lambda df, _b: counts.append(df.count()))
+        q = (joined.writeStream.foreachBatch(sink)
              .option("checkpointLocation", os.path.join(work, "ckpt"))
              .trigger(availableNow=True).start())
         q.awaitTermination()

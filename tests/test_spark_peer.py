@@ -4,8 +4,7 @@ count window (the count condition on arrival numbers) and a time window with lat
 tuples; band joins are refused with a clear error. One local SparkSession, small
 streams.
 
-``spark_stream_join`` returns only the count; the ``spark_pairs`` fixture catches
-the pairs of each of its queries on their way to its ``foreachBatch``, so that a
+``spark_stream_join`` hands each micro-batch's pairs to ``on_pairs``, so that a
 wrong pair fails the test even when the count is right."""
 
 from __future__ import annotations
@@ -48,44 +47,21 @@ def spark():
     s.stop()
 
 
-@pytest.fixture
-def spark_pairs(monkeypatch):
-    """One list per streaming query started in the test: the (r_id, s_id) rows of its
-    micro-batches, read from each batch before the query's own foreachBatch function
-    runs on it (the batch is persisted, so Spark computes it once)."""
-    from pyspark.sql.streaming import DataStreamWriter
-
-    queries = []
-    original = DataStreamWriter.foreachBatch
-
-    def catching(self, func):
-        rows = []
-        queries.append(rows)
-
-        def each(df, batch_id):
-            df.persist()
-            try:
-                rows.extend(df.select("r_id", "s_id").collect())
-                return func(df, batch_id)
-            finally:
-                df.unpersist()
-
-        return original(self, each)
-
-    monkeypatch.setattr(DataStreamWriter, "foreachBatch", catching)
-    return queries
+def _pairs(batches) -> np.ndarray:
+    if not batches:
+        return np.zeros((0, 2), np.int64)
+    return sort_pairs(np.stack([np.concatenate([r for r, _ in batches]),
+                                np.concatenate([s for _, s in batches])], axis=1))
 
 
-def _pairs(rows) -> np.ndarray:
-    return sort_pairs(np.array([(r.r_id, r.s_id) for r in rows], np.int64).reshape(-1, 2))
-
-
-def test_spark_join_equals_reference(spark, spark_pairs, tmp_path):
+def test_spark_join_equals_reference(spark, tmp_path):
     ev = generate(6000, "uniform", key_max=400, seed=5, rate=1000, disorder_ms=40)
+    batches: list = []
     count, secs = spark_stream_join(ev, "count:500,700", "eq", spark, batch=1500,
-                                    workdir=str(tmp_path))
+                                    workdir=str(tmp_path),
+                                    on_pairs=lambda r, s: batches.append((r, s)))
     ref = _ref_pairs(ev, "count:500,700", "eq")
-    got = _pairs(spark_pairs[0])
+    got = _pairs(batches)
     assert len(ref) > 500 and secs > 0
     assert len(np.unique(got, axis=0)) == len(got), "a pair came twice"
     assert np.array_equal(got, ref)
@@ -94,10 +70,12 @@ def test_spark_join_equals_reference(spark, spark_pairs, tmp_path):
     from panjoin.semantics import Window
 
     w = Window("time", 300, 200, 10)
-    count, _ = spark_stream_join(ev, w, "eq", spark, batch=2000, workdir=str(tmp_path))
+    batches = []
+    count, _ = spark_stream_join(ev, w, "eq", spark, batch=2000, workdir=str(tmp_path),
+                                 on_pairs=lambda r, s: batches.append((r, s)))
     ref = _ref_pairs(ev, "time:300,200", "eq", 10)
-    got = _pairs(spark_pairs[1])
-    assert len(ref) > 500 and len(spark_pairs) == 2
+    got = _pairs(batches)
+    assert len(ref) > 500
     assert len(np.unique(got, axis=0)) == len(got), "a pair came twice"
     assert np.array_equal(got, ref)
     assert count == len(got)

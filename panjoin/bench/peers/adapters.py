@@ -14,8 +14,8 @@ A streaming peer is an *op* that the runner drives chunk by chunk
 - ``_SHJOp``: the symmetric hash join;
 - :func:`duckdb_peer`: DuckDB's offline join of the whole file, its pairs folded into
   a :class:`~panjoin.bench.peers.digest.PairDigest` batch by batch;
-- :func:`_spark_peer`: the hook to Spark's stream-stream join, which returns a count
-  only (it lives in ``spark_conn.peer``).
+- :func:`_spark_peer`: the hook to Spark's stream-stream join (it lives in
+  ``spark_conn.peer``), which hands each micro-batch's pairs to a callback.
 """
 
 from __future__ import annotations
@@ -169,9 +169,8 @@ def duckdb_peer(wl: Workload, data: Data, threads: int, plan: str) -> tuple[Pair
 
 
 def _spark_peer():
-    """The issue-6 hook: ``spark_conn.peer.spark_stream_join(events, window, predicate)
-    -> (result count, seconds)``; None and the reason when it is not there. The hook
-    returns no pairs, so Spark's result is checked by its count only."""
+    """The issue-6 hook: ``spark_conn.peer.spark_stream_join(events, window, predicate,
+    on_pairs=...) -> (result count, seconds)``; None and the reason when it is not there."""
     try:
         import pyspark  # noqa: F401
     except ImportError:
