@@ -92,7 +92,7 @@ def test_peers_bench_small_run(tmp_path):
     assert {"band S=64 zipf", "band S=64 increasing", "band S=64 uniform time",
             "band2d handshake", "eq zipf"} <= names
     # every workload's full-file pairs are the reference's (count and pair digest; Spark's
-    # hook gives a count only), and they are non-trivial
+    # hook hands its pairs too), and they are non-trivial
     for wl in cfg.workloads():
         data = events_for(wl, 256, cfg.seed)
         wl = calibrate(wl, data)
@@ -103,11 +103,8 @@ def test_peers_bench_small_run(tmp_path):
             r for r in recs if (r.workload, r.window) == (wl.name, wl.window)
             and r.status != "ok"]
         for r in ran:
-            if r.peer == "spark":  # its hook returns a count only
-                assert r.pair_digest is None and r.results == want[0], (wl.name, r)
-            else:
-                got = (r.results, r.pair_digest)
-                assert got == want, (wl.name, wl.window, r.peer, got, want)
+            got = (r.results, r.pair_digest)
+            assert got == want, (wl.name, wl.window, r.peer, got, want)
         assert wl.pred == "band2d" or want[0] > 100, wl.name  # 2-D: dense data below
         if wl.window == 512 and wl.pred != "eq":
             # beyond their limit the scans run bounded: fill without joining, then 64
