@@ -49,7 +49,7 @@ from opencl.device import runtime
 from panjoin.config import BISORT_BUFFER
 from panjoin.semantics import I64_MAX, I64_MIN, _int_band, probe_bounds, stored_bands
 from panjoin.subwindow.base import Residual, ResidualError, SubwindowIndex, WindowFilter
-from panjoin.subwindow.bi_sort import RangeResult, buffer_flush, buffer_insert
+from panjoin.subwindow.bi_sort import RangeResult, buffer_flush, buffer_insert, check_state
 from panjoin.subwindow.kernels import window as W
 
 #: the paper's FPGA design: 8 mergers and 8 probers
@@ -369,36 +369,17 @@ class OpenCLBISort(SubwindowIndex):
         return dev + self.bkeys.nbytes + self.bts.nbytes + self.bseq.nbytes
 
     def check(self):
+        """The invariants of every BI-Sort (:func:`panjoin.subwindow.bi_sort.check_state`)
+        over the arrays read back from the device, and the device's buffer = the host's."""
         mk, _, ms = self.main_columns()
-        idx = self.index_array()
-        bk = self._down(self.d_bk, self.nbuf, self.key_dtype)
-        bs = self._down(self.d_bs, self.nbuf)
-        bt = self._down(self.d_bt, self.nbuf)
-
-        def state():
-            return (f"bisort-opencl on {self.device_name}: M={self.m} "
-                    f"nbuf={self.nbuf}/{self.buffer_size} step={self.step} nidx={self.nidx} "
-                    f"cap={self.capacity}\nmain={mk[:40]} index={idx[:20]}")
-
-        m = self.m
-        # sizes within the preallocated arrays
-        assert 0 <= m <= self.capacity, state()
-        assert 0 <= self.nbuf <= self.buffer_size, state()
-        assert m + self.nbuf == len(self) <= self.capacity, state()
-        # main array sorted
-        assert m < 2 or bool(np.all(mk[1:] >= mk[:-1])), "main array not sorted\n" + state()
-        # index array = every step-th main key, step = ceil(M / P)
-        step = max(1, -(-m // self.partitions))
-        assert self.step == step, "wrong index step\n" + state()
-        assert self.nidx == (m + step - 1) // step <= self._nidx_cap, state()
-        assert np.array_equal(idx, mk[::step]), "stale index\n" + state()
-        # the device's buffer equals the host's copy
         n = self.nbuf
+        bk = self._down(self.d_bk, n, self.key_dtype)
+        bs = self._down(self.d_bs, n)
+        bt = self._down(self.d_bt, n)
+        state = check_state(self, mk, ms, self.index_array(), bs, self._nidx_cap,
+                            f" on {self.device_name}")
         assert np.array_equal(bk, self.bkeys[:n]) and np.array_equal(bs, self.bseq[:n]) \
             and np.array_equal(bt, self.bts[:n]), "device buffer differs\n" + state()
-        # every stored tuple once: seq values unique over main array and buffer
-        seqs = np.concatenate([ms, bs])
-        assert np.unique(seqs).shape[0] == seqs.shape[0], "duplicate seq\n" + state()
 
 
 __all__ = ["MERGERS", "OpenCLBISort", "PROBERS"]

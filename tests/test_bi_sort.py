@@ -10,7 +10,19 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from index_helpers import band_property_case, draw_keys, fill, random_filter
+from index_helpers import (
+    MODES,
+    PREDICATES,
+    band_property_cases,
+    buffer_sizes,
+    canon,
+    draw_keys,
+    fill,
+    probe_cases,
+    probe_keys,
+    random_filter,
+)
+from index_helpers import assert_same as assert_same_pairs
 
 from panjoin.semantics import I64_MAX, parse_predicate, probe_bounds
 from panjoin.subwindow import make_index
@@ -18,77 +30,38 @@ from panjoin.subwindow.bi_sort import BISort
 from panjoin.subwindow.kernels import window as W
 from panjoin.subwindow.nested_loop import NestedLoop
 
-PREDICATES = ["eq", "band:3", "bands:-5,-2;4,9", "ne"]
-
-
 # --------------------------------------------------------------------------- helpers
 
 
-def split_sizes(rng, n, pattern, buffer):
-    """Batch sizes summing to n: small (<= buffer), large (> buffer), mixed, one huge."""
-    if pattern == "huge":
-        return [n]
-    sizes = []
-    while sum(sizes) < n:
-        if pattern == "small":
-            s = int(rng.integers(1, buffer + 1))
-        elif pattern == "large":
-            s = int(rng.integers(buffer + 1, 3 * buffer + 2))
-        else:
-            s = int(rng.integers(1, 3 * buffer + 2))
-        sizes.append(min(s, n - sum(sizes)))
-    return sizes
-
-
-def canon(p, s):
-    """The pairs as one sorted array (probe index and seq are small and >= 0 here)."""
-    assert p.shape == s.shape and (p.size == 0 or (p.min() >= 0 and s.min() >= 0))
-    return np.sort((p.astype(np.int64) << 32) | s)
-
-
-def assert_same(bi: BISort, ref: NestedLoop, lo, hi, flt):
-    got = bi.probe(lo, hi, flt)
-    want = ref.probe(lo, hi, flt)
-    assert got[0].dtype == np.int64 and got[1].dtype == np.int64
-    np.testing.assert_array_equal(canon(*got), canon(*want))
-    # the range format, expanded against the main array and filtered, is the same
+def assert_same(bi: BISort, ref: NestedLoop, lo, hi, flt, what=""):
+    """The same pairs as the reference, and the range format, expanded against the main
+    array and filtered, the same again; returns the pair count."""
+    total = assert_same_pairs(bi, ref, lo, hi, flt, what)
     rr = bi.probe_ranges(lo, hi, flt)
     assert np.all(rr.end > rr.start)
     assert np.all(np.diff(rr.probe_idx) >= 0)
     mk, mt, ms = bi.main_columns()
     assert mk.shape[0] == bi.m
     exp = rr.expand(mk, mt, ms, flt)
-    np.testing.assert_array_equal(canon(*exp), canon(*want))
-    return want[0].shape[0]
-
-
-def probe_keys(rng, keys, dist, m):
-    drawn = draw_keys(rng, dist, m, keys.dtype)
-    if keys.shape[0]:
-        hit = keys[rng.integers(0, keys.shape[0], m)]
-        drawn = np.where(rng.random(m) < 0.5, hit, drawn)
-    return np.sort(drawn, kind="stable")
+    np.testing.assert_array_equal(canon(*exp), canon(*ref.probe(lo, hi, flt)), err_msg=what)
+    return total
 
 
 def run_case(dist, pattern, *, n=700, buffer=64, partitions=16, threads=1, seed=0,
-             capacity=None, probes=60, preds=PREDICATES, modes=(W.NONE, W.TIME, W.COUNT)):
+             capacity=None, probes=60, preds=PREDICATES, modes=MODES):
     rng = np.random.default_rng(seed)
     keys = draw_keys(rng, dist, n)
     cap = capacity or n
     bi = BISort(cap, key_dtype=keys.dtype, partitions=partitions, threads=threads,
                 buffer=buffer, par_merge_min=1 if threads > 1 else 1 << 16)
     ref = NestedLoop(cap, key_dtype=keys.dtype)
-    fill([bi, ref], rng, keys, split_sizes(rng, n, pattern, buffer))
+    fill([bi, ref], rng, keys, buffer_sizes(rng, n, pattern, buffer))
     assert len(bi) == n
     total = 0
-    for pred in preds:
-        p = parse_predicate(pred)
-        for side in "RS":
-            pk = probe_keys(rng, keys, dist, probes)
-            lo, hi = probe_bounds(p, side, pk)
-            for mode in modes:
-                total += assert_same(bi, ref, lo, hi, random_filter(rng, mode, probes))
-                bi.check()
+    for case in probe_cases(rng, preds, modes, probes,
+                            lambda r: probe_keys(r, keys, dist, probes)):
+        total += assert_same(bi, ref, *case)
+        bi.check()
     return bi, total
 
 
@@ -121,7 +94,7 @@ def test_duplicates_span_partitions():
     keys = np.repeat(np.array([-3, 0, 2, 9], dtype=np.int64), [90, 300, 7, 203])
     bi = BISort(600, partitions=64, buffer=32)
     ref = NestedLoop(600)
-    fill([bi, ref], rng, rng.permutation(keys), split_sizes(rng, 600, "mixed", 32))
+    fill([bi, ref], rng, rng.permutation(keys), buffer_sizes(rng, 600, "mixed", 32))
     assert bi.step < 300
     for pred in PREDICATES:
         pk = np.sort(rng.choice(np.array([-4, -3, -1, 0, 1, 2, 5, 9, 12]), 40))
@@ -205,7 +178,7 @@ def test_merge_order_is_deterministic_and_thread_independent():
     a = BISort(3000, partitions=50, buffer=40)
     b = BISort(3000, partitions=50, buffer=40, threads=2, par_merge_min=1)
     c = BISort(3000, partitions=50, buffer=40, threads=3, par_merge_min=1)
-    fill([a, b, c], rng, keys, split_sizes(rng, 3000, "mixed", 40))
+    fill([a, b, c], rng, keys, buffer_sizes(rng, 3000, "mixed", 40))
     for x in (b, c):
         for u, v in zip(a.main_columns(), x.main_columns(), strict=True):
             np.testing.assert_array_equal(u, v)
@@ -299,8 +272,7 @@ def test_property_band_join(batches, buffer, partitions, probe, band, threads):
     n = sum(len(b) for b in batches)
     bi = BISort(max(1, n), partitions=partitions, buffer=buffer, threads=threads,
                 par_merge_min=1)
-    lo, hi, want_p, want_s = band_property_case(bi, batches, probe, band)
-    want = canon(want_p, want_s)
-    np.testing.assert_array_equal(canon(*bi.probe(lo, hi)), want)
-    mk, mt, ms = bi.main_columns()
-    np.testing.assert_array_equal(canon(*bi.probe_ranges(lo, hi).expand(mk, mt, ms)), want)
+    for lo, hi, want in band_property_cases(bi, batches, probe, band, sides="RS"):
+        np.testing.assert_array_equal(canon(*bi.probe(lo, hi)), want)
+        mk, mt, ms = bi.main_columns()
+        np.testing.assert_array_equal(canon(*bi.probe_ranges(lo, hi).expand(mk, mt, ms)), want)

@@ -17,8 +17,16 @@ import zlib
 
 import numpy as np
 import pytest
-from index_helpers import draw_keys, fill, random_filter
-from test_bi_sort import PREDICATES, probe_keys, split_sizes
+from index_helpers import (
+    MODES,
+    PREDICATES,
+    buffer_sizes,
+    draw_keys,
+    fill,
+    probe_cases,
+    probe_keys,
+    random_filter,
+)
 
 from opencl.bisort import OpenCLBISort
 from opencl.device import OpenCLError, build_program, choose_device, runtime
@@ -44,51 +52,35 @@ def same_main(cl: OpenCLBISort, nb: BISort):
     assert (cl.m, cl.nbuf, cl.step, cl.nidx) == (nb.m, nb.nbuf, nb.step, nb.nidx)
 
 
-def assert_identical(cl: OpenCLBISort, nb: BISort, lo, hi, flt) -> int:
+def assert_identical(cl: OpenCLBISort, nb: BISort, lo, hi, flt, what="") -> int:
     """Same pairs and same ranges, array for array; returns the pair count."""
     got, want = cl.probe(lo, hi, flt), nb.probe(lo, hi, flt)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == np.int64
-        np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(g, w, err_msg=what)
     rg, rw = cl.probe_ranges(lo, hi, flt), nb.probe_ranges(lo, hi, flt)
     for f in RANGE_FIELDS:
-        np.testing.assert_array_equal(getattr(rg, f), getattr(rw, f), err_msg=f)
+        np.testing.assert_array_equal(getattr(rg, f), getattr(rw, f), err_msg=f"{f} {what}")
     return want[0].shape[0]
 
 
 def fill_both(cl, nb, rng, keys, sizes):
     """``fill`` one batch at a time, comparing the main arrays after every insert."""
-    n = keys.shape[0]
-    seq = rng.permutation(n).astype(np.int64) * 3 + 11
-    ts = rng.integers(0, 1000, n).astype(np.int64)
-    pos = 0
-    for s in sizes:
-        order = np.argsort(keys[pos:pos + s], kind="stable")
-        for ix in (cl, nb):
-            ix.insert(keys[pos:pos + s][order], ts[pos:pos + s][order],
-                      seq[pos:pos + s][order])
-            ix.check()
-        same_main(cl, nb)
-        pos += s
+    fill([cl, nb], rng, keys, sizes, after=lambda: same_main(cl, nb))
 
 
 def run_case(dist, pattern, *, n=600, buffer=48, partitions=16, mergers=8, probers=8,
-             seed=0, probes=80, preds=PREDICATES, modes=(W.NONE, W.TIME, W.COUNT),
-             par_merge_min=0):
+             seed=0, probes=80, preds=PREDICATES, modes=MODES, par_merge_min=0):
     rng = np.random.default_rng(seed)
     keys = draw_keys(rng, dist, n)
     cl = OpenCLBISort(n, key_dtype=keys.dtype, partitions=partitions, buffer=buffer,
                       mergers=mergers, probers=probers, par_merge_min=par_merge_min)
     nb = BISort(n, key_dtype=keys.dtype, partitions=partitions, buffer=buffer)
-    fill_both(cl, nb, rng, keys, split_sizes(rng, n, pattern, buffer))
+    fill_both(cl, nb, rng, keys, buffer_sizes(rng, n, pattern, buffer))
     total = 0
-    for pred in preds:
-        p = parse_predicate(pred)
-        for side in "RS":
-            pk = probe_keys(rng, keys, dist, probes)
-            lo, hi = probe_bounds(p, side, pk)
-            for mode in modes:
-                total += assert_identical(cl, nb, lo, hi, random_filter(rng, mode, probes))
+    for case in probe_cases(rng, preds, modes, probes,
+                            lambda r: probe_keys(r, keys, dist, probes)):
+        total += assert_identical(cl, nb, *case)
     cl.check()
     return cl, nb, total
 
@@ -132,7 +124,7 @@ def test_duplicates_span_partitions():
     keys = np.repeat(np.array([-3, 0, 2, 9], dtype=np.int64), [90, 300, 7, 203])
     cl = OpenCLBISort(600, partitions=64, buffer=32, mergers=4, probers=3, par_merge_min=0)
     nb = BISort(600, partitions=64, buffer=32)
-    fill_both(cl, nb, rng, rng.permutation(keys), split_sizes(rng, 600, "mixed", 32))
+    fill_both(cl, nb, rng, rng.permutation(keys), buffer_sizes(rng, 600, "mixed", 32))
     assert cl.step < 300
     for pred in PREDICATES:
         # many equal probe keys: one prober's chunk and the next start inside one run
@@ -321,7 +313,7 @@ def test_boundary_generator_equals_probe_bounds(dist):
     keys = draw_keys(rng, dist, 400)
     cl = OpenCLBISort(400, key_dtype=keys.dtype, partitions=16, buffer=32, probers=3)
     nb = BISort(400, key_dtype=keys.dtype, partitions=16, buffer=32)
-    fill([cl, nb], rng, keys, split_sizes(rng, 400, "mixed", 32))
+    fill([cl, nb], rng, keys, buffer_sizes(rng, 400, "mixed", 32))
     preds = PREDICATES + ["band:0.5", "bands:0.2,0.8", "bands:-3.5,-1;2,9.5",
                           f"band:{2**63 + 10}", "bands:-9223372036854775807,-5;5,9"]
     for pred in preds:

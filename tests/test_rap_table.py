@@ -16,17 +16,24 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from index_helpers import (
+    MODES,
+    assert_same,
+    band_property_cases,
+    canon,
+    fill,
+    pairs,
+    probe_cases,
+    random_filter,
+)
 
-from panjoin.semantics import parse_predicate, probe_bounds
+from panjoin.semantics import I64_MAX, I64_MIN, parse_predicate, probe_bounds
 from panjoin.subwindow import make_index
-from panjoin.subwindow.base import WindowFilter
 from panjoin.subwindow.kernels import window as W
 from panjoin.subwindow.kernels.rap import adjust_splitters, first_unsorted, quantile_splitters
 from panjoin.subwindow.nested_loop import NestedLoop
 from panjoin.subwindow.rap_table import RaPTable, decode, encode
 
-I64_MIN = np.iinfo(np.int64).min
-I64_MAX = np.iinfo(np.int64).max
 SIGMA = 1.25
 
 # ----------------------------------------------------------------------------- data
@@ -65,21 +72,13 @@ PREDICATES = {
 DISTS = list(PREDICATES)
 
 
-def split_batches(keys: np.ndarray, sizes, rng, keep_order: bool):
-    """Cut keys into batches of the given sizes, each sorted (arrival order kept if asked)."""
-    idx = np.arange(keys.shape[0])
-    if not keep_order:
-        rng.shuffle(idx)
-    out = []
-    start = 0
-    for s in sizes:
-        part = idx[start:start + s]
-        out.append(part[np.argsort(keys[part], kind="stable")])
-        start += s
-    return out
+def arrival(keys: np.ndarray, rng, keep_order: bool) -> np.ndarray:
+    """The keys in arrival order: shuffled, unless their order is the point (increasing)."""
+    return keys if keep_order else rng.permutation(keys)
 
 
 def random_sizes(n: int, rng, small: bool):
+    """One batch, or many small ones (mostly 1-3 tuples, some 7 to 64)."""
     if not small:
         return [n]
     sizes = []
@@ -88,45 +87,14 @@ def random_sizes(n: int, rng, small: bool):
     return sizes
 
 
-def random_filter(mode: int, m: int, n_stored: int, rng) -> WindowFilter:
-    if mode == W.NONE:
-        return WindowFilter.none(m)
-    if mode == W.TIME:
-        c0 = rng.integers(-10, 60, m)
-        return WindowFilter(mode, c0, c0 + rng.integers(0, 80, m), np.zeros(m, np.int64))
-    c1 = rng.integers(0, n_stored + 1, m)
-    return WindowFilter(mode, c1 - rng.integers(1, n_stored + 2, m), c1, rng.integers(0, 100, m))
-
-
-def pairs(result) -> list[tuple[int, int]]:
-    pi, sq = result
-    assert pi.dtype == np.int64 and sq.dtype == np.int64 and pi.shape == sq.shape
-    return sorted(zip(pi.tolist(), sq.tolist(), strict=True))
-
-
-def fill(index_list, keys, ts, seq, batches):
-    for b in batches:
-        for ix in index_list:
-            ix.insert(keys[b], ts[b], seq[b])
-            ix.check()
-
-
-def compare_all(rap, ref, keys, preds, rng, m=60, modes=(W.NONE, W.TIME, W.COUNT)):
+def compare_all(rap, ref, keys, preds, rng, m=60, modes=MODES):
     """Probe both indexes with every predicate, side and filter mode; pairs must agree."""
     probe_keys = np.concatenate([rng.choice(keys, m // 2), gen_like(keys, m - m // 2, rng)])
     probe_keys.sort()
     total = 0
-    for pred in preds:
-        p = parse_predicate(pred)
-        for side in "RS":
-            lo, hi = probe_bounds(p, side, probe_keys)
-            for mode in modes:
-                flt = random_filter(mode, m, len(ref), rng)
-                got = pairs(rap.probe(lo, hi, flt))
-                want = pairs(ref.probe(lo, hi, flt))
-                assert got == want, f"{pred} from {side}, filter mode {mode}"
-                total += len(want)
-                rap.check()
+    for case in probe_cases(rng, preds, modes, m, lambda r: probe_keys):
+        total += assert_same(rap, ref, *case)
+        rap.check()
     return total
 
 
@@ -150,15 +118,12 @@ def test_matches_nested_loop(dist, pattern):
     rng = np.random.default_rng(zlib.crc32(f"{dist}/{pattern}".encode()))
     n = 400
     keys = gen_keys(dist, n, rng)
-    ts = rng.integers(0, 100, n)
-    seq = np.arange(n, dtype=np.int64) * 3 + 5
     dtype = keys.dtype
     rap = RaPTable(n, dtype, partitions=16, threads=3)
     ref = NestedLoop(n, dtype)
     rap.check()
-    batches = split_batches(keys, random_sizes(n, rng, pattern == "many_small"), rng,
-                            keep_order=dist == "increasing")
-    fill([rap, ref], keys, ts, seq, batches)
+    fill([rap, ref], rng, arrival(keys, rng, dist == "increasing"),
+         random_sizes(n, rng, pattern == "many_small"))
     assert len(rap) == n
     assert compare_all(rap, ref, keys, PREDICATES[dist], rng) > 0
 
@@ -171,16 +136,13 @@ def test_successor_subwindows(dist):
     prev = None
     for _ in range(3):
         keys = gen_keys(dist, n, rng)
-        ts = rng.integers(0, 100, n)
-        seq = np.arange(n, dtype=np.int64)
         rap = make_index("rap", n, keys.dtype, partitions=32, threads=2, predecessor=prev)
         assert isinstance(rap, RaPTable)
         if prev is not None:
             assert np.array_equal(rap.splitters, prev.successor_splitters(32))
         ref = NestedLoop(n, keys.dtype)
-        batches = split_batches(keys, random_sizes(n, rng, True), rng,
-                                keep_order=dist == "increasing")
-        fill([rap, ref], keys, ts, seq, batches)
+        fill([rap, ref], rng, arrival(keys, rng, dist == "increasing"),
+             random_sizes(n, rng, True))
         compare_all(rap, ref, keys, PREDICATES[dist][:2], rng, modes=(W.NONE,))
         prev = rap
 
@@ -191,11 +153,9 @@ def test_partition_counts_and_tiny_capacity(P):
     rng = np.random.default_rng(P)
     for n in (1, 10):
         keys = gen_keys("uniform", n, rng)
-        ts = rng.integers(0, 100, n)
-        seq = np.arange(n, dtype=np.int64)
         rap = RaPTable(n, np.int64, partitions=P, threads=2)
         ref = NestedLoop(n, np.int64)
-        fill([rap, ref], keys, ts, seq, split_batches(keys, random_sizes(n, rng, True), rng, False))
+        fill([rap, ref], rng, arrival(keys, rng, False), random_sizes(n, rng, True))
         assert rap.full
         compare_all(rap, ref, keys, ["eq", "band:100", "ne"], rng, m=8)
 
@@ -209,14 +169,14 @@ def test_threads_agree():
     rap = RaPTable(n, np.int64, partitions=64)
     rap.insert(keys, ts, np.arange(n))
     lo, hi = probe_bounds(parse_predicate("band:4"), "R", np.sort(rng.choice(keys, 300)))
-    flt = random_filter(W.COUNT, 300, n, rng)
-    want = pairs(rap.probe(lo, hi, flt))
+    flt = random_filter(rng, W.COUNT, 300, ts_max=100, seq_max=n)
+    want = canon(*rap.probe(lo, hi, flt))
     old = numba.get_num_threads()
     try:
         numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
         for threads in (2, 3, 7, 500):
             rap.threads = threads
-            assert pairs(rap.probe(lo, hi, flt)) == want
+            np.testing.assert_array_equal(canon(*rap.probe(lo, hi, flt)), want)
     finally:
         numba.set_num_threads(old)
 
@@ -236,9 +196,9 @@ def test_large_groups_share_a_partition():
     for pred in ("eq", "band:1", "bands:-7,-3;2,20"):
         for side in "RS":
             lo, hi = probe_bounds(parse_predicate(pred), side, probe_keys)
-            for mode in (W.NONE, W.TIME, W.COUNT):
-                flt = random_filter(mode, 500, n, rng)
-                assert pairs(rap.probe(lo, hi, flt)) == pairs(ref.probe(lo, hi, flt))
+            for mode in MODES:
+                flt = random_filter(rng, mode, 500, ts_max=100, seq_max=n)
+                assert_same(rap, ref, lo, hi, flt, f"{pred} from {side}, filter {mode}")
 
 
 def test_empty_bands_do_not_move_cursors():
@@ -291,21 +251,8 @@ def test_property_against_brute_force(batches, probe, band, P, seeded):
     if seeded:  # a fixed table, possibly with duplicates and splitters outside the data
         opts["splitters"] = np.sort(np.random.default_rng(n).integers(-25, 25, P - 1))
     rap = RaPTable(max(n, 1), np.int64, partitions=P, threads=2, **opts)
-    stored = []
-    for b in batches:
-        k = np.sort(np.array(b, dtype=np.int64))
-        s = np.arange(len(stored), len(stored) + len(k), dtype=np.int64)
-        rap.insert(k, s * 10, s)
-        rap.check()
-        stored.extend(k.tolist())
-    a, w = band
-    pred = parse_predicate(f"bands:{a},{a + w}")
-    pk = np.sort(np.array(probe, dtype=np.int64))
-    for side in "RS":
-        lo, hi = probe_bounds(pred, side, pk)
-        want = sorted((i, s) for i in range(len(pk)) for s, k in enumerate(stored)
-                      if lo[0, i] <= k <= hi[0, i])
-        assert pairs(rap.probe(lo, hi)) == want
+    for lo, hi, want in band_property_cases(rap, batches, probe, band, sides="RS"):
+        np.testing.assert_array_equal(canon(*rap.probe(lo, hi)), want)
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -12,7 +12,18 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from index_helpers import band_property_case, fill, random_filter
+from index_helpers import (
+    MODES,
+    PREDICATES,
+    assert_same,
+    band_property_cases,
+    batch_sizes,
+    canon,
+    fill,
+    probe_cases,
+    probe_keys,
+    random_filter,
+)
 from index_helpers import draw_keys as shared_draw_keys
 
 from panjoin.semantics import I64_MAX, I64_MIN, parse_predicate, probe_bounds
@@ -21,16 +32,15 @@ from panjoin.subwindow.kernels import window as W
 from panjoin.subwindow.nested_loop import NestedLoop
 from panjoin.subwindow.wib_tree import WiBTree, entry_bound, leaf_bound
 
-PREDICATES = ["eq", "band:3", "bands:-5,-2;4,9", "ne"]
 F64_MAX = np.finfo(np.float64).max
 
 
 # --------------------------------------------------------------------------- helpers
 
 
-def draw_keys(rng, dist, n):
+def draw_keys(rng, dist, n, dtype=np.int64):
     # float keys here also take -0.0 and +-F64_MAX: the tree's entry bounds meet them
-    return shared_draw_keys(rng, dist, n, float_extremes=True)
+    return shared_draw_keys(rng, dist, n, dtype, float_extremes=True)
 
 
 def split_sizes(rng, n, pattern):
@@ -38,35 +48,11 @@ def split_sizes(rng, n, pattern):
     if pattern == "huge":
         return [n]
     top = {"single": 1, "tiny": 4, "small": 20, "mixed": 150}[pattern]
-    sizes = []
-    while sum(sizes) < n:
-        sizes.append(min(int(rng.integers(1, top + 1)), n - sum(sizes)))
-    return sizes
-
-
-def canon(p, s):
-    order = np.lexsort((s, p))
-    return np.stack([p[order], s[order]])
-
-
-def assert_same(ix, ref, lo, hi, flt):
-    got = ix.probe(lo, hi, flt)
-    want = ref.probe(lo, hi, flt)
-    assert got[0].dtype == np.int64 and got[1].dtype == np.int64
-    np.testing.assert_array_equal(canon(*got), canon(*want))
-    return want[0].shape[0]
-
-
-def probe_keys(rng, keys, dist, m):
-    drawn = draw_keys(rng, dist, m)
-    if keys.shape[0]:
-        hit = keys[rng.integers(0, keys.shape[0], m)]
-        drawn = np.where(rng.random(m) < 0.5, hit, drawn)
-    return np.sort(drawn, kind="stable")
+    return batch_sizes(rng, n, 1, top)
 
 
 def run_case(dist, pattern, *, n=700, partitions=16, fanout=3, threads=1, seed=0,
-             capacity=None, probes=60, preds=PREDICATES, modes=(W.NONE, W.TIME, W.COUNT),
+             capacity=None, probes=60, preds=PREDICATES, modes=MODES,
              presorted=False, keys=None):
     rng = np.random.default_rng(seed)
     keys = draw_keys(rng, dist, n) if keys is None else keys
@@ -77,17 +63,17 @@ def run_case(dist, pattern, *, n=700, partitions=16, fanout=3, threads=1, seed=0
     ref = NestedLoop(cap, key_dtype=keys.dtype)
     fill([ix, ref], rng, keys, split_sizes(rng, n, pattern), presorted=presorted)
     assert len(ix) == n
+
+    def make_keys(r):
+        pk = probe_keys(r, keys, dist if dist != "increasing" else "uniform", probes,
+                        draw_keys)
+        if dist == "increasing":  # near the stored keys, which run far above the drawn ones
+            pk = np.sort(keys[r.integers(0, n, probes)] + r.integers(-2, 3, probes))
+        return pk
+
     total = 0
-    for pred in preds:
-        p = parse_predicate(pred)
-        for side in "RS":
-            pk = probe_keys(rng, keys, dist if dist != "increasing" else "uniform", probes)
-            if dist == "increasing":
-                pk = np.sort(keys[rng.integers(0, n, probes)] + rng.integers(-2, 3, probes))
-            with np.errstate(over="ignore"):  # bounds next to the largest double
-                lo, hi = probe_bounds(p, side, pk)
-            for mode in modes:
-                total += assert_same(ix, ref, lo, hi, random_filter(rng, mode, probes))
+    for case in probe_cases(rng, preds, modes, probes, make_keys):
+        total += assert_same(ix, ref, *case)
     ix.check()
     return ix, total
 
@@ -282,7 +268,7 @@ def test_check_catches_corruption():
     with pytest.raises(AssertionError, match="size"):
         ix.check()
     ix.lsize[leaf] -= 1
-    ix.meta[5] += 1  # a phantom free entry
+    ix.llat.ptr[1] += 1  # a phantom free entry
     with pytest.raises(AssertionError, match="free"):
         ix.check()
 
@@ -312,6 +298,5 @@ def test_registry_and_memory():
 def test_property_band_join(batches, partitions, fanout, probe, band, threads):
     n = sum(len(b) for b in batches)
     ix = WiBTree(max(1, n), partitions=partitions, fanout=fanout, threads=threads)
-    lo, hi, want_p, want_s = band_property_case(ix, batches, probe, band)
-    want = canon(want_p, want_s)
-    np.testing.assert_array_equal(canon(*ix.probe(lo, hi)), want)
+    for lo, hi, want in band_property_cases(ix, batches, probe, band, sides="RS"):
+        np.testing.assert_array_equal(canon(*ix.probe(lo, hi)), want)

@@ -67,9 +67,8 @@ from panjoin.semantics import (
     parse_window,
     probe_bounds,
 )
+from panjoin.subwindow.kernels.primitives import I64_MAX, I64_MIN
 
-I64_MIN = np.iinfo(np.int64).min
-I64_MAX = np.iinfo(np.int64).max
 STREAMS = ("R", "S")
 
 

@@ -173,6 +173,40 @@ def buffer_flush(ix) -> None:
     ix.nbuf = 0
 
 
+def check_state(ix, mk, ms, idx, bseq, idx_cap: int, where: str = ""):
+    """The invariants every BI-Sort keeps, wherever its arrays live (the Numba one and its
+    OpenCL twin): sizes within the preallocated arrays, the main array sorted, the index
+    array = every step-th main key with step = ceil(M / P), every stored seq once.
+
+    ``mk, ms``: main rows [0, M) (keys, seqs); ``idx``: the index array's ``nidx``
+    entries; ``bseq``: the buffer's seqs; ``idx_cap``: the index array's capacity;
+    ``where``: added to the state dump (e.g. the device). Returns the dump function, for
+    the caller's own asserts."""
+
+    def state():
+        return (f"{ix.kind}{where}: M={ix.m} nbuf={ix.nbuf}/{ix.buffer_size} "
+                f"step={ix.step} nidx={ix.nidx} cap={ix.capacity}\n"
+                f"main={mk[:40]} index={idx[:20]}")
+
+    m = ix.m
+    # sizes within the preallocated arrays
+    assert 0 <= m <= ix.capacity, state()
+    assert 0 <= ix.nbuf <= ix.buffer_size, state()
+    assert m + ix.nbuf == len(ix) <= ix.capacity, state()
+    # main array sorted
+    assert mk.shape[0] == m and ms.shape[0] == m, "main columns of the wrong length\n" + state()
+    assert m < 2 or bool(np.all(mk[1:] >= mk[:-1])), "main array not sorted\n" + state()
+    # index array = every step-th main key, step = ceil(M / P)
+    step = max(1, -(-m // ix.partitions))
+    assert ix.step == step, "wrong index step\n" + state()
+    assert ix.nidx == (m + step - 1) // step <= idx_cap, state()
+    assert np.array_equal(idx, mk[::step]), "stale index\n" + state()
+    # every stored tuple once: seq values unique over main array and buffer
+    seqs = np.concatenate([ms, bseq])
+    assert np.unique(seqs).shape[0] == seqs.shape[0], "duplicate seq\n" + state()
+    return state
+
+
 class BISort(SubwindowIndex):
     """Sorted main array + insertion buffer + index array; see the module docstring."""
 
@@ -323,27 +357,9 @@ class BISort(SubwindowIndex):
         return self.nbytes / (24 * self.capacity)
 
     def check(self):
-        def state():
-            return (f"bisort: M={self.m} nbuf={self.nbuf}/{self.buffer_size} "
-                    f"step={self.step} nidx={self.nidx} cap={self.capacity}\n"
-                    f"main={self.mkeys[:min(self.m, 40)]} index={self.index[:self.nidx][:20]}")
-
         m = self.m
-        # sizes within the preallocated arrays
-        assert 0 <= m <= self.capacity, state()
-        assert 0 <= self.nbuf <= self.buffer_size, state()
-        assert m + self.nbuf == len(self) <= self.capacity, state()
-        # main array sorted
-        mk = self.mkeys[:m]
-        assert m < 2 or bool(np.all(mk[1:] >= mk[:-1])), "main array not sorted\n" + state()
-        # index array = every step-th main key, step = ceil(M / P)
-        step = max(1, -(-m // self.partitions))
-        assert self.step == step, "wrong index step\n" + state()
-        assert self.nidx == (m + step - 1) // step <= self.index.shape[0], state()
-        assert np.array_equal(self.index[:self.nidx], mk[::step]), "stale index\n" + state()
-        # every stored tuple once: seq values unique over main array and buffer
-        seqs = np.concatenate([self.mseq[:m], self.bseq[:self.nbuf]])
-        assert np.unique(seqs).shape[0] == seqs.shape[0], "duplicate seq\n" + state()
+        state = check_state(self, self.mkeys[:m], self.mseq[:m], self.index[:self.nidx],
+                            self.bseq[:self.nbuf], self.index.shape[0])
         # key2 permuted with the main array agrees with key2 by arrival position
         if self.mk2 is not None and self._k2 is not None and m:
             want = self._k2[self.mseq[:m] - self._k2base]

@@ -66,6 +66,7 @@ import numpy as np
 
 from panjoin.config import LLAT_SIGMA
 from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter
+from panjoin.subwindow.kernels.primitives import I64_MAX, I64_MIN
 from panjoin.subwindow.kernels.rap import (
     adjust_splitters,
     first_unsorted,
@@ -75,9 +76,6 @@ from panjoin.subwindow.kernels.rap import (
     rap_probe,
 )
 from panjoin.subwindow.llat import LLAT
-
-I64_MIN = np.iinfo(np.int64).min
-I64_MAX = np.iinfo(np.int64).max
 
 
 def encode(keys: np.ndarray) -> np.ndarray:
@@ -207,7 +205,7 @@ class RaPTable(SubwindowIndex):
             self._spl = quantile_splitters(codes, self.partitions)
         L = self.llat
         ok = rap_insert(self._spl, self.count, self.mn, self.mx, L.keys, L.ts, L.seq,
-                        L.head, L.nxt, L.last, L.ptr, L.cap, codes, ts, seq)
+                        L.head, L.tail, L.nxt, L.last, L.ptr, L.free, L.cap, codes, ts, seq)
         if not ok:  # 2P entries always suffice (see llat.py): this is a bug, not bad input
             raise RuntimeError("rap: LLAT ran out of entries")
         self.n += m

@@ -85,13 +85,15 @@ beyond PtrG.
 from __future__ import annotations
 
 import math
-import mmap
 
 import numpy as np
 
 from panjoin.config import LLAT_SIGMA, WIB_FANOUT
 from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter
-from panjoin.subwindow.kernels import wib as K
+from panjoin.subwindow.kernels.primitives import I64_MAX, I64_MIN
+from panjoin.subwindow.kernels.wib import layout as K
+from panjoin.subwindow.kernels.wib.insert import wib_insert
+from panjoin.subwindow.kernels.wib.probe import wib_probe
 from panjoin.subwindow.llat import LLAT
 
 _ERRORS = {
@@ -102,13 +104,14 @@ _ERRORS = {
 
 
 def _lowest(dtype):
-    return np.iinfo(np.int64).min if dtype == np.int64 else -np.inf
+    return I64_MIN if dtype == np.int64 else -np.inf
 
 
 def _key_after(x, dtype):
-    """(True, smallest key > x) or (False, None) at the top of the key type."""
+    """(True, smallest key > x) or (False, None) at the top of the key type (the Python twin
+    of :func:`panjoin.subwindow.kernels.primitives.key_after`, for check())."""
     if dtype == np.int64:
-        return (False, None) if x == np.iinfo(np.int64).max else (True, int(x) + 1)
+        return (False, None) if x == I64_MAX else (True, int(x) + 1)
     with np.errstate(over="ignore"):
         y = np.nextafter(np.float64(x), np.inf)
     return (bool(y < np.inf), y)
@@ -161,29 +164,6 @@ def node_bound(leaves: int, fanout: int) -> int:
 #: most speculative output slots a probe allocates (all chunks together; 2 x 8 B each)
 _SLAB_SLOTS = 1 << 22
 
-#: arrays at least this large are backed by transparent huge pages where the OS allows
-_HUGE_MIN_BYTES = 4 << 20
-
-
-def _huge_empty(n: int, dtype) -> np.ndarray:
-    """An uninitialised array on an anonymous mapping advised for transparent huge pages.
-
-    The LLAT is sized for the worst case and filled front to back (PtrG), so
-    only its used prefix is ever touched; 2 MiB pages make those first touches
-    512 times fewer page faults. Falls back to ``np.empty`` for small arrays.
-    """
-    dtype = np.dtype(dtype)
-    nb = n * dtype.itemsize
-    if nb < _HUGE_MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return np.empty(n, dtype=dtype)
-    mm = mmap.mmap(-1, nb, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        mm.madvise(mmap.MADV_HUGEPAGE)
-    except OSError:
-        pass  # THP disabled: ordinary pages, still correct
-    return np.frombuffer(mm, dtype=dtype, count=n)
-
-
 class WiBTree(SubwindowIndex):
     """Wide B+-Tree over one subwindow.
 
@@ -205,15 +185,12 @@ class WiBTree(SubwindowIndex):
         width = max(1, math.ceil(self.capacity / self.partitions * sigma))  # = LLAT.cap
         self.max_leaves = leaf_bound(self.capacity, width)
         n_entries = entry_bound(self.capacity, width)
+        # entries freed by splits are reused; the worst-case sized columns sit on huge pages
         self.llat = LLAT(self.capacity, self.partitions, self.key_dtype, sigma=sigma,
-                         entries=n_entries, normal_entries=0)
+                         entries=n_entries, normal_entries=0, reuse=True, huge_pages=True)
         L = self.llat
         assert L.cap == width
         self.width = width
-        L.keys = _huge_empty(L.keys.shape[0], self.key_dtype)
-        L.ts = _huge_empty(L.ts.shape[0], np.int64)
-        L.seq = _huge_empty(L.seq.shape[0], np.int64)
-        self.free = np.empty(n_entries, dtype=np.int64)
         n_nodes = node_bound(self.max_leaves, fanout)
         self.ikeys = np.empty((n_nodes, fanout + 1), dtype=self.key_dtype)
         self.ichild = np.empty((n_nodes, fanout + 2), dtype=np.int64)
@@ -254,7 +231,7 @@ class WiBTree(SubwindowIndex):
     @property
     def _store(self):
         L = self.llat
-        return L.keys, L.ts, L.seq, L.head, L.tail, L.nxt, L.last, L.ptr, self.free
+        return L.keys, L.ts, L.seq, L.head, L.tail, L.nxt, L.last, L.ptr, L.free
 
     @property
     def height(self) -> int:
@@ -282,7 +259,7 @@ class WiBTree(SubwindowIndex):
         if bad.shape[0]:
             raise ValueError(f"wib: insert batch is not sorted by key (position {bad[0] + 1})")
         q = (self.width + 4) // 4
-        st = K.wib_insert(self._tree, self._leaf, self._store, self.meta, self.width,
+        st = wib_insert(self._tree, self._leaf, self._store, self.meta, self.width,
                           self.fanout, q, keys, ts, seq)
         if st != K.OK:  # the bounds above say this cannot happen: a bug, not bad input
             raise RuntimeError(f"wib: {_ERRORS.get(st, st)}")
@@ -300,9 +277,9 @@ class WiBTree(SubwindowIndex):
         # the leaves are read once; a chunk that overflows its slab is probed again
         chunk = -(-m // parts)
         slab = min(int(chunk * self._hint * 1.25) + 16, _SLAB_SLOTS // parts)
-        out = K.wib_probe(self._tree, self._leaf, self._store, self.meta[K.ROOT],
-                          self.meta[K.HEIGHT], self.width, lo, hi, flt.mode, c0, c1, c2,
-                          parts, slab)
+        out = wib_probe(self._tree, self._leaf, self._store, self.meta[K.ROOT],
+                        self.meta[K.HEIGHT], self.width, lo, hi, flt.mode, c0, c1, c2, parts,
+                        slab)
         self._hint = out[0].shape[0] / m
         return self._keep_residual(out[0], out[1], res, m)
 
@@ -311,8 +288,7 @@ class WiBTree(SubwindowIndex):
 
     @property
     def nbytes(self):
-        arrays = (self.free, self.ikeys, self.ichild, self.icnt, self.linfo, self.lkey,
-                  self.meta)
+        arrays = (self.ikeys, self.ichild, self.icnt, self.linfo, self.lkey, self.meta)
         return self.llat.nbytes + sum(a.nbytes for a in arrays)
 
     # ------------------------------------------------------------------ invariants
@@ -426,15 +402,6 @@ class WiBTree(SubwindowIndex):
                 assert ok and hi[i] == after, (
                     f"wib: sealed leaf {v} = {lo[i]} but the next leaf starts at {hi[i]}")
         assert total == n == len(self), f"wib: leaves hold {total}, size says {n} {state}"
-        firsts = first
-        # LLAT: chains disjoint, full before chained, last[] right, PtrG in range
-        assert L.check(firsts) == n, f"wib: LLAT count differs {state}"
-        ptr = int(L.ptr[0])
-        top = int(meta[K.FREETOP])
-        used = {e for f in firsts for e in L.chain(int(f))}
-        free = self.free[:top].tolist()
-        assert len(set(free)) == top and not (used & set(free)), f"wib: free stack bad {state}"
-        assert all(0 <= e < ptr for e in free), f"wib: free entry beyond PtrG {state}"
-        assert len(used) + top == ptr, (
-            f"wib: {ptr} entries below PtrG, {len(used)} used + {top} free {state}")
-        assert ptr <= L.n_entries, f"wib: PtrG {ptr} beyond {L.n_entries} entries"
+        # LLAT: chains disjoint, full before chained, last[] right, PtrG in range, every
+        # entry below PtrG in one leaf's chain or on the free stack
+        assert L.check(first) == n, f"wib: LLAT count differs {state}"

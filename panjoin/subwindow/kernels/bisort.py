@@ -40,13 +40,15 @@ found from its start (a step or two at S ~ 1). Example, step 4, main
 first entry > 4 is also 8 -> end from row 1 on: 3 (keys 3 3).
 ``[9, 9]``: from q = 1, first entry >= 9 is 12 (q = 2) -> start in (4, 8]: 5;
 end from row 5: 8 (keys 9 9 9). The unsorted insertion buffer is scanned linearly
-per probe tuple (the paper's nested loop over a small, cache-resident buffer).
+per probe tuple (the paper's nested loop over a small, cache-resident buffer: the shared
+unsorted-band scan, :func:`panjoin.subwindow.kernels.scan.scan_bands`).
 """
 
 import numpy as np
 from numba import njit, prange
 
 from panjoin.config import NJIT, NJIT_PAR
+from panjoin.subwindow.kernels.scan import scan_bands
 from panjoin.subwindow.kernels.search import (
     chunk_bounds,
     gallop_left_range,
@@ -314,49 +316,6 @@ def locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en):
                 prev_h = h
 
 
-# Per-probe-tuple helpers are inlined into the drivers: a call that passes arrays costs
-# reference-count traffic on every array, more than the helper's own work.
-
-
-@njit(inline="always", **NJIT)
-def _buffer_count(bk, bt, bs, nbuf, lo, hi, mode, c0, c1, c2, i):
-    """Buffer tuples matching probe tuple i: a linear scan (the buffer is unsorted)."""
-    c = 0
-    for b in range(lo.shape[0]):
-        l = lo[b, i]
-        h = hi[b, i]
-        if l > h:
-            continue
-        cand = 0
-        for p in range(nbuf):
-            k = bk[p]
-            cand += (k >= l) & (k <= h)  # branch-free, vectorisable
-        if cand == 0 or mode == NONE:
-            c += cand
-            continue
-        for p in range(nbuf):
-            k = bk[p]
-            if k >= l and k <= h and in_window(mode, c0[i], c1[i], c2[i], bs[p], bt[p]):
-                c += 1
-    return c
-
-
-@njit(inline="always", **NJIT)
-def _buffer_fill(bk, bt, bs, nbuf, lo, hi, mode, c0, c1, c2, i, out_seq, pos):
-    """Write the buffer matches of probe tuple i from out_seq[pos]; returns the new end."""
-    for b in range(lo.shape[0]):
-        l = lo[b, i]
-        h = hi[b, i]
-        if l > h:
-            continue
-        for p in range(nbuf):
-            k = bk[p]
-            if k >= l and k <= h and in_window(mode, c0[i], c1[i], c2[i], bs[p], bt[p]):
-                out_seq[pos] = bs[p]
-                pos += 1
-    return pos
-
-
 @njit(**NJIT_PAR)
 def probe_kernel(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi,
                  mode, c0, c1, c2, parts, ranges):
@@ -378,6 +337,9 @@ def probe_kernel(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi,
     counts = np.zeros(n + 1, dtype=np.int64)  # main pairs, or main records
     bcount = np.zeros(n + 1, dtype=np.int64)  # buffer pairs
     cb = chunk_bounds(n, parts)
+    empty = np.empty(0, dtype=np.int64)
+    no_k2 = np.empty(0, dtype=np.float64)  # no residual: key2 and its bounds are never read
+    no_res = np.empty((0, 0), dtype=np.float64)
     for t in prange(parts):
         i0 = cb[t]
         i1 = cb[t + 1]
@@ -397,7 +359,8 @@ def probe_kernel(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi,
             counts[i + 1] = c
         if nbuf > 0:
             for i in range(i0, i1):
-                bcount[i + 1] = _buffer_count(bk, bt, bs, nbuf, lo, hi, mode, c0, c1, c2, i)
+                bcount[i + 1] = scan_bands(bk, bt, bs, no_k2, nbuf, lo, hi, i, mode, c0, c1, c2,
+                                           no_res, no_res, False, False, empty, 0, 0, False)
     if not ranges:
         for i in range(n):
             counts[i + 1] += bcount[i + 1]
@@ -432,13 +395,14 @@ def probe_kernel(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi,
                             pos += 1
             if bcount[i + 1] > 0:
                 if ranges:
-                    end = _buffer_fill(bk, bt, bs, nbuf, lo, hi, mode, c0, c1, c2, i,
-                                       buf_seq, boffs[i])
+                    end = scan_bands(bk, bt, bs, no_k2, nbuf, lo, hi, i, mode, c0, c1, c2,
+                                     no_res, no_res, False, True, buf_seq, boffs[i],
+                                     boffs[i + 1], False)
                     for x in range(boffs[i], end):
                         buf_probe[x] = i
                 else:
-                    pos = _buffer_fill(bk, bt, bs, nbuf, lo, hi, mode, c0, c1, c2, i,
-                                       out_a, pos)
+                    pos = scan_bands(bk, bt, bs, no_k2, nbuf, lo, hi, i, mode, c0, c1, c2,
+                                     no_res, no_res, False, True, out_a, pos, offs[i + 1], False)
             for x in range(offs[i], pos):
                 out_probe[x] = i
     return out_probe, out_a, out_b, buf_probe, buf_seq

@@ -30,13 +30,12 @@ Algorithm 1 on the paper's Figure 3 shape (N = 16, P = 4, so bal_j = 4 j)::
 """
 
 import numpy as np
-from llvmlite import ir
 from numba import njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 
 from panjoin.config import NJIT, NJIT_PAR
 from panjoin.subwindow.kernels.llat import llat_push_run
+from panjoin.subwindow.kernels.primitives import I64_MAX, I64_MIN, lowest, prefetch_read
 from panjoin.subwindow.kernels.search import (
     chunk_bounds,
     gallop_left,
@@ -46,28 +45,15 @@ from panjoin.subwindow.kernels.search import (
 )
 from panjoin.subwindow.kernels.window import in_window
 
-I64_MIN = np.iinfo(np.int64).min
-I64_MAX = np.iinfo(np.int64).max
-
-
 # --------------------------------------------------------------------------- typed helpers
-# Numba specialises a kernel per key dtype; these two pick the int64 or the float64
-# variant of the few lines that differ (Algorithm 1 runs on key values of either type).
-
-
-def lowest(arr):
-    """Smallest value of arr's dtype (I64_MIN or -inf): the table's s_0."""
+# Numba specialises a kernel per key dtype; this one picks the int64 or the float64
+# variant of Algorithm 1's interpolation (it runs on key values of either type; the
+# table's s_0 is :func:`~panjoin.subwindow.kernels.primitives.lowest`).
 
 
 def interp_splitter(a, b, frac):
     """``a + frac * (b - a)`` clamped to [a, b], without int64 overflow."""
-
-
-@overload(lowest)
-def _lowest_ov(arr):
-    if isinstance(arr.dtype, types.Integer):
-        return lambda arr: I64_MIN
-    return lambda arr: -np.inf
+    raise NotImplementedError("interp_splitter runs inside Numba kernels only")
 
 
 @overload(interp_splitter)
@@ -116,33 +102,12 @@ def _interp_ov(a, b, frac):
     return impl_float
 
 
-@intrinsic
-def prefetch(typingctx, arr, idx):
-    """``llvm.prefetch`` of ``arr[idx]`` for reading (no effect on results)."""
-    sig = types.void(arr, idx)
-
-    def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        # read, high temporal locality, data cache
-        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3),
-                          ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 @njit(inline="always", **NJIT)
 def _prefetch_partition(keys, head, tail, cap, p):
     """Ask for the keys of partition p's first entry, one request per 64-byte line."""
     base = p * cap
     for s in range(base + tail[p], base + head[p], 8):
-        prefetch(keys, s)
+        prefetch_read(keys, s)
 
 
 # --------------------------------------------------------------------------- splitters
@@ -253,7 +218,8 @@ def float_codes(x, out):
 
 
 @njit(**NJIT)
-def rap_insert(spl, count, mn, mx, keys, ts, seq, head, nxt, last, ptr, cap, bk, bt, bs):
+def rap_insert(spl, count, mn, mx, keys, ts, seq, head, tail, nxt, last, ptr, free, cap, bk, bt,
+               bs):
     """Insert a sorted batch; False if the LLAT ran out of entries (cannot happen, see LLAT).
 
     Per run of batch tuples with one target partition p: the rebounding search on
@@ -273,7 +239,8 @@ def rap_insert(spl, count, mn, mx, keys, ts, seq, head, nxt, last, ptr, cap, bk,
             end = gallop_left(bk, spl[j], i + 1)
         else:
             end = m
-        if not llat_push_run(keys, ts, seq, head, nxt, last, ptr, cap, p, bk, bt, bs, i, end):
+        if llat_push_run(keys, ts, seq, head, tail, nxt, last, ptr, free, cap, p, bk, bt, bs, i,
+                         end) < 0:
             return False
         count[p] += end - i
         if bk[i] < mn[p]:

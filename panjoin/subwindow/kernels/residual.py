@@ -28,17 +28,9 @@ from numba import njit, prange
 
 from panjoin.config import NJIT, NJIT_PAR
 from panjoin.subwindow.kernels.bisort import locate_chunk
+from panjoin.subwindow.kernels.scan import BLOCK, res_ok, scan_band
 from panjoin.subwindow.kernels.search import chunk_bounds
 from panjoin.subwindow.kernels.window import NONE, TIME, in_window
-
-
-@njit(inline="always", **NJIT)
-def res_ok(lo2, hi2, i, k2):
-    """Stored key2 ``k2`` inside one of probe tuple i's residual intervals."""
-    for b in range(lo2.shape[0]):
-        if k2 >= lo2[b, i] and k2 <= hi2[b, i]:
-            return True
-    return False
 
 
 @njit(**NJIT)
@@ -55,10 +47,6 @@ def residual_keep(pidx, seq, k2pos, base, lo2, hi2):
             os_[k] = seq[j]
             k += 1
     return op[:k], os_[:k]
-
-
-#: candidates per block of the fill pass's branch-free pre-check
-BLOCK = 32
 
 
 @njit(inline="always", **NJIT)
@@ -131,7 +119,8 @@ def bisort_probe_residual(mk, mt, ms, mk2, m, idx, nidx, step, bk, bt, bs, nbuf,
     both the residual and the window condition; a prefix sum gives each probe tuple
     its output slots; pass 2 writes them. Residual bands are disjoint, so a stored
     tuple passes at most one: counting per residual band is exact, and each per-band
-    count over a range is branch-free. Returns ``(probe_idx, seq)``.
+    count over a range is branch-free. The buffer is scanned by the unsorted-band scan
+    with the residual, on its key2 gathered once per call. Returns ``(probe_idx, seq)``.
     """
     nb, n = lo.shape
     nb2 = lo2.shape[0]
@@ -139,6 +128,10 @@ def bisort_probe_residual(mk, mt, ms, mk2, m, idx, nidx, step, bk, bt, bs, nbuf,
     en = np.empty((nb, n), dtype=np.int64)
     counts = np.zeros(n + 1, dtype=np.int64)
     cb = chunk_bounds(n, parts)
+    empty = np.empty(0, dtype=np.int64)
+    bk2 = np.empty(nbuf, dtype=np.float64)  # key2 of the buffer rows
+    for p in range(nbuf):
+        bk2[p] = k2pos[bs[p] - base]
     for t in prange(parts):
         i0 = cb[t]
         i1 = cb[t + 1]
@@ -157,11 +150,8 @@ def bisort_probe_residual(mk, mt, ms, mk2, m, idx, nidx, step, bk, bt, bs, nbuf,
                         continue
                     c += _range_count(mk2, mt, ms, k2pos, base, permuted, st[b, i], en[b, i],
                                       l2, h2, mode, c0[i], c1[i], c2[i])
-                for p in range(nbuf):
-                    k = bk[p]
-                    if k >= l and k <= h and res_ok(lo2, hi2, i, k2pos[bs[p] - base]) \
-                            and in_window(mode, c0[i], c1[i], c2[i], bs[p], bt[p]):
-                        c += 1
+                c = scan_band(bk, bt, bs, bk2, nbuf, l, h, i, mode, c0, c1, c2, lo2, hi2, True,
+                              False, empty, c, 0, False)
             counts[i + 1] = c
     offs = np.cumsum(counts)
     out_probe = np.empty(offs[n], dtype=np.int64)
@@ -184,12 +174,8 @@ def bisort_probe_residual(mk, mt, ms, mk2, m, idx, nidx, step, bk, bt, bs, nbuf,
                     pos = _range_fill(mk2, mt, ms, k2pos, base, permuted, st[b, i], en[b, i],
                                       l2, h2, mode, c0[i], c1[i], c2[i], out_seq, pos,
                                       offs[i + 1])
-                for p in range(nbuf):
-                    k = bk[p]
-                    if k >= l and k <= h and res_ok(lo2, hi2, i, k2pos[bs[p] - base]) \
-                            and in_window(mode, c0[i], c1[i], c2[i], bs[p], bt[p]):
-                        out_seq[pos] = bs[p]
-                        pos += 1
+                pos = scan_band(bk, bt, bs, bk2, nbuf, l, h, i, mode, c0, c1, c2, lo2, hi2,
+                                True, True, out_seq, pos, offs[i + 1], False)
             for x in range(offs[i], pos):
                 out_probe[x] = i
     return out_probe, out_seq
