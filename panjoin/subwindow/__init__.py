@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 
+from panjoin.config import INDEX_KINDS
 from panjoin.subwindow.base import Residual, ResidualError, SubwindowIndex, WindowFilter
 
 _CLASSES = {
@@ -26,7 +27,8 @@ _CLASSES = {
     "sortedlist": ("panjoin.baselines.sorted_list", "SortedListIndex"),
     "bisort-opencl": ("opencl.bisort", "OpenCLBISort"),
 }
-INDEX_KINDS = tuple(_CLASSES)
+if tuple(_CLASSES) != INDEX_KINDS:  # the CLI's list (panjoin.config) and the classes agree
+    raise ImportError(f"panjoin.config.INDEX_KINDS {INDEX_KINDS} != {tuple(_CLASSES)}")
 
 
 def index_class(kind: str) -> type[SubwindowIndex]:
