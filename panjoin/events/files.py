@@ -59,6 +59,11 @@ def _check_readable(path: str) -> None:
         ) from None
 
 
+def _not_parquet(path, e) -> Exception:
+    return _fail(path, f"is not a readable Parquet file ({e})",
+                 "check that it is Parquet; a CSV file must be named .csv")
+
+
 def read_events(path) -> EventTable:
     """Read and validate an event file (Parquet or CSV, by suffix)."""
     path = os.fspath(path)
@@ -69,11 +74,7 @@ def read_events(path) -> EventTable:
     try:
         schema = pq.read_schema(path)
     except (pa.ArrowException, OSError) as e:
-        raise _fail(
-            path,
-            f"is not a readable Parquet file ({e})",
-            "check that it is Parquet; a CSV file must be named .csv",
-        ) from e
+        raise _not_parquet(path, e) from e
     names = schema.names
     _check_columns(names, path)
     stream_type = schema.field("stream").type
@@ -87,11 +88,7 @@ def read_events(path) -> EventTable:
             read_dictionary=["stream"] if is_text else None,
         )
     except (pa.ArrowException, OSError) as e:
-        raise _fail(
-            path,
-            f"is not a readable Parquet file ({e})",
-            "check that it is Parquet; a CSV file must be named .csv",
-        ) from e
+        raise _not_parquet(path, e) from e
     return EventTable.from_arrow(table, path)
 
 
