@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -183,3 +184,17 @@ def test_every_command_has_a_runner():
     assert runners["bench peers"].__name__ == "run_peers"
     assert runners["bench system"].__name__ == "run_system"
     assert runners["pipeline"].__module__ == "spark_conn.cli"
+
+
+def test_the_installed_panjoin_command_runs():
+    """The console script that pyproject's [project.scripts] installs (what the README
+    tells users to type), not ``python -m``: its entry point must name a callable."""
+    import importlib.metadata
+
+    (ep,) = [e for e in importlib.metadata.entry_points(group="console_scripts")
+             if e.name == "panjoin"]
+    assert callable(ep.load()), f"{ep.value} is not a function"
+    script = Path(sys.executable).parent / "panjoin"
+    run = subprocess.run([str(script), "--help"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "usage: panjoin" in run.stdout
