@@ -84,6 +84,9 @@ class OpenCLBISort(SubwindowIndex):
     """
 
     kind = "bisort-opencl"
+    #: the buffer is appended to (each batch copied to the device as it comes) and
+    #: scanned by the device's probe kernel; sorted only when merged
+    sorted_buffer = False
 
     def __init__(self, capacity, key_dtype=np.int64, partitions=1024, threads=1,
                  predecessor=None, **opts):

@@ -28,6 +28,7 @@ from panjoin.semantics import I64_MAX, parse_predicate, probe_bounds
 from panjoin.subwindow import make_index
 from panjoin.subwindow.bi_sort import BISort
 from panjoin.subwindow.kernels import window as W
+from panjoin.subwindow.kernels.bisort import DENSE_GAP
 from panjoin.subwindow.nested_loop import NestedLoop
 
 # --------------------------------------------------------------------------- helpers
@@ -85,6 +86,29 @@ def test_two_threads(dist):
     # parallel merge pieces (par_merge_min = 1) and two probe chunks
     for pattern in ("small", "large", "mixed"):
         run_case(dist, pattern, threads=2, seed=5, probes=300, modes=(W.NONE, W.COUNT))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_dense_and_sparse_probe_paths(threads):
+    """A batch with fewer probe tuples than main rows / DENSE_GAP finds its bounds through
+    the index array and lockstep searches, a denser one by galloping over the main array:
+    both against the nested loop, with tuples in the sorted buffer too."""
+    n = 10_000  # 140 probe tuples: sparse, also in each of two threads' chunks
+    for probes, dense in ((4, False), (140, False), (3 * n // DENSE_GAP, True)):
+        assert (probes * DENSE_GAP >= n) == dense
+        total = 0
+        for dist in ("uniform", "extreme", "float"):  # not ne or equal keys: W^2 pairs
+            rng = np.random.default_rng(zlib.crc32(f"{dist}/{probes}".encode()))
+            keys = draw_keys(rng, dist, n)
+            bi = BISort(n, key_dtype=keys.dtype, partitions=32, threads=threads, buffer=200,
+                        par_merge_min=1 if threads > 1 else 1 << 16)
+            ref = NestedLoop(n, key_dtype=keys.dtype)
+            fill([bi, ref], rng, keys, [4000, 3000, 2850, 100, 50])  # 150 stay buffered
+            assert bi.nbuf == 150
+            for case in probe_cases(rng, PREDICATES[:3], MODES, probes,
+                                    lambda r, k=keys, d=dist, m=probes: probe_keys(r, k, d, m)):
+                total += assert_same(bi, ref, *case)
+        assert total > 0
 
 
 def test_duplicates_span_partitions():

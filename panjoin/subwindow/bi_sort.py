@@ -3,24 +3,27 @@
 A subwindow kept fully sorted, made cheap to insert into by an insertion buffer and
 cheap to search by an index array::
 
-    main array (sorted, preallocated at capacity; M used)      insertion buffer (B, unsorted)
+    main array (sorted, preallocated at capacity; M used)      insertion buffer (B, sorted)
     ┌────────────┬────────────┬────────────┬─────┬───────┐       ┌──────────┬──────┐
-    │ partition 0│ partition 1│ partition 2│ ... │ free  │       │ 20 1 26  │ free │
+    │ partition 0│ partition 1│ partition 2│ ... │ free  │       │ 1 20 26  │ free │
     └────────────┴────────────┴────────────┴─────┴───────┘       └──────────┴──────┘
       ▲ idx[0]     ▲ idx[1]     ▲ idx[2]      index array: every step-th key,
                                               step = ceil(M / P), rebuilt after a merge
 
 - insert (a sorted batch of K tuples): K > B -> merged straight into the main array
-  (the buffer stays); otherwise appended to the buffer, which, if the batch would
-  overflow it, is first sorted and merged into the main array. A merge runs in
+  (the buffer stays); otherwise merged into the buffer, which stays sorted, after
+  the buffer, if the batch would overflow it, is merged into the main array. A merge runs in
   place from the back of the preallocated columns, O(M + K) but touching only the
   tuples that move, split over threads at merge-path co-ranks (III-G3).
 - probe (a sorted batch, per band a closed interval [lo, hi]): the matches in the
   main array are one contiguous range [start, end); each bound is found by the
   rebounding binary search on the index array, with cursors that only move right
   over the batch (the merge-like scan), then inside its one partition (32 probe
-  tuples' searches in lockstep, so that their cache misses overlap). The buffer
-  is scanned linearly. Chunks of the batch run on ``threads`` threads. Results
+  tuples' searches in lockstep, so that their cache misses overlap); a dense
+  batch (a probe tuple per 64 main rows or more) gallops over the main array
+  itself. The sorted buffer's ranges are found the same way. Chunks of the batch
+  run on ``threads`` threads; one thread runs a leaner kernel (one pass over the
+  ranges, no parallel region). Results
   are pairs (``probe``), or ranges of the main array plus the buffer's pairs
   (``probe_ranges``), which the manager expands against its mirror of the main
   array (``main_columns``).
@@ -39,7 +42,7 @@ Worked trace, P = 3, B = 4, a dozen keys::
         main  [2 5 9 | 12 17 23 | 30]       M = 7, step = ceil(7/3) = 3
         index [2 12 30]
     insert [5 14]               fits: buffer [5 14]
-    insert [1 20 26]            2 + 3 > B: sort buffer, merge it (back to front:
+    insert [1 20 26]            2 + 3 > B: merge the buffer (back to front:
                                 30 23 17 14 12 9 5 5, then [2] is already in place)
         main  [2 5 5 | 9 12 14 | 17 23 30]  M = 9, step = 3
         index [2 9 17]          buffer [1 20 26]
@@ -49,12 +52,13 @@ Worked trace, P = 3, B = 4, a dozen keys::
         [13, 17]: gallop from idx[1]: idx[2] = 17 >= 13 -> start in (3, 6]: 5
                   gallop from idx[2]: none > 17 (q = 3)  -> end in (6, 9]: 7
         ranges (probe 0, [1, 3)) = keys 5 5 and (probe 1, [5, 7)) = keys 14 17;
-        the buffer [1 20 26] adds nothing.
+        the buffer [1 20 26] adds nothing. (This is the index path; a batch this
+        dense against so small a main array gallops over the main array instead.)
 
 Memory: 24 bytes per tuple of capacity for the main array, plus 24 B for the
 buffer and 8 min(P, capacity) for the index array (1.003x the raw columns at
 NSub = 8M, P = 64K, B = 1K). A merge allocates temporaries of at most the run's
-size (buffer sort) or max(run, capacity / 16) rows (the parallel merge's stash;
+size (the OpenCL twin's buffer sort) or max(run, capacity / 16) rows (the parallel merge's stash;
 beyond that it merges on one thread), never a second main array.
 
 The main array's layout is a deterministic function of the insert sequence (a merged
@@ -79,6 +83,7 @@ from panjoin.subwindow.kernels.bisort import (
     merge_piece,
     merge_plan,
     probe_kernel,
+    probe_pairs,
 )
 from panjoin.subwindow.kernels.residual import bisort_probe_residual
 
@@ -140,8 +145,10 @@ class RangeResult:
 def buffer_insert(ix, name: str, keys, ts, seq, key2=None) -> tuple[int, int]:
     """The insertion buffer's front half, shared by BI-Sort and its OpenCL twin: check
     the batch, merge a batch larger than the buffer at once, else append it to the
-    buffer (merging a full buffer first). Returns ``(a, k)``: the batch sits in buffer
-    rows ``a:a + k``; ``k == 0`` when nothing was buffered."""
+    buffer (merging a full buffer first); an index with ``sorted_buffer`` merges it into
+    the buffer instead, which stays sorted. Returns ``(a, k)``: buffer rows ``a:a + k``
+    changed (the batch's rows; a sorted buffer's whole used part); ``k == 0`` when
+    nothing was buffered."""
     keys, ts, seq = ix._check_insert(keys, ts, seq, key2)
     k = keys.shape[0]
     if k == 0:
@@ -154,6 +161,12 @@ def buffer_insert(ix, name: str, keys, ts, seq, key2=None) -> tuple[int, int]:
     if ix.nbuf + k > ix.buffer_size:
         ix.flush()
     a = ix.nbuf
+    if ix.sorted_buffer:
+        # merged in, stable (buffered tuples stay left of equal keys): the buffer is
+        # what a stable sort of its arrivals gives, so a flush merges it as it is
+        merge_back(ix.bkeys, ix.bts, ix.bseq, a, keys, ts, seq, k)
+        ix.nbuf += k
+        return 0, ix.nbuf
     ix.bkeys[a:a + k] = keys
     ix.bts[a:a + k] = ts
     ix.bseq[a:a + k] = seq
@@ -163,13 +176,16 @@ def buffer_insert(ix, name: str, keys, ts, seq, key2=None) -> tuple[int, int]:
 
 def buffer_flush(ix) -> None:
     """The insertion buffer's back half, shared like :func:`buffer_insert`: sort the
-    buffer and merge it into the main array."""
+    buffer (unless it is kept sorted) and merge it into the main array."""
     n = ix.nbuf
     if n == 0:
         return
-    # stable, so that a mirror replaying the inserts sorts ties the same way
-    order = np.argsort(ix.bkeys[:n], kind="stable")
-    ix._merge(ix.bkeys[:n][order], ix.bts[:n][order], ix.bseq[:n][order], n)
+    if ix.sorted_buffer:
+        ix._merge(ix.bkeys[:n], ix.bts[:n], ix.bseq[:n], n)
+    else:
+        # stable, so that a mirror replaying the inserts sorts ties the same way
+        order = np.argsort(ix.bkeys[:n], kind="stable")
+        ix._merge(ix.bkeys[:n][order], ix.bts[:n][order], ix.bseq[:n][order], n)
     ix.nbuf = 0
 
 
@@ -211,6 +227,9 @@ class BISort(SubwindowIndex):
     """Sorted main array + insertion buffer + index array; see the module docstring."""
 
     kind = "bisort"
+    #: the insertion buffer is kept sorted (each batch merged into it), so a probe finds
+    #: its matches there by the same merge-like gallop as in the main array
+    sorted_buffer = True
 
     def __init__(self, capacity, key_dtype=np.int64, partitions=1024, threads=1,
                  predecessor=None, **opts):
@@ -247,7 +266,7 @@ class BISort(SubwindowIndex):
         buffer_insert(self, "bisort", keys, ts, seq, key2)
 
     def flush(self) -> None:
-        """Sort the insertion buffer and merge it into the main array."""
+        """Merge the (sorted) insertion buffer into the main array."""
         buffer_flush(self)
 
     def _merge(self, rk, rt, rs, r):
@@ -319,6 +338,10 @@ class BISort(SubwindowIndex):
                 self.mkeys, self.mts, self.mseq, mk2, self.m, self.index, self.nidx, self.step,
                 self.bkeys, self.bts, self.bseq, self.nbuf, self._k2, self._k2base, lo, hi,
                 flt.mode, c0, c1, c2, res.lo, res.hi, parts, permuted)
+        if parts == 1:  # the lean one-thread kernel: no parallel region, fewer passes
+            return probe_pairs(
+                self.mkeys, self.mts, self.mseq, self.m, self.index, self.nidx, self.step,
+                self.bkeys, self.bts, self.bseq, self.nbuf, lo, hi, flt.mode, c0, c1, c2)
         p, q, _, _, _ = probe_kernel(
             self.mkeys, self.mts, self.mseq, self.m, self.index, self.nidx, self.step,
             self.bkeys, self.bts, self.bseq, self.nbuf, lo, hi, flt.mode, c0, c1, c2, parts,
@@ -358,6 +381,8 @@ class BISort(SubwindowIndex):
 
     def check(self):
         m = self.m
+        bk = self.bkeys[:self.nbuf]
+        assert bk.shape[0] < 2 or bool(np.all(bk[1:] >= bk[:-1])), "buffer not sorted"
         state = check_state(self, self.mkeys[:m], self.mseq[:m], self.index[:self.nidx],
                             self.bseq[:self.nbuf], self.index.shape[0])
         # key2 permuted with the main array agrees with key2 by arrival position

@@ -34,21 +34,24 @@ move right (the merge-like scan), and an equal consecutive bound reuses the
 previous answer. The searches inside the partitions of a group of 32 probe tuples
 then run in lockstep, branch-free, so that their cache misses on the main array
 overlap instead of queueing one behind the other; the end of a narrow band is
-found from its start (a step or two at S ~ 1). Example, step 4, main
+found from its start (a step or two at S ~ 1). A dense batch (at least one probe
+tuple per DENSE_GAP main rows) skips the index: each bound gallops over the main
+array from the previous one (:func:`locate_dense`), which is also how the sorted
+insertion buffer is searched. Example, step 4, main
 ``[1 3 3 5 | 8 9 9 9 | 12 14 15 20]``, index ``[1 8 12]``, probes ``[2, 4] [9, 9]``:
 ``[2, 4]``: first index entry >= 2 is 8 (q = 1) -> start in rows (0, 4]: 1;
 first entry > 4 is also 8 -> end from row 1 on: 3 (keys 3 3).
 ``[9, 9]``: from q = 1, first entry >= 9 is 12 (q = 2) -> start in (4, 8]: 5;
-end from row 5: 8 (keys 9 9 9). The unsorted insertion buffer is scanned linearly
-per probe tuple (the paper's nested loop over a small, cache-resident buffer: the shared
-unsorted-band scan, :func:`panjoin.subwindow.kernels.scan.scan_bands`).
+end from row 5: 8 (keys 9 9 9). The insertion buffer is kept sorted (each batch is
+merged into it with ``merge_back``), so its matches are ranges too: the paper's nested
+loop over the buffer cost a probe tuple B key tests, ten times the whole probe of a
+64K subwindow once a few hundred tuples were buffered.
 """
 
 import numpy as np
 from numba import njit, prange
 
 from panjoin.config import NJIT, NJIT_PAR
-from panjoin.subwindow.kernels.scan import scan_bands
 from panjoin.subwindow.kernels.search import (
     chunk_bounds,
     gallop_left_range,
@@ -316,14 +319,107 @@ def locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en):
                 prev_h = h
 
 
+#: probe tuples per main row at and above which bounds are found by galloping over the
+#: main array itself: measured at NBat 32K, gallop 15 ns a probe against 38 ns for the
+#: index and lockstep searches at NSub 64K, 33 vs 62 at 1M; 192 vs 99 at 8M (a gap of
+#: 256 rows, where the index's one partition per bound wins)
+DENSE_GAP = 64
+
+
+@njit(**NJIT)
+def locate_dense(mk, m, lo, hi, i0, i1, st, en):
+    """``locate_chunk`` for a dense batch (at most DENSE_GAP main rows per probe tuple):
+    the merge-like scan on the main array itself. Each bound gallops from the previous
+    tuple's start (bounds are sorted per band), the end from the start; a jump of d rows
+    costs O(log d) and touches the rows just behind the last answer, which are cached.
+    A chunk that starts mid-batch gallops once from row 0."""
+    for b in range(lo.shape[0]):
+        p = 0
+        for i in range(i0, i1):
+            l = lo[b, i]
+            h = hi[b, i]
+            if l > h or m == 0:
+                st[b, i] = 0
+                en[b, i] = 0
+                continue
+            p = gallop_left_range(mk, l, p, m)
+            st[b, i] = p
+            en[b, i] = gallop_right_range(mk, h, p, m)
+
+
+@njit(**NJIT)
+def locate(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en):
+    """Main-array ranges ``[st[b, i], en[b, i])`` of probe tuples [i0, i1): by
+    :func:`locate_dense` when the chunk is dense, else by :func:`locate_chunk`."""
+    if (i1 - i0) * DENSE_GAP >= m:
+        locate_dense(mk, m, lo, hi, i0, i1, st, en)
+    else:
+        locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
+
+
+@njit(**NJIT)
+def probe_pairs(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi, mode, c0, c1, c2):
+    """One thread's probe of a sorted batch: matching ``(probe_idx, seq)`` pairs, in the
+    order of :func:`probe_kernel` (per probe tuple its main ranges band by band, then
+    its ranges of the sorted insertion buffer).
+
+    Fewer passes than the parallel kernel: the ranges' total length bounds the pairs,
+    so the output is sized once and filled in one pass that applies the window filter
+    (the unused tail is cut off), instead of a counting pass per probe tuple and
+    prefix sums.
+    """
+    nb, n = lo.shape
+    st = np.empty((nb, n), dtype=np.int64)
+    en = np.empty((nb, n), dtype=np.int64)
+    locate(mk, m, idx, nidx, step, lo, hi, 0, n, st, en)
+    nbn = n if nbuf > 0 else 0
+    bst = np.empty((nb, nbn), dtype=np.int64)
+    ben = np.empty((nb, nbn), dtype=np.int64)
+    locate_dense(bk, nbuf, lo, hi, 0, nbn, bst, ben)
+    cap = 0
+    for b in range(nb):
+        for i in range(n):
+            cap += en[b, i] - st[b, i]
+        for i in range(nbn):
+            cap += ben[b, i] - bst[b, i]
+    out_probe = np.empty(cap, dtype=np.int64)
+    out_seq = np.empty(cap, dtype=np.int64)
+    pos = 0
+    # the range loops are written out here: a helper function for them, even inlined,
+    # made the kernel twice as slow (measured)
+    for i in range(n):
+        first = pos
+        a0 = c0[i]
+        a1 = c1[i]
+        a2 = c2[i]
+        for src in range(2 if nbuf > 0 else 1):  # main array, then the buffer
+            cs = ms if src == 0 else bs
+            ct = mt if src == 0 else bt
+            for b in range(nb):
+                s = st[b, i] if src == 0 else bst[b, i]
+                e = en[b, i] if src == 0 else ben[b, i]
+                if mode == NONE:
+                    for p in range(s, e):
+                        out_seq[pos] = cs[p]
+                        pos += 1
+                else:  # written always, kept if in the window: no branch to mispredict
+                    for p in range(s, e):
+                        q = cs[p]
+                        out_seq[pos] = q
+                        pos += in_window(mode, a0, a1, a2, q, ct[p])
+        for x in range(first, pos):
+            out_probe[x] = i
+    return out_probe[:pos], out_seq[:pos]
+
+
 @njit(**NJIT_PAR)
 def probe_kernel(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi,
                  mode, c0, c1, c2, parts, ranges):
     """Probe a sorted batch; chunks of it in parallel, each pass split the same way.
 
-    Pass 1 locates every band's main-array range and counts per probe tuple; a prefix
-    sum gives each tuple its output slots; pass 2 fills them (no two chunks share a
-    slot). Returns five int64 arrays:
+    Pass 1 locates every band's ranges in the main array and in the sorted insertion
+    buffer and counts per probe tuple; a prefix sum gives each tuple its output slots;
+    pass 2 fills them (no two chunks share a slot). Returns five int64 arrays:
 
     - ``ranges`` False: ``(probe_idx, seq)`` of every matching pair (window filter
       applied), then three empty arrays;
@@ -334,33 +430,37 @@ def probe_kernel(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi,
     nb, n = lo.shape
     st = np.empty((nb, n), dtype=np.int64)
     en = np.empty((nb, n), dtype=np.int64)
+    nbn = n if nbuf > 0 else 0
+    bst = np.empty((nb, nbn), dtype=np.int64)
+    ben = np.empty((nb, nbn), dtype=np.int64)
     counts = np.zeros(n + 1, dtype=np.int64)  # main pairs, or main records
     bcount = np.zeros(n + 1, dtype=np.int64)  # buffer pairs
     cb = chunk_bounds(n, parts)
-    empty = np.empty(0, dtype=np.int64)
-    no_k2 = np.empty(0, dtype=np.float64)  # no residual: key2 and its bounds are never read
-    no_res = np.empty((0, 0), dtype=np.float64)
     for t in prange(parts):
         i0 = cb[t]
         i1 = cb[t + 1]
-        locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
-        for i in range(i0, i1):
-            c = 0
-            for b in range(nb):
-                if lo[b, i] > hi[b, i]:
-                    continue
-                if ranges:
-                    c += en[b, i] > st[b, i]
-                elif mode == NONE:
-                    c += en[b, i] - st[b, i]
-                else:
-                    for p in range(st[b, i], en[b, i]):
-                        c += in_window(mode, c0[i], c1[i], c2[i], ms[p], mt[p])
-            counts[i + 1] = c
+        locate(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
         if nbuf > 0:
-            for i in range(i0, i1):
-                bcount[i + 1] = scan_bands(bk, bt, bs, no_k2, nbuf, lo, hi, i, mode, c0, c1, c2,
-                                           no_res, no_res, False, False, empty, 0, 0, False)
+            locate_dense(bk, nbuf, lo, hi, i0, i1, bst, ben)
+        for i in range(i0, i1):
+            for src in range(2 if nbuf > 0 else 1):  # main array, then the buffer
+                cs = ms if src == 0 else bs
+                ct = mt if src == 0 else bt
+                c = 0
+                for b in range(nb):
+                    s = st[b, i] if src == 0 else bst[b, i]
+                    e = en[b, i] if src == 0 else ben[b, i]
+                    if ranges and src == 0:
+                        c += e > s
+                    elif mode == NONE:
+                        c += e - s
+                    else:
+                        for p in range(s, e):
+                            c += in_window(mode, c0[i], c1[i], c2[i], cs[p], ct[p])
+                if src == 0:
+                    counts[i + 1] = c
+                else:
+                    bcount[i + 1] = c
     if not ranges:
         for i in range(n):
             counts[i + 1] += bcount[i + 1]
@@ -374,35 +474,33 @@ def probe_kernel(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi,
     for t in prange(parts):
         for i in range(cb[t], cb[t + 1]):
             pos = offs[i]
-            for b in range(nb):
-                if lo[b, i] > hi[b, i]:
-                    continue
-                s = st[b, i]
-                e = en[b, i]
-                if ranges:
-                    if e > s:
-                        out_a[pos] = s
-                        out_b[pos] = e
-                        pos += 1
-                elif mode == NONE:
-                    for p in range(s, e):
-                        out_a[pos] = ms[p]
-                        pos += 1
+            bpos = boffs[i]
+            for src in range(2 if bcount[i + 1] > 0 else 1):  # main array, then the buffer
+                cs = ms if src == 0 else bs
+                ct = mt if src == 0 else bt
+                # ranges: the buffer's pairs go to buf_seq, else after the main pairs
+                out = buf_seq if ranges and src == 1 else out_a
+                w = bpos if ranges and src == 1 else pos
+                for b in range(nb):
+                    s = st[b, i] if src == 0 else bst[b, i]
+                    e = en[b, i] if src == 0 else ben[b, i]
+                    if ranges and src == 0:
+                        if e > s:
+                            out_a[w] = s
+                            out_b[w] = e
+                            w += 1
+                    else:  # slots are exact: only qualifying seqs are written
+                        for p in range(s, e):
+                            q = cs[p]
+                            if in_window(mode, c0[i], c1[i], c2[i], q, ct[p]):
+                                out[w] = q
+                                w += 1
+                if ranges and src == 1:
+                    bpos = w
                 else:
-                    for p in range(s, e):
-                        if in_window(mode, c0[i], c1[i], c2[i], ms[p], mt[p]):
-                            out_a[pos] = ms[p]
-                            pos += 1
-            if bcount[i + 1] > 0:
-                if ranges:
-                    end = scan_bands(bk, bt, bs, no_k2, nbuf, lo, hi, i, mode, c0, c1, c2,
-                                     no_res, no_res, False, True, buf_seq, boffs[i],
-                                     boffs[i + 1], False)
-                    for x in range(boffs[i], end):
-                        buf_probe[x] = i
-                else:
-                    pos = scan_bands(bk, bt, bs, no_k2, nbuf, lo, hi, i, mode, c0, c1, c2,
-                                     no_res, no_res, False, True, out_a, pos, offs[i + 1], False)
+                    pos = w
             for x in range(offs[i], pos):
                 out_probe[x] = i
+            for x in range(boffs[i], bpos if ranges else boffs[i]):
+                buf_probe[x] = i
     return out_probe, out_a, out_b, buf_probe, buf_seq

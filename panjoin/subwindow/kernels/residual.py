@@ -27,7 +27,7 @@ import numpy as np
 from numba import njit, prange
 
 from panjoin.config import NJIT, NJIT_PAR
-from panjoin.subwindow.kernels.bisort import locate_chunk
+from panjoin.subwindow.kernels.bisort import locate
 from panjoin.subwindow.kernels.scan import BLOCK, res_ok, scan_band
 from panjoin.subwindow.kernels.search import chunk_bounds
 from panjoin.subwindow.kernels.window import NONE, TIME, in_window
@@ -135,7 +135,7 @@ def bisort_probe_residual(mk, mt, ms, mk2, m, idx, nidx, step, bk, bt, bs, nbuf,
     for t in prange(parts):
         i0 = cb[t]
         i1 = cb[t + 1]
-        locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
+        locate(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
         for i in range(i0, i1):
             c = 0
             for b in range(nb):
