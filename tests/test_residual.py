@@ -315,7 +315,9 @@ def test_failover_replays_key2_and_the_residual(wkind):
     t = stream("uniform", disorder_ms=30 if wkind == "time" else 0)
     pred, lateness = "band:2&band2:1", 10 if wkind == "time" else 0
     ws = start_workers(3)
-    backend = GrpcBackend([w.address for w in ws], deadline=20)
+    # the killed worker is seen by its closed connection; the deadline only has to outlast
+    # a live worker compiling its kernels on a cold Numba cache (20 s did not, under load)
+    backend = GrpcBackend([w.address for w in ws], deadline=60)
     try:
         eng = JoinEngine(parse_window(WINDOWS[wkind], lateness), pred, index="bisort",
                          subwindow_size=30, partitions=8, batch_size=64, backend=backend,
