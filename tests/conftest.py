@@ -21,6 +21,12 @@ import os
 import pytest
 
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+# Polars sizes its thread pool once, when first imported, from POLARS_MAX_THREADS; the
+# polars peer refuses to run on a pool of another size than it is asked for (one
+# thread, as every peer of the benchmark). The first test module to import polars
+# would otherwise fix the pool at one thread per core, before any test's run_peers
+# could set the variable, and every later polars peer would fail.
+os.environ.setdefault("POLARS_MAX_THREADS", "1")
 
 
 @pytest.fixture(scope="session")

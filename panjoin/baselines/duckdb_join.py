@@ -41,10 +41,35 @@ from panjoin.semantics import Predicate, Window, parse_predicate, parse_window
 
 
 @dataclass
-class DuckDBResult:
+class OfflineResult:
+    """What an offline join hands back (DuckDB's here, Polars' and DataFusion's too)."""
+
     count: int
-    seconds: float  # the query alone (the table is already registered)
+    seconds: float  # the query and the fetch of its result (the table is already registered)
     pairs: np.ndarray | None = None
+
+
+DuckDBResult = OfflineResult
+
+
+def fetch_pairs(batches, t0: float, pairs: bool = False, on_pairs=None) -> OfflineResult:
+    """Fetch an offline join's result, Arrow batches of (r_id, s_id), and time it from
+    ``t0`` (the query's start): each batch goes to ``on_pairs(r_ids, s_ids)`` and is
+    dropped after counting, or, with ``pairs=True``, is kept and returned sorted (the
+    sort not timed)."""
+    n, kept = 0, []
+    for b in batches:
+        r, s = b.column("r_id").to_numpy(), b.column("s_id").to_numpy()
+        n += len(r)
+        if on_pairs is not None:
+            on_pairs(r, s)
+        if pairs:
+            kept.append(np.stack([r, s], axis=1))
+    dt = time.perf_counter() - t0
+    if not pairs:
+        return OfflineResult(n, dt)
+    got = np.concatenate(kept) if kept else np.zeros((0, 2), np.int64)
+    return OfflineResult(n, dt, sort_pairs(got))
 
 
 def _lit(x) -> str:
@@ -53,13 +78,33 @@ def _lit(x) -> str:
     return repr(float(x))
 
 
-def _bucket(x: str, w: int) -> str:
-    """floor(x / w) in exact integer arithmetic (``%`` keeps the dividend's sign in SQL)."""
-    return f"(({x}) - ((({x}) % {w}) + {w}) % {w}) // {w}"
+def _bucket(x: str, w: int, div: str = "//") -> str:
+    """floor(x / w) in exact integer arithmetic (``%`` keeps the dividend's sign in SQL;
+    ``div``: the dialect's integer division, exact here as the dividend is a multiple of w)."""
+    return f"(({x}) - ((({x}) % {w}) + {w}) % {w}) {div} {w}"
+
+
+def _exact_band(c: str, a: float, b: float) -> str:
+    """``A <= s.c - r.c <= B`` for float columns, exactly: ``d = s.c - r.c`` rounded and
+    its rounding error ``err`` (Knuth's TwoSum on s.c + (-r.c)) decide a tie with an edge:
+    ``d > A OR (d = A AND err >= 0)``. (Rounding is monotone, so ``s.c >= r.c + A`` in
+    float arithmetic is a superset, and this test drops its extra pairs at the edge.)"""
+    d = f"(s.{c} - r.{c})"
+    bv = f"({d} - s.{c})"
+    err = f"((s.{c} - ({d} - {bv})) + ((-r.{c}) - {bv}))"
+    out = []
+    if not math.isinf(a):
+        out.append(f"({d} > {_lit(a)} OR ({d} = {_lit(a)} AND {err} >= 0))")
+    if not math.isinf(b):
+        out.append(f"({d} < {_lit(b)} OR ({d} = {_lit(b)} AND {err} <= 0))")
+    return "(" + (" AND ".join(out) or "TRUE") + ")"
+
+
+DIALECTS = {"duckdb": "//", "datafusion": "/"}  # the integer division of each
 
 
 def join_sql(window: Window, pred: Predicate, pairs: bool, plan: str = "bucket",
-             residual: dict | None = None) -> str:
+             residual: dict | None = None, dialect: str = "duckdb", exact: tuple = ()) -> str:
     """The SQL for a window and predicate over a registered table ``events``.
 
     ``plan="range"`` states the band as two inequalities and lets DuckDB pick a
@@ -73,9 +118,16 @@ def join_sql(window: Window, pred: Predicate, pairs: bool, plan: str = "bucket",
 
     ``residual={"y": (A, B)}`` carries the extra column ``y`` of the events table
     and adds ``s.y >= r.y + A AND s.y <= r.y + B`` (a 2-D band join's second band).
+
+    ``dialect``: "duckdb" or "datafusion" (which has no ``//``: its ``/`` divides
+    integers). ``exact``: float columns (``"key"``, residual columns) whose bands are
+    also tested exactly at their edges (:func:`_exact_band`).
     """
     if plan not in ("range", "bucket"):
         raise ValueError(f"plan {plan!r}: use 'bucket' or 'range'")
+    if dialect not in DIALECTS:
+        raise ValueError(f"dialect {dialect!r}: use one of {', '.join(DIALECTS)}")
+    div = DIALECTS[dialect]
     residual = dict(residual or {})
     xc = "".join(f", {c}" for c in residual)
     if window.kind == "count":
@@ -91,6 +143,10 @@ def join_sql(window: Window, pred: Predicate, pairs: bool, plan: str = "bucket",
         win = f"s.ts > r.ts - {window.s} AND s.ts < r.ts + {window.r}"
     for c, (a, b) in residual.items():
         win += f" AND s.{c} >= r.{c} + {_lit(a)} AND s.{c} <= r.{c} + {_lit(b)}"
+        if c in exact:
+            win += f" AND {_exact_band(c, a, b)}"
+    if "key" in exact and pred.kind not in ("eq", "ne"):
+        win += " AND (" + " OR ".join(_exact_band("key", a, b) for a, b in pred.bands) + ")"
     rsrc = "r"
     if pred.kind == "eq":
         on = "s.key = r.key"
@@ -102,12 +158,12 @@ def join_sql(window: Window, pred: Predicate, pairs: bool, plan: str = "bucket",
         on = f"({on})" if len(pred.bands) > 1 else on
         if plan == "bucket":
             w = int(max(b - a for a, b in pred.bands)) + 1
-            reach = ", ".join(f"range({_bucket(f'key + {_lit(math.ceil(a))}', w)}, "
-                              f"{_bucket(f'key + {_lit(math.floor(b))}', w)} + 1)"
+            reach = ", ".join(f"range({_bucket(f'key + {_lit(math.ceil(a))}', w, div)}, "
+                              f"{_bucket(f'key + {_lit(math.floor(b))}', w, div)} + 1)"
                               for a, b in pred.bands)
             rsrc = (f"(SELECT *, unnest(list_distinct(flatten([{reach}]))) AS bucket "
                     f"FROM r) AS r")
-            on = f"{_bucket('s.key', w)} = r.bucket AND {on}"
+            on = f"{_bucket('s.key', w, div)} = r.bucket AND {on}"
     what = "r.id AS r_id, s.id AS s_id" if pairs else "count(*) AS n"
     return (f"WITH live AS ({live}), r AS (SELECT * FROM live WHERE stream = 0), "
             f"s AS (SELECT * FROM live WHERE stream = 1) "
@@ -117,14 +173,16 @@ def join_sql(window: Window, pred: Predicate, pairs: bool, plan: str = "bucket",
 def duckdb_join(events, window, predicate, *, allowed_lateness: int = 0, pairs: bool = False,
                 threads: int | None = None, con=None, plan: str = "bucket",
                 residual: dict | None = None, extra: dict | None = None,
-                stream_pairs: bool = False) -> DuckDBResult:
+                stream_pairs: bool = False, on_pairs=None) -> OfflineResult:
     """Join a whole :class:`~panjoin.events.EventTable` in DuckDB; the count (and the
     pairs with ``pairs=True``) and the query's wall time. Float keys always use the
     range plan (bucketing doubles would need the exact-edge care of probe_bounds).
     ``residual`` (see :func:`join_sql`) names extra columns given in ``extra``
     (one value per event). ``stream_pairs=True`` counts by fetching every (r_id, s_id)
     pair in Arrow batches of 1M rows (each dropped after counting), so the query
-    materialises its result as a streaming join does, rather than only count(*)."""
+    materialises its result as a streaming join does, rather than only count(*);
+    ``on_pairs(r_ids, s_ids)`` (implies ``stream_pairs``) is handed each batch, inside
+    the timed span."""
     import duckdb
 
     w = parse_window(window, allowed_lateness)
@@ -142,23 +200,15 @@ def duckdb_join(events, window, predicate, *, allowed_lateness: int = 0, pairs: 
                           "key": events.key, "ts": events.ts,
                           **{c: np.asarray((extra or {})[c]) for c in (residual or {})}})
         con.register("events", table)
-        sql = join_sql(w, p, pairs, "range" if events.key.dtype == np.float64 else plan,
-                       residual)
-        t0 = time.perf_counter()
-        if pairs:
-            out = con.sql(sql).to_arrow_table()
-            dt = time.perf_counter() - t0
-            got = np.stack([out.column("r_id").to_numpy(), out.column("s_id").to_numpy()],
-                           axis=1) if out.num_rows else np.zeros((0, 2), np.int64)
-            return DuckDBResult(int(out.num_rows), dt, sort_pairs(got))
-        if stream_pairs:
-            sql = join_sql(w, p, True, "range" if events.key.dtype == np.float64 else plan,
-                           residual)
+        plan = "range" if events.key.dtype == np.float64 else plan
+        if pairs or stream_pairs or on_pairs is not None:
+            sql = join_sql(w, p, True, plan, residual)
             t0 = time.perf_counter()
-            n = sum(b.num_rows for b in con.sql(sql).to_arrow_reader(1 << 20))
-        else:
-            n = con.sql(sql).fetchall()[0][0]
-        return DuckDBResult(int(n), time.perf_counter() - t0)
+            return fetch_pairs(con.sql(sql).to_arrow_reader(1 << 20), t0, pairs, on_pairs)
+        sql = join_sql(w, p, False, plan, residual)
+        t0 = time.perf_counter()
+        n = con.sql(sql).fetchall()[0][0]
+        return OfflineResult(int(n), time.perf_counter() - t0)
     finally:
         con.unregister("events")
         if own:

@@ -58,7 +58,8 @@ def add_parser(sub) -> None:
 
     b = bsub.add_parser("peers", help="PanJoin against its peers on the same data (issue 7)",
                         description="Nested loop, sorted list, symmetric hash join, DuckDB, "
-                                    "Spark (when installed) and PanJoin (each index and the "
+                                    "Polars, DataFusion, Spark (when installed) and PanJoin "
+                                    "(each index and the "
                                     "local cluster) on the same event files; prints a table, "
                                     "writes benchmarks/results/peers*.json and "
                                     "benchmarks/plots/peers_*.png.")
@@ -70,7 +71,8 @@ def add_parser(sub) -> None:
                    help="comma-separated subset of the workloads, e.g. 'band S=64 uniform,eq "
                         "uniform'")
     b.add_argument("--threads", type=int, default=None,
-                   help="threads of every peer (PanJoin's Numba probes, DuckDB; default: 1)")
+                   help="threads of every peer (PanJoin's Numba probes, DuckDB, Polars' pool "
+                        "via POLARS_MAX_THREADS, DataFusion's partitions; default: 1)")
     b.add_argument("--measure", type=size, default=None,
                    help="timed tuples after the fill (default: W)")
     b.add_argument("--bounded-probes", type=size, default=None,

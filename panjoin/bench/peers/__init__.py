@@ -23,6 +23,12 @@ duckdb-range       the same with the band as two range conditions, as first writ
                    DuckDB plans a piecewise merge join, O(N^2); in full up to
                    ``nested_max``, beyond it EXTRAPOLATED as rate(W0) * W0 / W (a
                    scan costs W per probe tuple), and flagged so
+polars             the whole file joined offline in Polars (expressions: arrival
+                   numbers by cumulative sums, a hash join on the key or, for bands,
+                   DuckDB's bucket rewrite; ``polars-iejoin``, not run by default:
+                   the band by ``join_where``), its pairs fetched as Arrow batches
+datafusion         the whole file joined offline in DataFusion, by DuckDB's SQL (the
+                   bucket rewrite for bands), its pairs streamed as Arrow batches
 spark              Spark Structured Streaming's stream-stream join (issue 6): run
                    when pyspark and ``spark_conn.peer`` exist, else skipped with the
                    reason printed
@@ -52,16 +58,20 @@ and flagged so.
 
 Every peer gets ``threads`` threads (default 1: on the shared 2-core machine,
 loaded by other jobs, two Numba threads meeting at OpenMP barriers ran PanJoin
-2.5x slower than one, and DuckDB ran alike with 1 or 2), and every peer
-materialises the (r_id, s_id) pairs it finds, chunk by chunk.
+2.5x slower than one, and DuckDB ran alike with 1 or 2; Polars' pool is sized
+once, at import, so :func:`run_peers` sets ``POLARS_MAX_THREADS`` first and the
+polars peer fails rather than run another count; DataFusion gets ``threads``
+target partitions), and every peer materialises the (r_id, s_id) pairs it finds,
+chunk by chunk. An offline peer whose package is missing is skipped, the reason
+printed.
 
 Streaming peers report the *steady* rate (the M tuples after the fill, windows
-full, expiry running) and the *whole-file* rate (N / total time); DuckDB only
-has the whole-file rate, so its ratio is taken against PanJoin's whole-file
-rate. Every peer that ran the whole file must report the same result pairs
-(the same count and pair digest, :class:`PairDigest`; Spark's hook gives a count
-only, so Spark is checked by its count), else the run fails (after printing the
-table).
+full, expiry running) and the *whole-file* rate (N / total time); the offline
+peers (DuckDB, Polars, DataFusion) only have the whole-file rate, so their ratio
+is taken against PanJoin's whole-file rate. Every peer that ran the whole file must
+report the same result pairs (the same count and pair digest, :class:`PairDigest`;
+Spark's hook gives a count only, so Spark is checked by its count), else the run
+fails (after printing the table).
 
 Modules, each importing only those above it:
 
@@ -81,12 +91,15 @@ runner.py      :class:`PeerRunner` and :func:`run_peers`: running, timing,
 """
 
 from panjoin.bench.peers.adapters import (
+    OFFLINE_PEERS,
     _EngineOp,
     _SHJOp,
     _spark_peer,
     _TwoDimEngineOp,
+    datafusion_peer,
     duckdb_peer,
     engine_op,
+    polars_peer,
     two_d_engine_op,
 )
 from panjoin.bench.peers.config import PeerConfig
@@ -109,10 +122,11 @@ from panjoin.bench.peers.workloads import (
 )
 
 __all__ = [
-    "HS_BAND", "HS_MAX", "KEY_MAX", "PANJOIN_INDEXES", "RATE", "RESIDUAL_2D", "Y_SCALE",
+    "HS_BAND", "HS_MAX", "KEY_MAX", "OFFLINE_PEERS", "PANJOIN_INDEXES", "RATE",
+    "RESIDUAL_2D", "Y_SCALE",
     "Data", "PairDigest", "PeerConfig", "PeerResult", "PeerRunner", "Workload",
     "_EngineOp", "_SHJOp", "_TwoDimEngineOp", "_spark_peer", "_stream",
-    "calibrate", "check_results", "duckdb_peer", "engine_op", "events_for", "load_records",
-    "pair_digest", "plot", "ratios", "run_peers", "save_records", "table",
-    "two_d_engine_op", "warm_up",
+    "calibrate", "check_results", "datafusion_peer", "duckdb_peer", "engine_op",
+    "events_for", "load_records", "pair_digest", "plot", "polars_peer", "ratios",
+    "run_peers", "save_records", "table", "two_d_engine_op", "warm_up",
 ]

@@ -12,8 +12,11 @@ A streaming peer is an *op* that the runner drives chunk by chunk
   for the nested loop, ``sortedlist``, and the cluster through a gRPC backend);
   ``_TwoDimEngineOp`` is the same for the 2-D band join (:func:`engine_op` picks);
 - ``_SHJOp``: the symmetric hash join;
-- :func:`duckdb_peer`: DuckDB's offline join of the whole file, its pairs folded into
-  a :class:`~panjoin.bench.peers.digest.PairDigest` batch by batch;
+- :func:`duckdb_peer`, :func:`polars_peer`, :func:`datafusion_peer`: the offline
+  joins of the whole file (DuckDB, Polars, DataFusion), run alike by
+  :func:`_offline_peer`: their pairs folded into a
+  :class:`~panjoin.bench.peers.digest.PairDigest` batch by batch; ``OFFLINE_PEERS``
+  names them (with their plan);
 - :func:`_spark_peer`: the hook to Spark's stream-stream join (it lives in
   ``spark_conn.peer``), which hands each micro-batch's pairs to a callback.
 """
@@ -120,52 +123,57 @@ class _SHJOp:
         return self.j.peak_bytes
 
 
-class _PairTap:
-    """The DuckDB connection :func:`duckdb_peer` hands to ``duckdb_join``: every Arrow
-    batch of (r_id, s_id) pairs that ``duckdb_join(stream_pairs=True)`` fetches (and
-    drops after counting) passes through ``digest`` on its way, so DuckDB runs the
-    same query, fetch and timing as before and its pairs are checked too."""
-
-    def __init__(self, con, digest: PairDigest):
-        self._con, self._digest = con, digest
-
-    def __getattr__(self, name):
-        return getattr(self._con, name)
-
-    def sql(self, query: str) -> _TappedRelation:
-        return _TappedRelation(self._con.sql(query), self._digest)
-
-
-class _TappedRelation:
-    def __init__(self, rel, digest: PairDigest):
-        self._rel, self._digest = rel, digest
-
-    def to_arrow_reader(self, batch_size: int):
-        for b in self._rel.to_arrow_reader(batch_size):
-            self._digest.add(b.column("r_id").to_numpy(), b.column("s_id").to_numpy())
-            yield b
+def _offline_peer(join, wl: Workload, data: Data, threads: int,
+                  plan: str) -> tuple[PairDigest, float]:
+    """THE one way an offline peer runs: ``join`` (``duckdb_join``, ``polars_join``,
+    ``datafusion_join``) joins the whole file with ``plan``, the y band of the 2-D join
+    as its residual, and hands every batch of (r_id, s_id) pairs it fetches to a
+    :class:`PairDigest`: the digest, and the join's seconds less the time spent
+    folding the pairs."""
+    digest = PairDigest()
+    res = join(data.events, wl.window_spec(), wl.predicate(), threads=threads, plan=plan,
+               residual=wl.residual, extra={c: data.y for c in (wl.residual or ())},
+               on_pairs=digest.add)
+    if digest.count != res.count:
+        raise RuntimeError(f"{join.__name__} handed {digest.count} of its {res.count} pairs")
+    return digest, res.seconds - digest.seconds
 
 
 def duckdb_peer(wl: Workload, data: Data, threads: int, plan: str) -> tuple[PairDigest, float]:
     """DuckDB's offline join of the whole file (``plan``: "bucket" or "range", see
-    :func:`panjoin.baselines.duckdb_join.join_sql`), every pair fetched in Arrow batches:
-    the digest of its pairs, and the query's seconds less the time spent folding them."""
-    import duckdb
-
+    :func:`panjoin.baselines.duckdb_join.join_sql`), every pair fetched in Arrow batches."""
     from panjoin.baselines.duckdb_join import duckdb_join
 
-    digest = PairDigest()
-    con = duckdb.connect()
-    try:
-        res = duckdb_join(data.events, wl.window_spec(), wl.predicate(), threads=threads,
-                          plan=plan, residual=wl.residual,
-                          extra={c: data.y for c in (wl.residual or ())}, stream_pairs=True,
-                          con=_PairTap(con, digest))
-    finally:
-        con.close()
-    if digest.count != res.count:  # duckdb_join no longer fetches through to_arrow_reader
-        raise RuntimeError(f"the DuckDB peer saw {digest.count} of its {res.count} pairs")
-    return digest, res.seconds - digest.seconds
+    return _offline_peer(duckdb_join, wl, data, threads, plan)
+
+
+def polars_peer(wl: Workload, data: Data, threads: int, plan: str) -> tuple[PairDigest, float]:
+    """Polars' offline join of the whole file (``plan``: "bucket" or "iejoin", see
+    :mod:`panjoin.baselines.polars_join`); raises unless Polars' pool has ``threads``."""
+    from panjoin.baselines.polars_join import polars_join
+
+    return _offline_peer(polars_join, wl, data, threads, plan)
+
+
+def datafusion_peer(wl: Workload, data: Data, threads: int,
+                    plan: str) -> tuple[PairDigest, float]:
+    """DataFusion's offline join of the whole file (DuckDB's SQL; ``plan``: "bucket" or
+    "range"), ``threads`` target partitions, the pairs streamed as Arrow batches."""
+    from panjoin.baselines.datafusion_join import datafusion_join
+
+    return _offline_peer(datafusion_join, wl, data, threads, plan)
+
+
+# peer -> (adapter, plan, the package it needs); each runs the whole file offline
+OFFLINE_PEERS = {
+    "duckdb": (duckdb_peer, "bucket", "duckdb"),
+    "duckdb-range": (duckdb_peer, "range", "duckdb"),
+    "polars": (polars_peer, "bucket", "polars"),
+    "polars-iejoin": (polars_peer, "iejoin", "polars"),
+    "datafusion": (datafusion_peer, "bucket", "datafusion"),
+}
+BAND_AS = {"bucket": "bucket equi-join", "range": "range conditions",
+           "iejoin": "IEJoin (join_where)"}
 
 
 def _spark_peer():

@@ -25,14 +25,17 @@ class PeerConfig:
     budget_s: float = 120.0  # a peer slower than this at one window skips the larger ones
     repeat: int = 2  # interleaved rounds per workload; each peer's best round counts
     # one thread per peer: on the shared 2-core box (load 4-6) two Numba threads meet at
-    # OpenMP barriers and ran PanJoin 2.5x slower than one; DuckDB ran alike with 1 or 2
+    # OpenMP barriers and ran PanJoin 2.5x slower than one; DuckDB ran alike with 1 or 2.
+    # Polars' pool is sized at import (run_peers sets POLARS_MAX_THREADS to this);
+    # DataFusion gets this many target partitions
     threads: int = 1
     workers: int = 2
     chunk: int = 1 << 16
     seed: int = 0
     only: tuple = ()  # keep only the workloads with these names (e.g. "band S=64 uniform")
     peers: tuple = ("panjoin-rap", "panjoin-wib", "panjoin-bisort", "panjoin-cluster",
-                    "nested-loop", "sorted-list", "shj", "duckdb", "duckdb-range", "spark")
+                    "nested-loop", "sorted-list", "shj", "duckdb", "duckdb-range", "polars",
+                    "datafusion", "spark")
 
     @classmethod
     def quick(cls) -> PeerConfig:

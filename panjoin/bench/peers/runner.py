@@ -11,10 +11,19 @@ Across peers, :func:`~panjoin.bench.peers.results.check_results` compares the pa
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import time
 from pathlib import Path
 
-from panjoin.bench.peers.adapters import _EngineOp, _SHJOp, _spark_peer, duckdb_peer, engine_op
+from panjoin.bench.peers.adapters import (
+    BAND_AS,
+    OFFLINE_PEERS,
+    _EngineOp,
+    _SHJOp,
+    _spark_peer,
+    engine_op,
+)
 from panjoin.bench.peers.config import PeerConfig
 from panjoin.bench.peers.digest import PairDigest
 from panjoin.bench.peers.report import plot, save_records
@@ -148,17 +157,17 @@ class PeerRunner:
             rec.note = ("hash on key" if wl.pred == "eq" else "filter-only (no equi key)") + \
                 (", y band in the filter" if wl.residual else "") + \
                 (f"; {rec.note}" if bounded else "")  # keeps the BOUNDED note
-        elif peer in ("duckdb", "duckdb-range"):
-            plan = "range" if peer == "duckdb-range" else "bucket"
-            digest, secs = duckdb_peer(wl, data, self.cfg.threads, plan)
+        elif peer in OFFLINE_PEERS:
+            run, plan, _ = OFFLINE_PEERS[peer]
+            digest, secs = run(wl, data, self.cfg.threads, plan)
             if bar is not None:
                 bar.update(len(events))
             rec.results, rec.pair_digest, rec.seconds = digest.count, digest.hex(), secs
             rec.whole_tps = len(events) / secs
-            rec.note = f"offline, pairs fetched, {self.cfg.threads} threads" + (
-                ", band as bucket equi-join" if plan == "bucket" and wl.pred != "eq" else
-                ", band as range conditions" if wl.pred != "eq" else "") + (
-                ", y band in SQL" if wl.residual else "")
+            n = self.cfg.threads
+            rec.note = f"offline, pairs fetched, {n} thread{'s' if n != 1 else ''}" + (
+                f", band as {BAND_AS[plan]}" if wl.pred != "eq" else "") + (
+                ", y band in the filter" if wl.residual else "")
             return rec
         elif peer == "spark":
             digest = PairDigest()
@@ -185,9 +194,15 @@ class PeerRunner:
                 return PeerResult(wl.name, wl.window, peer, "skipped",
                                   "the Spark hook takes one key column; the 2-D band join "
                                   "needs a second")
+        if peer in OFFLINE_PEERS:
+            package = OFFLINE_PEERS[peer][2]
+            if importlib.util.find_spec(package) is None:
+                why = f"{package} is not installed (pip install -e '.[peers]')"
+                self._say_once(f"{peer}: skipped: {why}")
+                return PeerResult(wl.name, wl.window, peer, "skipped", why)
         limit = self._limit(peer, wl)
         if limit is not None and wl.window > limit:
-            if peer == "duckdb-range" or wl.window > self.cfg.bounded_max \
+            if peer in OFFLINE_PEERS or wl.window > self.cfg.bounded_max \
                     or not self.cfg.bounded_probes:
                 return self._extrapolate(peer, wl, limit)
             return "bounded"
@@ -296,6 +311,10 @@ def run_peers(cfg: PeerConfig, progress: bool = True, out_json: Path | None = No
               plot_dir: Path | None = None, tag: str = "", log=print) -> list[PeerResult]:
     from tqdm import tqdm
 
+    # Polars sizes its thread pool once, at import, from POLARS_MAX_THREADS: give it the
+    # peers' threads (unless the variable says otherwise, which the polars peer then
+    # reports as a failure rather than run with another count)
+    os.environ.setdefault("POLARS_MAX_THREADS", str(cfg.threads))
     log("warming up (JIT compile of every kernel, untimed)")
     warm_up(cfg, log)
     runner = PeerRunner(cfg, progress, log)
