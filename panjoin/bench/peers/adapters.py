@@ -29,15 +29,32 @@ from panjoin.bench.peers.digest import PairDigest
 from panjoin.bench.peers.workloads import Data, Workload
 
 
+def engine_config(wl: Workload, index: str, backend=None) -> tuple[int | None, int]:
+    """``(NSub, NBat)`` of an engine-based peer (NSub None: the engine's default).
+
+    In-process BI-Sort: one subwindow per window (NSub = W) and NBat = W/2, at most
+    128K. With one thread nothing is gained by spreading a window over subwindows, and
+    every subwindow costs each batch a probe pass; BI-Sort's merge, O(NSub) per batch,
+    is the price (issue 20's sweep, benchmarks/RESULTS.md: at W = 1M, equi join, 6.5M
+    tuples/s at NSub W/2 and NBat 32K, 11.8M at NSub W and NBat 128K). Every other
+    peer keeps the paper's NBat of 32K, at most W/8 so that small windows still see
+    many batches, and the engine's NSub (W/4 for count windows): the cluster spreads
+    subwindows over its workers."""
+    if index == "bisort" and backend is None:
+        return wl.window, min(1 << 17, max(256, wl.window // 2))
+    return None, min(1 << 15, max(256, wl.window // 8))
+
+
 class _EngineOp:
     def __init__(self, wl: Workload, index: str, threads: int, backend=None, n_workers=1,
                  predicate: str | None = None):
         from panjoin.manager.engine import JoinEngine
 
-        # NBat: the paper's 32K, but at most W/8 so that small windows still see many batches
+        nsub, nbat = engine_config(wl, index, backend)
         self.eng = JoinEngine(wl.window_spec(), predicate or wl.predicate(), index=index,
                               threads=threads, backend=backend, n_workers=n_workers,
-                              batch_size=min(1 << 15, max(256, wl.window // 8)))
+                              subwindow_size=nsub, batch_size=nbat)
+        self.note = f"NSub {nsub}, NBat {nbat}" if nsub else ""
 
     def events(self, data: Data):
         return data.events

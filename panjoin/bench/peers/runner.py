@@ -182,6 +182,8 @@ class PeerRunner:
             return rec
         else:
             raise ValueError(f"unknown peer {peer!r}; choose from {', '.join(self.cfg.peers)}")
+        if getattr(op, "note", ""):
+            rec.note = f"{op.note}; {rec.note}" if rec.note else op.note
         return _fill(rec, _stream(op, data, fill, chunk, bar, bounded))
 
     def _plan(self, peer: str, wl: Workload) -> PeerResult | str:

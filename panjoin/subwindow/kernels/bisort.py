@@ -319,33 +319,44 @@ def locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en):
                 prev_h = h
 
 
-#: main rows per probe tuple up to which a batch counts as dense: its bounds are found in
-#: the main array itself, not through the index. Measured at NBat 32K (ns a probe
-#: tuple, dense vs index): 8 vs 38 at NSub 64K, 30 vs 62 at 1M, 192 vs 99 at 8M (a gap
-#: of 256 rows, where the index's one partition per bound wins)
+#: main rows per probe tuple up to which a batch counts as dense: its bounds are found by
+#: the merge-like scan of :func:`locate_dense`, not by the index's one partition per
+#: bound. Measured at NBat 32K (ns a probe tuple, dense vs index): 8 vs 38 at NSub 64K,
+#: 30 vs 62 at 1M, 192 vs 99 at 8M (a gap of 256 rows)
 DENSE_GAP = 64
-#: keys compared at once by the dense search (a SIMD compare and a count); after
+#: keys compared at once by the dense scan (a SIMD compare and a count); after
 #: BLOCK_TRIES full blocks the rest of the jump is galloped
 BLOCK = 8
 BLOCK_TRIES = 4
+#: largest index step the dense scan walks the index array with (see locate_dense)
+DENSE_STEP = 16
 
 
 @njit(**NJIT)
-def locate_dense(mk, m, lo, hi, i0, i1, st, en):
+def locate_dense(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en):
     """``locate_chunk`` for a dense batch (at most DENSE_GAP main rows per probe tuple):
-    the merge-like scan on the main array itself. Each start is searched from the
-    previous tuple's (bounds are sorted per band), each end from its start, BLOCK keys
-    at a time: the keys below the bound are a sorted block's prefix, so counting them
-    (a SIMD compare, no branch per row) moves the cursor to the answer, or on to the
-    next block; after BLOCK_TRIES full blocks the rest of a long jump is galloped. The
-    rows just behind the last answer are cached, so a jump of d rows costs d / BLOCK
-    compares, or O(log d) once it is long. (The two searches are written out: as a
-    function, even an inlined one, the kernel ran twice as slow.)
+    the merge-like scan. Each start is searched from the previous tuple's (bounds are
+    sorted per band), each end from its start, BLOCK keys at a time: the keys below the
+    bound are a sorted block's prefix, so counting them (a SIMD compare, no branch per
+    row) moves the cursor to the answer, or on to the next block; after BLOCK_TRIES
+    full blocks the rest of a long jump is galloped.
 
-    Measured at NBat 32K, one band: 8 ns a probe tuple at NSub 64K (galloping alone:
-    15), 15 at 256K (23), 30 at 1M (34)."""
+    When the index is fine (step <= DENSE_STEP) and the batch no denser than it (a
+    probe tuple per ``step`` rows or fewer), the start is scanned for on the index
+    array instead (first entry q >= lo), then found by counting the keys below lo in
+    its one partition, rows ((q-1) step, q step): a jump of a few entries is one block,
+    so the scan's branch is predicted, where a jump of a few blocks on the main array
+    mispredicts about once a block. Pass ``nidx = 0`` for an array without an index
+    (the insertion buffer). The end is scanned for from the start on the main array.
+    (The searches are written out: as a function, even an inlined one, the kernel ran
+    twice as slow.)
+
+    Measured at NBat 32K, one band, ns a probe tuple: 8 at NSub 64K (galloping: 15),
+    15 at 256K (23); with step 8 at NSub 1M and NBat 64K, 14 (main-array scan: 24)."""
+    on_index = nidx > 0 and 1 < step <= DENSE_STEP and (i1 - i0) * step <= m
     for b in range(lo.shape[0]):
         p = 0
+        q = 0
         for i in range(i0, i1):
             l = lo[b, i]
             h = hi[b, i]
@@ -354,21 +365,45 @@ def locate_dense(mk, m, lo, hi, i0, i1, st, en):
                 en[b, i] = 0
                 continue
             k = 0
-            while True:  # start: first row >= l
-                if p + BLOCK > m:
-                    while p < m and mk[p] < l:
-                        p += 1
-                    break
-                c = 0
-                for j in range(BLOCK):
-                    c += mk[p + j] < l
-                p += c
-                if c < BLOCK:
-                    break
-                k += 1
-                if k == BLOCK_TRIES:
-                    p = gallop_left_range(mk, l, p, m)
-                    break
+            if on_index:
+                while True:  # q: first index entry >= l
+                    if q + BLOCK > nidx:
+                        while q < nidx and idx[q] < l:
+                            q += 1
+                        break
+                    c = 0
+                    for j in range(BLOCK):
+                        c += idx[q + j] < l
+                    q += c
+                    if c < BLOCK:
+                        break
+                    k += 1
+                    if k == BLOCK_TRIES:
+                        q = gallop_left_range(idx, l, q, nidx)
+                        break
+                p = 0
+                if q > 0:  # the start is in rows ((q-1) step, q step] (the last: m)
+                    a = (q - 1) * step + 1
+                    c = 0
+                    for j in range(a, min(q * step, m)):
+                        c += mk[j] < l
+                    p = a + c
+            else:
+                while True:  # first row >= l
+                    if p + BLOCK > m:
+                        while p < m and mk[p] < l:
+                            p += 1
+                        break
+                    c = 0
+                    for j in range(BLOCK):
+                        c += mk[p + j] < l
+                    p += c
+                    if c < BLOCK:
+                        break
+                    k += 1
+                    if k == BLOCK_TRIES:
+                        p = gallop_left_range(mk, l, p, m)
+                        break
             st[b, i] = p
             e = p
             k = 0
@@ -395,7 +430,7 @@ def locate(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en):
     """Main-array ranges ``[st[b, i], en[b, i])`` of probe tuples [i0, i1): by
     :func:`locate_dense` when the chunk is dense, else by :func:`locate_chunk`."""
     if (i1 - i0) * DENSE_GAP >= m:
-        locate_dense(mk, m, lo, hi, i0, i1, st, en)
+        locate_dense(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
     else:
         locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
 
@@ -408,8 +443,8 @@ def probe_pairs(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi, mode, 
 
     Fewer passes than the parallel kernel: the ranges' total length bounds the pairs,
     so the output is sized once and filled in one pass that applies the window filter
-    (the unused tail is cut off), instead of a counting pass per probe tuple and
-    prefix sums.
+    (each candidate is written, and kept by moving the end past it; the unused tail is
+    cut off), instead of a counting pass per probe tuple and prefix sums.
     """
     nb, n = lo.shape
     st = np.empty((nb, n), dtype=np.int64)
@@ -418,40 +453,45 @@ def probe_pairs(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi, mode, 
     nbn = n if nbuf > 0 else 0
     bst = np.empty((nb, nbn), dtype=np.int64)
     ben = np.empty((nb, nbn), dtype=np.int64)
-    locate_dense(bk, nbuf, lo, hi, 0, nbn, bst, ben)
+    locate_dense(bk, nbuf, idx, 0, 1, lo, hi, 0, nbn, bst, ben)
     cap = 0
     for b in range(nb):
         for i in range(n):
             cap += en[b, i] - st[b, i]
         for i in range(nbn):
             cap += ben[b, i] - bst[b, i]
-    out_probe = np.empty(cap, dtype=np.int64)
-    out_seq = np.empty(cap, dtype=np.int64)
+    # one spare slot: every range's first row is written whether or not it matches
+    out_probe = np.empty(cap + 1, dtype=np.int64)
+    out_seq = np.empty(cap + 1, dtype=np.int64)
     pos = 0
-    # the range loops are written out here: a helper function for them, even inlined,
-    # made the kernel twice as slow (measured)
+    last = max(m - 1, 0)
+    # At S ~ 1 a range holds 0, 1 or 2 rows at random, so a loop over it mispredicts
+    # about once a probe tuple: its first row is written and kept by arithmetic, and
+    # only the rest is looped over (the loops are written out: a helper function for
+    # them, even inlined, made the kernel twice as slow)
     for i in range(n):
-        first = pos
         a0 = c0[i]
         a1 = c1[i]
         a2 = c2[i]
-        for src in range(2 if nbuf > 0 else 1):  # main array, then the buffer
-            cs = ms if src == 0 else bs
-            ct = mt if src == 0 else bt
-            for b in range(nb):
-                s = st[b, i] if src == 0 else bst[b, i]
-                e = en[b, i] if src == 0 else ben[b, i]
-                if mode == NONE:
-                    for p in range(s, e):
-                        out_seq[pos] = cs[p]
-                        pos += 1
-                else:  # written always, kept if in the window: no branch to mispredict
-                    for p in range(s, e):
-                        q = cs[p]
-                        out_seq[pos] = q
-                        pos += in_window(mode, a0, a1, a2, q, ct[p])
-        for x in range(first, pos):
-            out_probe[x] = i
+        for b in range(nb):
+            s = st[b, i]
+            e = en[b, i]
+            r = min(s, last)
+            q = ms[r]
+            out_seq[pos] = q
+            out_probe[pos] = i
+            pos += (s < e) & in_window(mode, a0, a1, a2, q, mt[r])
+            for p in range(s + 1, e):
+                q = ms[p]
+                out_seq[pos] = q
+                out_probe[pos] = i
+                pos += in_window(mode, a0, a1, a2, q, mt[p])
+        for b in range(nb if nbuf > 0 else 0):  # the buffer's ranges
+            for p in range(bst[b, i], ben[b, i]):
+                q = bs[p]
+                out_seq[pos] = q
+                out_probe[pos] = i
+                pos += in_window(mode, a0, a1, a2, q, bt[p])
     return out_probe[:pos], out_seq[:pos]
 
 
@@ -484,7 +524,7 @@ def probe_kernel(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi,
         i1 = cb[t + 1]
         locate(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
         if nbuf > 0:
-            locate_dense(bk, nbuf, lo, hi, i0, i1, bst, ben)
+            locate_dense(bk, nbuf, idx, 0, 1, lo, hi, i0, i1, bst, ben)
         for i in range(i0, i1):
             for src in range(2 if nbuf > 0 else 1):  # main array, then the buffer
                 cs = ms if src == 0 else bs
