@@ -480,6 +480,13 @@ def probe_pairs(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi, mode, 
             q = ms[r]
             out_seq[pos] = q
             out_probe[pos] = i
+            if mode == NONE:  # ts is not read: at NSub 8M it is a cache miss of its own
+                pos += s < e
+                for p in range(s + 1, e):
+                    out_seq[pos] = ms[p]
+                    out_probe[pos] = i
+                    pos += 1
+                continue
             pos += (s < e) & in_window(mode, a0, a1, a2, q, mt[r])
             for p in range(s + 1, e):
                 q = ms[p]
