@@ -648,11 +648,16 @@ class JoinEngine:
 
 def warm_up(index: str = "bisort", backend=None, n_workers: int = 1) -> None:
     """A small join (in this process, or over ``backend``'s workers), so that the index
-    kernels are compiled, or loaded from Numba's disk cache, before anything is timed."""
+    kernels are compiled, or loaded from Numba's disk cache, before anything is timed;
+    in this process once with one thread and once with the default, as a probe on one
+    thread runs other kernels than a parallel one (BI-Sort's ``probe_pairs``)."""
     from panjoin.generate import generate
 
-    eng = JoinEngine("count:4096,4096", "band:10", index=index, batch_size=1024,
-                     subwindow_size=2048, backend=backend, n_workers=n_workers)
-    eng.push(generate(20_000, "uniform", key_min=0, key_max=1 << 20, seed=1))
-    eng.flush()
-    eng.take_results()
+    events = generate(20_000, "uniform", key_min=0, key_max=1 << 20, seed=1)
+    for threads in ((None,) if backend is not None else sorted({1, default_threads()})):
+        eng = JoinEngine("count:4096,4096", "band:10", index=index, batch_size=1024,
+                         subwindow_size=2048, backend=backend, n_workers=n_workers,
+                         threads=threads)
+        eng.push(events)
+        eng.flush()
+        eng.take_results()
