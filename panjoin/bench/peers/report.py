@@ -123,7 +123,35 @@ def plot(records: list[PeerResult], out_dir: Path, tag: str) -> list[Path]:
     ax.set(xscale="log", yscale="log", xlabel="selectivity S (matches per probe tuple)",
            ylabel="input tuples/s", title=f"Band join, W = {wmax} per stream, uniform keys")
     _save(plt, fig, ax, out_dir / f"peers_selectivity{tag}.png", paths)
+    path = _plot_whole(plt, records, out_dir / f"peers_whole{tag}.png")
+    if path is not None:
+        paths.append(path)
     return paths
+
+
+def _plot_whole(plt, records: list[PeerResult], path: Path) -> Path | None:
+    """Whole-file tuples/s, a group of bars per (workload, W) and a bar per peer: the
+    one figure in which the offline peers and PanJoin are timed alike (issue 20)."""
+    recs = [r for r in records if r.whole_tps]
+    if not any(not r.steady_tps for r in recs):  # no offline peer: the lines say it all
+        return None
+    groups = sorted({(r.workload, r.window) for r in recs}, key=lambda g: (g[1], g[0]))
+    peers = sorted({r.peer for r in recs})
+    at = {(r.workload, r.window, r.peer): r.whole_tps for r in recs}
+    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(groups)), 4.5))
+    width = 0.8 / len(peers)
+    for k, p in enumerate(peers):
+        xs = [g + (k - (len(peers) - 1) / 2) * width for g in range(len(groups))]
+        ax.bar(xs, [at.get((w, n, p), 0) / 1e6 for w, n in groups], width, label=p)
+    ax.set_xticks(range(len(groups)), [f"{w}\nW = {n}" for w, n in groups], fontsize=8)
+    ax.set(ylabel="input tuples/s (millions), whole file",
+           title="Whole event file, one thread: PanJoin against the offline engines")
+    ax.legend(fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def save_records(out_json: Path, cfg, recs: list[PeerResult]) -> None:
