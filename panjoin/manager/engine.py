@@ -107,6 +107,31 @@ def default_partitions(subwindow_size: int, index: str = "bisort") -> int:
     return int(min(1 << 16, max(1, subwindow_size // 128)))
 
 
+def key_order(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, key[order])``: the permutation that sorts a batch by key, ties in
+    arrival order, and the sorted keys.
+
+    int64 keys whose span leaves room for the row number below them are sorted as one
+    packed int64 each, ``(key - min) << b | row`` (b bits for the rows): a value sort,
+    which numpy runs about 1.5x as fast as an argsort, hands back both the order (the
+    low bits) and the keys (the high bits). Other keys (floats, spans near int64's)
+    are argsorted (stable)."""
+    n = key.shape[0]
+    b = max(1, int(n).bit_length())
+    if key.dtype == np.int64 and n > 1:
+        lo, hi = int(key.min()), int(key.max())
+        if hi - lo < 1 << (63 - b):
+            packed = (key - lo) << b
+            packed |= np.arange(n, dtype=np.int64)
+            packed.sort()
+            order = packed & ((1 << b) - 1)
+            packed >>= b
+            packed += lo
+            return order, packed
+    order = np.argsort(key, kind="stable")
+    return order, key[order]
+
+
 class _Buffer:
     """The collect buffer of one stream (step 1): chunks of column arrays in arrival order."""
 
@@ -468,12 +493,11 @@ class JoinEngine:
         self.stats.batches += 1
         y = "S" if x == "R" else "R"
         tscol = opp if self.window.kind == "count" else ev
-        # step 2: one sort serves probe and insert (ties in any order: the unstable sort is
-        # numpy's vectorised one, several times faster); each column is gathered into key
-        # order once, for both
+        # step 2: one sort serves probe and insert (ties in arrival order, see key_order);
+        # each column is gathered into key order once, for both
         t0 = time.perf_counter()
-        order = np.argsort(key)
-        batch = SortedBatch(self.stats.batches, x, key[order], tscol[order], seq[order],
+        order, skey = key_order(key)
+        batch = SortedBatch(self.stats.batches, x, skey, tscol[order], seq[order],
                             ids[order], key2[order] if key2 is not None else None,
                             self.pred, self.window)
         self.stats.preprocess_s += time.perf_counter() - t0
