@@ -324,3 +324,24 @@ def test_client_watermark_on_a_count_window_or_after_the_own_rule_is_rejected():
     eng.push_arrays(*one)
     with pytest.raises(ValueError, match="from its first push on"):
         eng.push_arrays(*one, watermark=0)
+
+
+@pytest.mark.parametrize("kind", ["small", "wide", "extreme", "equal", "float", "tiny"])
+def test_key_order_is_a_stable_sort(kind):
+    """The batch sort: packed (key, row) int64s when the span allows, else an argsort;
+    either way the stable order (ties in arrival order) and the sorted keys."""
+    from panjoin.manager.engine import key_order
+
+    rng = np.random.default_rng(len(kind))
+    n = 5000
+    keys = {"small": rng.integers(-50, 50, n),
+            "wide": rng.integers(-(1 << 45), 1 << 45, n),  # packed: 45 + 13 bits
+            "extreme": rng.choice(np.array([I64_MIN, -1, 0, I64_MAX]), n),  # argsort
+            "equal": np.full(n, 7),
+            "float": rng.normal(0, 3, n).round(1),
+            "tiny": np.array([3])}[kind]
+    order, skey = key_order(keys)
+    want = np.argsort(keys, kind="stable")
+    np.testing.assert_array_equal(order, want)
+    np.testing.assert_array_equal(skey, keys[want])
+    assert skey.dtype == keys.dtype
