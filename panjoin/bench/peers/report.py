@@ -106,12 +106,13 @@ def plot(records: list[PeerResult], out_dir: Path, tag: str) -> list[Path]:
         return {r.workload for r in records if r.window == w and r.workload.startswith("band S=")
                 and r.workload.endswith(" uniform")}
 
-    # the largest W that has the most selectivities
+    # the largest W that has the most selectivities; one selectivity is no curve
     wmax = max({r.window for r in records}, key=lambda w: (len(sel_ws(w)), w))
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    curve = records if len(sel_ws(wmax)) > 1 else []
     for p in peers:
         pts = []
-        for r in records:
+        for r in curve:
             if r.peer == p and r.window == wmax and r.workload.startswith("band S=") \
                     and r.workload.endswith(" uniform") and rate(r):
                 s = float(r.workload.split("=")[1].split()[0])
