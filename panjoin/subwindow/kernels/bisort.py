@@ -354,9 +354,10 @@ def locate_dense(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en):
     Measured at NBat 32K, one band, ns a probe tuple: 8 at NSub 64K (galloping: 15),
     15 at 256K (23); with step 8 at NSub 1M and NBat 64K, 14 (main-array scan: 24)."""
     on_index = nidx > 0 and 1 < step <= DENSE_STEP and (i1 - i0) * step <= m
+    arr = idx if on_index else mk  # the array the start is scanned for in
+    na = nidx if on_index else m
     for b in range(lo.shape[0]):
-        p = 0
-        q = 0
+        x = 0  # its cursor
         for i in range(i0, i1):
             l = lo[b, i]
             h = hi[b, i]
@@ -365,45 +366,30 @@ def locate_dense(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en):
                 en[b, i] = 0
                 continue
             k = 0
+            while True:  # x: first entry >= l
+                if x + BLOCK > na:
+                    while x < na and arr[x] < l:
+                        x += 1
+                    break
+                c = 0
+                for j in range(BLOCK):
+                    c += arr[x + j] < l
+                x += c
+                if c < BLOCK:
+                    break
+                k += 1
+                if k == BLOCK_TRIES:
+                    x = gallop_left_range(arr, l, x, na)
+                    break
+            p = x
             if on_index:
-                while True:  # q: first index entry >= l
-                    if q + BLOCK > nidx:
-                        while q < nidx and idx[q] < l:
-                            q += 1
-                        break
-                    c = 0
-                    for j in range(BLOCK):
-                        c += idx[q + j] < l
-                    q += c
-                    if c < BLOCK:
-                        break
-                    k += 1
-                    if k == BLOCK_TRIES:
-                        q = gallop_left_range(idx, l, q, nidx)
-                        break
                 p = 0
-                if q > 0:  # the start is in rows ((q-1) step, q step] (the last: m)
-                    a = (q - 1) * step + 1
+                if x > 0:  # the start is in rows ((x-1) step, x step] (the last: m)
+                    a = (x - 1) * step + 1
                     c = 0
-                    for j in range(a, min(q * step, m)):
+                    for j in range(a, min(x * step, m)):
                         c += mk[j] < l
                     p = a + c
-            else:
-                while True:  # first row >= l
-                    if p + BLOCK > m:
-                        while p < m and mk[p] < l:
-                            p += 1
-                        break
-                    c = 0
-                    for j in range(BLOCK):
-                        c += mk[p + j] < l
-                    p += c
-                    if c < BLOCK:
-                        break
-                    k += 1
-                    if k == BLOCK_TRIES:
-                        p = gallop_left_range(mk, l, p, m)
-                        break
             st[b, i] = p
             e = p
             k = 0
