@@ -345,3 +345,32 @@ def test_key_order_is_a_stable_sort(kind):
     np.testing.assert_array_equal(order, want)
     np.testing.assert_array_equal(skey, keys[want])
     assert skey.dtype == keys.dtype
+
+
+def test_split_streams_numbers_each_arrival():
+    """seq = the stream's total + rank, opp = the other stream's arrivals before it (the
+    module docstring's example, and random chunks against a plain loop)."""
+    from panjoin.manager.kernels import split_streams
+
+    ok, ot, oseq, oid, oopp, nr, ns, c_r = split_streams(
+        np.array([0, 1, 0], np.uint8), np.array([4, 5, 6]), np.array([7, 8, 9]),
+        np.array([10, 11, 12]), 5, 7)
+    assert (nr, ns) == (2, 1) and c_r.tolist() == [1, 1, 2]
+    assert oseq[0, :2].tolist() == [5, 6] and oopp[0, :2].tolist() == [7, 8]
+    assert oseq[1, :1].tolist() == [7] and oopp[1, :1].tolist() == [6]
+    assert ok[0, :2].tolist() == [4, 6] and oid[1, :1].tolist() == [11]
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 1000):
+        stream = rng.integers(0, 2, n).astype(np.uint8)
+        keys = rng.normal(size=n)
+        ok, ot, oseq, oid, oopp, nr, ns, c_r = split_streams(
+            stream, keys, np.arange(n), np.arange(n) + 100, 40, 9)
+        tot, rank = [40, 9], [0, 0]
+        for i in range(n):
+            x = int(stream[i])
+            j = rank[x]
+            assert ok[x, j] == keys[i] and oid[x, j] == i + 100 and ot[x, j] == i
+            assert oseq[x, j] == tot[x] + j and oopp[x, j] == tot[1 - x] + rank[1 - x]
+            rank[x] += 1
+            assert c_r[i] == rank[0]
+        assert (nr, ns) == tuple(rank)

@@ -59,6 +59,7 @@ import pyarrow as pa
 
 from panjoin.backend import CreateSpec, LocalBackend, SortedBatch
 from panjoin.config import DEFAULT_BATCH, default_threads, tune_allocator
+from panjoin.manager.kernels import split_streams
 from panjoin.manager.ring import SubwindowRing
 from panjoin.semantics import (
     I64_MIN,
@@ -369,20 +370,17 @@ class JoinEngine:
             if payload is not None:
                 payload = payload.filter(pa.array(keep))
         k = stream.shape[0]
-        is_r = stream == 0
-        c_r = np.cumsum(is_r, dtype=_I64)
+        # each stream's tuples gathered once, numbered (seq, opp; see split_streams); a
+        # cut appends a contiguous slice of them (views)
+        sk, st, sseq, sid, sopp, n_r, n_s, c_r = split_streams(
+            stream, keys, ts, ids, self.total["R"], self.total["S"])
         cnt = {"R": c_r, "S": np.arange(1, k + 1, dtype=_I64) - c_r}  # arrivals up to each row
-        # each stream's tuples gathered once; a cut appends a contiguous slice (views).
-        # The tuple of rank j in its stream, at chunk row i, gets seq (its arrival number
-        # within the stream) total + j, and opp (arrivals of the other stream before it)
-        # total_other + i - j
         split = {}
-        for name, m in (("R", is_r), ("S", ~is_r)):
-            idx = np.flatnonzero(m)
-            rank = np.arange(idx.size, dtype=_I64)
-            other = "S" if name == "R" else "R"
-            split[name] = (keys[idx], ts[idx], self.total[name] + rank, ids[idx],
-                           self.total[other] + (idx - rank),
+        for x, (name, n_x) in enumerate((("R", n_r), ("S", n_s))):
+            idx = np.flatnonzero(stream == x) if payload is not None or key2 is not None \
+                else None
+            split[name] = (sk[x, :n_x], st[x, :n_x], sseq[x, :n_x], sid[x, :n_x],
+                           sopp[x, :n_x],
                            payload.take(pa.array(idx)) if payload is not None else None,
                            key2[idx] if key2 is not None else None)
         # the watermark only moves time windows' expiry
