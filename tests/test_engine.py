@@ -9,6 +9,8 @@ input pushed in ragged chunks.
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -374,3 +376,26 @@ def test_split_streams_numbers_each_arrival():
             rank[x] += 1
             assert c_r[i] == rank[0]
         assert (nr, ns) == tuple(rank)
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux only")
+def test_engine_advises_its_heap_for_huge_pages():
+    """A library in the same process may trim the heap (DuckDB calls malloc_trim): the
+    engine asks for huge pages on it, so its arrays fault back in 2 MiB at a time."""
+    import subprocess
+    import sys
+
+    code = ("import numpy as np; from panjoin.manager.engine import JoinEngine\n"
+            "junk = [np.ones(1 << 16) for _ in range(64)]\n"  # grow the heap
+            "JoinEngine('count:8,8', 'eq')\n"
+            "flags = []; heap = False\n"
+            "for line in open('/proc/self/smaps'):\n"
+            "    if '-' in line.split()[0]: heap = line.rstrip().endswith('[heap]')\n"
+            "    elif heap and line.startswith('VmFlags'): flags.append(line.split()[1:])\n"
+            "print(any('hg' in f for f in flags))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[-1] == "True"
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PANJOIN_TUNE_MALLOC": "0"})
+    assert off.stdout.split()[-1] == "False"

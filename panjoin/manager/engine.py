@@ -58,7 +58,7 @@ import numpy as np
 import pyarrow as pa
 
 from panjoin.backend import CreateSpec, LocalBackend, SortedBatch
-from panjoin.config import DEFAULT_BATCH, default_threads, tune_allocator
+from panjoin.config import DEFAULT_BATCH, advise_heap_hugepages, default_threads, tune_allocator
 from panjoin.manager.kernels import split_streams
 from panjoin.manager.ring import SubwindowRing
 from panjoin.semantics import (
@@ -243,6 +243,7 @@ class JoinEngine:
         self.max_collect_ms = max_collect_ms
         self.threads = threads or default_threads()
         tune_allocator()
+        advise_heap_hugepages()
         numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
         self.backend = backend if backend is not None else LocalBackend(self.threads)
         self.index_opts = dict(index_opts or {})
