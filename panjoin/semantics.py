@@ -424,18 +424,23 @@ def _int_bounds(pred, probe_stream, keys, nb, n):
                 continue
             if ia is None:
                 lo[j] = I64_MIN
+            elif ia == 0:  # the key itself (every equi join): nothing to add or check
+                lo[j] = keys
             else:
                 lo[j], up, down = _add_int(keys, ia)
                 empty[j] |= up  # k + A above the int64 range: nothing can match
                 lo[j][down] = I64_MIN
             if ib is None:
                 hi[j] = I64_MAX
+            elif ib == 0:
+                hi[j] = keys
             else:
                 hi[j], up, down = _add_int(keys, ib)
                 empty[j] |= down
                 hi[j][up] = I64_MAX
-    lo[empty] = I64_MAX
-    hi[empty] = I64_MIN
+    if empty.any():
+        lo[empty] = I64_MAX
+        hi[empty] = I64_MIN
     return lo, hi
 
 
