@@ -23,6 +23,7 @@ import numpy as np
 from numba import njit
 
 from panjoin.config import NJIT
+from panjoin.subwindow.kernels.search import gallop_right_range
 from panjoin.subwindow.kernels.wib.layout import HEIGHT, MAXH, NINODES, ROOT
 
 
@@ -38,29 +39,6 @@ def _upper(ikeys, v, cnt, x):
         else:
             hi = mid
     return lo
-
-
-@njit(**NJIT)
-def _upper_from(ikeys, v, cnt, x, c):
-    """Child index of x in node v, known to be >= c (rebounding search from c)."""
-    if c >= cnt or ikeys[v, c] > x:
-        return c
-    lo = c  # ikeys[v, lo] <= x
-    step = 1
-    hi = lo + step
-    while hi < cnt and ikeys[v, hi] <= x:
-        lo = hi
-        step <<= 1
-        hi = lo + step
-    if hi > cnt:
-        hi = cnt
-    while hi - lo > 1:
-        mid = (lo + hi) >> 1
-        if ikeys[v, mid] <= x:
-            lo = mid
-        else:
-            hi = mid
-    return hi
 
 
 @njit(**NJIT)
@@ -95,7 +73,8 @@ def find_leaf(x, ikeys, ichild, icnt, root, height, pn, pi, pu, pinf, cur):
         while d > 0 and pinf[d] == 0 and x >= pu[d]:
             d -= 1
         v = pn[d]
-        c = _upper_from(ikeys, v, icnt[v], x, pi[d])
+        # rebounding search from the child taken last time (a row of ikeys is contiguous)
+        c = gallop_right_range(ikeys[v], x, pi[d], icnt[v])
     else:
         pinf[0] = 1
         if height == 0:
