@@ -496,7 +496,10 @@ class JoinEngine:
         # each column is gathered into key order once, for both
         t0 = time.perf_counter()
         order, skey = key_order(key)
-        batch = SortedBatch(self.stats.batches, x, skey, tscol[order], seq[order],
+        n = seq.shape[0]
+        # a stream's arrivals are numbered consecutively, so a batch's seqs are seq[0] + row
+        sseq = seq[0] + order if n and int(seq[-1]) - int(seq[0]) == n - 1 else seq[order]
+        batch = SortedBatch(self.stats.batches, x, skey, tscol[order], sseq,
                             ids[order], key2[order] if key2 is not None else None,
                             self.pred, self.window)
         self.stats.preprocess_s += time.perf_counter() - t0
