@@ -406,6 +406,9 @@ def _int_bounds(pred, probe_stream, keys, nb, n):
     """probe_bounds for int64 keys: overflow detected, not wrapped."""
     if keys.dtype != np.int64:
         raise TypeError(f"keys must be int64 or float64, got {keys.dtype}")
+    if not pred.negated and stored_bands(pred, probe_stream) == [(0, 0)]:
+        # the equi join: both bounds are the keys themselves (views, not copies)
+        return keys[None, :], keys[None, :]
     lo = np.empty((nb, n), np.int64)
     hi = np.empty((nb, n), np.int64)
     empty = np.zeros((nb, n), dtype=bool)

@@ -328,11 +328,13 @@ def test_client_watermark_on_a_count_window_or_after_the_own_rule_is_rejected():
         eng.push_arrays(*one, watermark=0)
 
 
-@pytest.mark.parametrize("kind", ["small", "wide", "extreme", "equal", "float", "tiny"])
+@pytest.mark.parametrize("kind", ["small", "wide", "extreme", "equal", "float", "tiny",
+                                  "edge", "over"])
 def test_key_order_is_a_stable_sort(kind):
     """The batch sort: packed (key, row) int64s when the span allows, else an argsort;
     either way the stable order (ties in arrival order) and the sorted keys."""
     from panjoin.manager.engine import key_order
+    from panjoin.manager.kernels import pack_rows
 
     rng = np.random.default_rng(len(kind))
     n = 5000
@@ -341,11 +343,21 @@ def test_key_order_is_a_stable_sort(kind):
             "extreme": rng.choice(np.array([I64_MIN, -1, 0, I64_MAX]), n),  # argsort
             "equal": np.full(n, 7),
             "float": rng.normal(0, 3, n).round(1),
-            "tiny": np.array([3])}[kind]
-    order, skey = key_order(keys)
+            "tiny": np.array([3]),
+            # spans at the packing limit, 63 - 13 bits: packed at I64_MIN, argsorted at max
+            "edge": I64_MIN + rng.integers(0, 2, n) * ((1 << 50) - 10) + rng.integers(0, 9, n),
+            "over": I64_MAX - rng.integers(0, 2, n) * (1 << 50)}[kind]
+    if kind in ("edge", "over"):
+        keys[:2] = keys[[0, 1]] if kind == "over" else [I64_MIN, I64_MIN + (1 << 50) - 1]
+        keys[2:4] = [I64_MAX, I64_MAX - (1 << 50)] if kind == "over" else keys[2:4]
+        assert bool(pack_rows(keys)[0]) == (kind == "edge")
+    ts, ids = rng.integers(0, 1 << 40, (2, keys.size))
+    order, skey, sts, sids = key_order(keys, ts, ids)
     want = np.argsort(keys, kind="stable")
     np.testing.assert_array_equal(order, want)
     np.testing.assert_array_equal(skey, keys[want])
+    np.testing.assert_array_equal(sts, ts[want])
+    np.testing.assert_array_equal(sids, ids[want])
     assert skey.dtype == keys.dtype
 
 

@@ -296,6 +296,26 @@ def test_runner_fails_a_peer_with_a_wrong_pair(monkeypatch, bounded):
     assert check_results([r for r in recs if r.peer != "nested-loop"]) == []
 
 
+def test_offline_peers_run_in_a_child_process_with_the_same_pairs():
+    """By default DuckDB joins in the offline child (another pid, so its malloc_trim
+    leaves PanJoin's heap alone); in-process (``isolate=False``) it finds the same pairs."""
+    import os
+
+    assert peers_runner.offline_pool().submit(os.getpid).result() != os.getpid()
+    wl = Workload("band", 64, "uniform", 256)
+    recs = {}
+    for isolate in (True, False):
+        cfg = PeerConfig(windows=[256], measure=256, chunk=128, repeat=1, isolate=isolate,
+                         peers=("panjoin-bisort", "duckdb"))
+        recs[isolate] = {r.peer: r for r in PeerRunner(
+            cfg, progress=False, log=lambda *_: None).run_workload(wl)}
+    a, b = recs[True]["duckdb"], recs[False]["duckdb"]
+    assert a.status == b.status == "ok" and "PanJoin's process" in b.note
+    assert (a.results, a.pair_digest) == (b.results, b.pair_digest) == (
+        recs[True]["panjoin-bisort"].results, recs[True]["panjoin-bisort"].pair_digest)
+    assert a.results > 0
+
+
 def test_engine_op_pairs_are_the_reference_pairs():
     """The adapters hand back exactly the reference's pairs (band and eq, one index
     each way), not only as many."""

@@ -73,6 +73,10 @@ def add_parser(sub) -> None:
     b.add_argument("--threads", type=int, default=None,
                    help="threads of every peer (PanJoin's Numba probes, DuckDB, Polars' pool "
                         "via POLARS_MAX_THREADS, DataFusion's partitions; default: 1)")
+    b.add_argument("--same-process", action="store_true",
+                   help="run DuckDB, Polars and DataFusion in this process too (by default "
+                        "they run in a child process: DuckDB's malloc_trim hands the heap "
+                        "back to the kernel, and PanJoin's next join faults it in again)")
     b.add_argument("--measure", type=size, default=None,
                    help="timed tuples after the fill (default: W)")
     b.add_argument("--bounded-probes", type=size, default=None,
@@ -155,6 +159,7 @@ def run_peers(args) -> int:
         cfg.repeat = args.repeat
     if args.threads:
         cfg.threads = args.threads
+    cfg.isolate = not args.same_process
     if args.measure:
         cfg.measure = args.measure
     if args.bounded_probes is not None:

@@ -29,6 +29,8 @@ class PeerConfig:
     # Polars' pool is sized at import (run_peers sets POLARS_MAX_THREADS to this);
     # DataFusion gets this many target partitions
     threads: int = 1
+    # the offline engines in a child process of their own (see runner.offline_pool)
+    isolate: bool = True
     workers: int = 2
     chunk: int = 1 << 16
     seed: int = 0
