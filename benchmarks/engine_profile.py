@@ -32,7 +32,7 @@ from panjoin.semantics import parse_size
 
 #: function names (as cProfile reports them) per step; the rest is "other"
 STEPS = {
-    "sort": ("argsort", "'sort'", "key_order", "_process"),
+    "sort": ("argsort", "'sort'", "key_order", "pack_rows", "unpack_rows", "_process"),
     "probe": ("probe_pairs", "probe_kernel", "bisort_probe_residual", "rap_probe"),
     "insert": ("merge_back", "build_index", "rap_insert", "insert", "buffer_insert"),
     "ids": ("ids_of",),

@@ -28,7 +28,7 @@ from panjoin.semantics import I64_MAX, parse_predicate, probe_bounds
 from panjoin.subwindow import make_index
 from panjoin.subwindow.bi_sort import BISort
 from panjoin.subwindow.kernels import window as W
-from panjoin.subwindow.kernels.bisort import DENSE_GAP
+from panjoin.subwindow.kernels.bisort import DENSE_GAP, PAIRS_CHUNK
 from panjoin.subwindow.nested_loop import NestedLoop
 
 # --------------------------------------------------------------------------- helpers
@@ -89,10 +89,12 @@ def test_two_threads(dist):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-def test_dense_and_sparse_probe_paths(threads):
+@pytest.mark.parametrize("partitions", [32, 1250])
+def test_dense_and_sparse_probe_paths(threads, partitions):
     """A batch with fewer probe tuples than main rows / DENSE_GAP finds its bounds through
-    the index array and lockstep searches, a denser one by galloping over the main array:
-    both against the nested loop, with tuples in the sorted buffer too."""
+    the index array (by lockstep searches at step 313, by the prefetching cursor of
+    locate_sparse at step 8), a denser one by galloping over the main array: all against
+    the nested loop, with tuples in the sorted buffer too."""
     n = 10_000  # 140 probe tuples: sparse, also in each of two threads' chunks
     for probes, dense in ((4, False), (140, False), (3 * n // DENSE_GAP, True)):
         assert (probes * DENSE_GAP >= n) == dense
@@ -100,8 +102,8 @@ def test_dense_and_sparse_probe_paths(threads):
         for dist in ("uniform", "extreme", "float"):  # not ne or equal keys: W^2 pairs
             rng = np.random.default_rng(zlib.crc32(f"{dist}/{probes}".encode()))
             keys = draw_keys(rng, dist, n)
-            bi = BISort(n, key_dtype=keys.dtype, partitions=32, threads=threads, buffer=200,
-                        par_merge_min=1 if threads > 1 else 1 << 16)
+            bi = BISort(n, key_dtype=keys.dtype, partitions=partitions, threads=threads,
+                        buffer=200, par_merge_min=1 if threads > 1 else 1 << 16)
             ref = NestedLoop(n, key_dtype=keys.dtype)
             fill([bi, ref], rng, keys, [4000, 3000, 2850, 100, 50])  # 150 stay buffered
             assert bi.nbuf == 150
@@ -129,6 +131,27 @@ def test_duplicates_span_partitions():
     rr = bi.probe_ranges(*probe_bounds(parse_predicate("eq"), "S", np.array([0, 0, 9])))
     # the whole run of 0s is one record, reused for the equal second probe key
     np.testing.assert_array_equal(rr.end - rr.start, [300, 300, 203])
+
+
+@pytest.mark.parametrize("probes", [1100, 5000])
+def test_probe_pairs_in_chunks_with_a_growing_output(probes):
+    """The one-thread probe locates PAIRS_CHUNK probe tuples at a time (sparse: 1100 over
+    80K rows at step 8; dense: 5000) and grows its output past one pair per probe tuple
+    (about 12 per tuple here), with equal keys spanning partitions and the window filter."""
+    rng = np.random.default_rng(probes)
+    n = 80_000
+    keys = rng.integers(-3000, 3000, n) * 7  # ~13 copies of each key: runs cross partitions
+    bi = BISort(n, partitions=n // 8, buffer=500, threads=1)
+    ref = NestedLoop(n)
+    fill([bi, ref], rng, keys, [40_000, 39_700, 300])  # 300 stay buffered
+    assert bi.step == 8 and bi.nbuf == 300 and probes > PAIRS_CHUNK
+    pk = np.sort(rng.integers(-3100, 3100, probes) * 7 + rng.integers(-1, 2, probes))
+    for pred in ("eq", "band:3", "bands:-15,-8;4,9"):
+        lo, hi = probe_bounds(parse_predicate(pred), "R", pk)
+        for mode in MODES:
+            flt = random_filter(rng, mode, probes, seq_max=3 * n + 11)
+            pairs = assert_same(bi, ref, lo, hi, flt, f"{pred} mode {mode}")
+            assert pairs > (4 * probes if mode == W.NONE else 0)
 
 
 def test_empty_main_array_buffer_only():

@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from panjoin.generate import generate
 from panjoin.launch import start_workers
-from panjoin.manager.engine import JoinEngine
+from panjoin.manager.engine import JoinEngine, warm_up
 from panjoin.manager.grpc_backend import GrpcBackend, WorkerError
 from panjoin.proto.panjoin.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from panjoin.reference import reference_join, sort_pairs
@@ -330,6 +330,13 @@ def test_a_hung_worker_is_detected_by_its_deadline(events):
     import signal
 
     ws = start_workers(2)
+    # kernels compiled (or loaded) before the 8 s deadline runs: a fresh checkout has no
+    # Numba cache, and compiling WiB+-Tree's kernels on a loaded machine outlasts it
+    warm = GrpcBackend([w.address for w in ws])
+    try:
+        warm_up("wib", backend=warm, n_workers=2)
+    finally:
+        warm.close()
     backend = GrpcBackend([w.address for w in ws], deadline=8)
     try:
         eng = JoinEngine("time:160,120", "eq", index="wib", subwindow_size=40, partitions=4,

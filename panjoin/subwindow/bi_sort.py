@@ -223,6 +223,15 @@ def check_state(ix, mk, ms, idx, bseq, idx_cap: int, where: str = ""):
     return state
 
 
+def aligned_empty(n: int, dtype, align: int = 64) -> np.ndarray:
+    """``np.empty(n, dtype)`` whose first element starts on an ``align``-byte boundary
+    (a view into a slightly larger array; numpy's own start 16 bytes past one)."""
+    dtype = np.dtype(dtype)
+    raw = np.empty(n + align // dtype.itemsize, dtype=dtype)
+    off = (-raw.ctypes.data % align) // dtype.itemsize
+    return raw[off:off + n]
+
+
 class BISort(SubwindowIndex):
     """Sorted main array + insertion buffer + index array; see the module docstring."""
 
@@ -246,16 +255,18 @@ class BISort(SubwindowIndex):
         self.residual_layout = layout
         self.mk2: np.ndarray | None = None  # key2 of main rows (permuted layout), lazily
         kd = self.key_dtype
-        self.mkeys = np.empty(self.capacity, dtype=kd)
-        self.mts = np.empty(self.capacity, dtype=np.int64)
-        self.mseq = np.empty(self.capacity, dtype=np.int64)
+        # on cache-line boundaries, so that a partition of 8 rows (step 8, a sparse
+        # probe's unit) is one line: locate_sparse prefetches one line per column
+        self.mkeys = aligned_empty(self.capacity, kd)
+        self.mts = aligned_empty(self.capacity, np.int64)
+        self.mseq = aligned_empty(self.capacity, np.int64)
         self.m = 0
         self.bkeys = np.empty(self.buffer_size, dtype=kd)
         self.bts = np.empty(self.buffer_size, dtype=np.int64)
         self.bseq = np.empty(self.buffer_size, dtype=np.int64)
         self.nbuf = 0
         # at most P entries, and never more than there are tuples
-        self.index = np.empty(min(self.partitions, self.capacity), dtype=kd)
+        self.index = aligned_empty(min(self.partitions, self.capacity), kd)
         self.nidx = 0
         self.step = 1
 

@@ -52,6 +52,7 @@ import numpy as np
 from numba import njit, prange
 
 from panjoin.config import NJIT, NJIT_PAR
+from panjoin.subwindow.kernels.primitives import prefetch_read
 from panjoin.subwindow.kernels.search import (
     chunk_bounds,
     gallop_left_range,
@@ -411,14 +412,98 @@ def locate_dense(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en):
             en[b, i] = e
 
 
+#: probe tuples whose partitions are prefetched before the first of them is resolved
+#: (:func:`locate_sparse`; 8 to 64 measured alike)
+AHEAD = 16
+
+
 @njit(**NJIT)
-def locate(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en):
+def locate_sparse(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en, cur):
+    """``locate_chunk`` for a sparse batch over a fine index (step <= DENSE_STEP): the
+    index cursor runs AHEAD probe tuples in front, and the partition it names is
+    prefetched (its key line and its seq line), so that by the time a tuple is
+    resolved its lines are in cache: the misses of AHEAD tuples are in flight
+    together, where a search per tuple waits for each.
+
+    Per bound: the cursor moves over the index by blocks of BLOCK entries (a count of
+    the entries below lo, as in :func:`locate_dense`; a gallop after 8 full blocks),
+    to q, the first entry >= lo; the start is then a + (keys below lo in the
+    partition's rows [a, q step)), a = (q-1) step + 1; the end is counted in the same
+    rows when the next index entry is past hi (a narrow band), else galloped for.
+    ``cur[b]``: band b's index cursor, from and back (0, or where the previous call
+    on the tuples before i0 left it: bounds are sorted, so the cursor never goes back).
+    At NSub 8M, step 8, NBat 32K, S = 1: 2x the probe tuples a second of
+    :func:`locate_chunk`'s lockstep searches."""
+    for b in range(lo.shape[0]):
+        q = cur[b]  # index cursor, AHEAD tuples in front
+        for i in range(i0, i1 + AHEAD):
+            if i < i1:
+                l = lo[b, i]
+                if l <= hi[b, i] and m > 0:
+                    k = 0
+                    while True:  # q: first entry >= l
+                        if q + BLOCK > nidx:
+                            while q < nidx and idx[q] < l:
+                                q += 1
+                            break
+                        c = 0
+                        for t in range(BLOCK):
+                            c += idx[q + t] < l
+                        q += c
+                        if c < BLOCK:
+                            break
+                        k += 1
+                        if k == 8:
+                            q = gallop_left_range(idx, l, q, nidx)
+                            break
+                    st[b, i] = q  # the partition, until resolved below
+                    a = (q - 1) * step + 1 if q > 0 else 0
+                    prefetch_read(mk, min(a, m - 1))
+                    prefetch_read(ms, min(a, m - 1))
+            j = i - AHEAD
+            if j < i0:
+                continue
+            l = lo[b, j]
+            h = hi[b, j]
+            if l > h or m == 0:
+                st[b, j] = 0
+                en[b, j] = 0
+                continue
+            qj = st[b, j]
+            a = (qj - 1) * step + 1 if qj > 0 else 0
+            z = min(qj * step, m)
+            c = 0
+            for r in range(a, z):
+                c += mk[r] < l
+            s = a + c
+            st[b, j] = s
+            if qj < nidx and idx[qj] > h:  # the end is in the same rows
+                c = 0
+                for r in range(s, z):
+                    c += mk[r] <= h
+                en[b, j] = s + c
+            else:
+                en[b, j] = gallop_right_range(mk, h, s, m)
+        cur[b] = q
+
+
+@njit(**NJIT)
+def locate(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en):
     """Main-array ranges ``[st[b, i], en[b, i])`` of probe tuples [i0, i1): by
-    :func:`locate_dense` when the chunk is dense, else by :func:`locate_chunk`."""
+    :func:`locate_dense` when the chunk is dense, by :func:`locate_sparse` over a fine
+    index, else by :func:`locate_chunk`."""
     if (i1 - i0) * DENSE_GAP >= m:
         locate_dense(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
+    elif step <= DENSE_STEP:
+        locate_sparse(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en,
+                      np.zeros(lo.shape[0], dtype=np.int64))
     else:
         locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
+
+
+#: probe tuples located at a time by :func:`probe_pairs` before their pairs are written,
+#: so that the seq lines :func:`locate_sparse` prefetched are still in cache
+PAIRS_CHUNK = 1024
 
 
 @njit(**NJIT)
@@ -427,64 +512,87 @@ def probe_pairs(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi, mode, 
     order of :func:`probe_kernel` (per probe tuple its main ranges band by band, then
     its ranges of the sorted insertion buffer).
 
-    Fewer passes than the parallel kernel: the ranges' total length bounds the pairs,
-    so the output is sized once and filled in one pass that applies the window filter
-    (each candidate is written, and kept by moving the end past it; the unused tail is
-    cut off), instead of a counting pass per probe tuple and prefix sums.
+    Fewer passes than the parallel kernel: PAIRS_CHUNK probe tuples at a time are
+    located, then their candidates written in one pass that applies the window filter
+    (each candidate is written, and kept by moving the end past it), into an output
+    that grows by doubling (the unused tail is cut off), instead of a counting pass per
+    probe tuple and prefix sums.
     """
     nb, n = lo.shape
     st = np.empty((nb, n), dtype=np.int64)
     en = np.empty((nb, n), dtype=np.int64)
-    locate(mk, m, idx, nidx, step, lo, hi, 0, n, st, en)
     nbn = n if nbuf > 0 else 0
     bst = np.empty((nb, nbn), dtype=np.int64)
     ben = np.empty((nb, nbn), dtype=np.int64)
-    locate_dense(bk, nbuf, idx, 0, 1, lo, hi, 0, nbn, bst, ben)
-    cap = 0
-    for b in range(nb):
-        for i in range(n):
-            cap += en[b, i] - st[b, i]
-        for i in range(nbn):
-            cap += ben[b, i] - bst[b, i]
     # one spare slot: every range's first row is written whether or not it matches
-    out_probe = np.empty(cap + 1, dtype=np.int64)
-    out_seq = np.empty(cap + 1, dtype=np.int64)
+    cap = n + 1
+    out_probe = np.empty(cap, dtype=np.int64)
+    out_seq = np.empty(cap, dtype=np.int64)
     pos = 0
     last = max(m - 1, 0)
-    # At S ~ 1 a range holds 0, 1 or 2 rows at random, so a loop over it mispredicts
-    # about once a probe tuple: its first row is written and kept by arithmetic, and
-    # only the rest is looped over (the loops are written out: a helper function for
-    # them, even inlined, made the kernel twice as slow)
-    for i in range(n):
-        a0 = c0[i]
-        a1 = c1[i]
-        a2 = c2[i]
+    # the batch's density picks the search, as :func:`locate` would for all of it: a
+    # dense batch is located at once (its scan is sequential), a sparse one a chunk at
+    # a time, its index cursors carried over from chunk to chunk
+    dense = n * DENSE_GAP >= m
+    if dense:
+        locate_dense(mk, m, idx, nidx, step, lo, hi, 0, n, st, en)
+    cur = np.zeros(nb, dtype=np.int64)
+    for i0 in range(0, n, PAIRS_CHUNK):
+        i1 = min(n, i0 + PAIRS_CHUNK)
+        if not dense and step <= DENSE_STEP:
+            locate_sparse(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en, cur)
+        elif not dense:
+            locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
+        if nbuf > 0:
+            locate_dense(bk, nbuf, idx, 0, 1, lo, hi, i0, i1, bst, ben)
+        need = pos + 1
         for b in range(nb):
-            s = st[b, i]
-            e = en[b, i]
-            r = min(s, last)
-            q = ms[r]
-            out_seq[pos] = q
-            out_probe[pos] = i
-            if mode == NONE:  # ts is not read: at NSub 8M it is a cache miss of its own
-                pos += s < e
+            for i in range(i0, i1):
+                need += en[b, i] - st[b, i]
+            for i in range(i0, min(i1, nbn)):
+                need += ben[b, i] - bst[b, i]
+        if need > cap:
+            cap = max(2 * cap, need)
+            grown = np.empty(cap, dtype=np.int64)
+            grown[:pos] = out_probe[:pos]
+            out_probe = grown
+            grown = np.empty(cap, dtype=np.int64)
+            grown[:pos] = out_seq[:pos]
+            out_seq = grown
+        # At S ~ 1 a range holds 0, 1 or 2 rows at random, so a loop over it
+        # mispredicts about once a probe tuple: its first row is written and kept by
+        # arithmetic, and only the rest is looped over (the loops are written out: a
+        # helper function for them, even inlined, made the kernel twice as slow)
+        for i in range(i0, i1):
+            a0 = c0[i]
+            a1 = c1[i]
+            a2 = c2[i]
+            for b in range(nb):
+                s = st[b, i]
+                e = en[b, i]
+                r = min(s, last)
+                q = ms[r]
+                out_seq[pos] = q
+                out_probe[pos] = i
+                if mode == NONE:  # ts is not read: at NSub 8M it is a cache miss of its own
+                    pos += s < e
+                    for p in range(s + 1, e):
+                        out_seq[pos] = ms[p]
+                        out_probe[pos] = i
+                        pos += 1
+                    continue
+                pos += (s < e) & in_window(mode, a0, a1, a2, q, mt[r])
                 for p in range(s + 1, e):
-                    out_seq[pos] = ms[p]
+                    q = ms[p]
+                    out_seq[pos] = q
                     out_probe[pos] = i
-                    pos += 1
-                continue
-            pos += (s < e) & in_window(mode, a0, a1, a2, q, mt[r])
-            for p in range(s + 1, e):
-                q = ms[p]
-                out_seq[pos] = q
-                out_probe[pos] = i
-                pos += in_window(mode, a0, a1, a2, q, mt[p])
-        for b in range(nb if nbuf > 0 else 0):  # the buffer's ranges
-            for p in range(bst[b, i], ben[b, i]):
-                q = bs[p]
-                out_seq[pos] = q
-                out_probe[pos] = i
-                pos += in_window(mode, a0, a1, a2, q, bt[p])
+                    pos += in_window(mode, a0, a1, a2, q, mt[p])
+            for b in range(nb if nbuf > 0 else 0):  # the buffer's ranges
+                for p in range(bst[b, i], ben[b, i]):
+                    q = bs[p]
+                    out_seq[pos] = q
+                    out_probe[pos] = i
+                    pos += in_window(mode, a0, a1, a2, q, bt[p])
     return out_probe[:pos], out_seq[:pos]
 
 
@@ -515,7 +623,7 @@ def probe_kernel(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi,
     for t in prange(parts):
         i0 = cb[t]
         i1 = cb[t + 1]
-        locate(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
+        locate(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en)
         if nbuf > 0:
             locate_dense(bk, nbuf, idx, 0, 1, lo, hi, i0, i1, bst, ben)
         for i in range(i0, i1):

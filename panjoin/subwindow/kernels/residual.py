@@ -135,7 +135,7 @@ def bisort_probe_residual(mk, mt, ms, mk2, m, idx, nidx, step, bk, bt, bs, nbuf,
     for t in prange(parts):
         i0 = cb[t]
         i1 = cb[t + 1]
-        locate(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
+        locate(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en)
         for i in range(i0, i1):
             c = 0
             for b in range(nb):
