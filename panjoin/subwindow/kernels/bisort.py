@@ -472,18 +472,18 @@ def locate_sparse(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en, cur):
             qj = st[b, j]
             a = (qj - 1) * step + 1 if qj > 0 else 0
             z = min(qj * step, m)
+            # one fixed-length count for both ends (rows below lo are below hi too);
+            # the end is galloped for only when the band runs past these rows
             c = 0
+            d = 0
             for r in range(a, z):
                 c += mk[r] < l
-            s = a + c
-            st[b, j] = s
-            if qj < nidx and idx[qj] > h:  # the end is in the same rows
-                c = 0
-                for r in range(s, z):
-                    c += mk[r] <= h
-                en[b, j] = s + c
+                d += mk[r] <= h
+            st[b, j] = a + c
+            if qj >= nidx or idx[qj] > h:
+                en[b, j] = a + d
             else:
-                en[b, j] = gallop_right_range(mk, h, s, m)
+                en[b, j] = gallop_right_range(mk, h, z, m)
         cur[b] = q
 
 
@@ -524,7 +524,6 @@ def probe_pairs(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi, mode, 
     nbn = n if nbuf > 0 else 0
     bst = np.empty((nb, nbn), dtype=np.int64)
     ben = np.empty((nb, nbn), dtype=np.int64)
-    # one spare slot: every range's first row is written whether or not it matches
     cap = n + 1
     out_probe = np.empty(cap, dtype=np.int64)
     out_seq = np.empty(cap, dtype=np.int64)
@@ -545,7 +544,7 @@ def probe_pairs(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi, mode, 
             locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
         if nbuf > 0:
             locate_dense(bk, nbuf, idx, 0, 1, lo, hi, i0, i1, bst, ben)
-        need = pos + 1
+        need = pos + 1  # a spare slot: every range's first row is written, in it or not
         for b in range(nb):
             for i in range(i0, i1):
                 need += en[b, i] - st[b, i]
