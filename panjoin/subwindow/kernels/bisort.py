@@ -512,11 +512,12 @@ def probe_pairs(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi, mode, 
     order of :func:`probe_kernel` (per probe tuple its main ranges band by band, then
     its ranges of the sorted insertion buffer).
 
-    Fewer passes than the parallel kernel: PAIRS_CHUNK probe tuples at a time are
-    located, then their candidates written in one pass that applies the window filter
-    (each candidate is written, and kept by moving the end past it), into an output
-    that grows by doubling (the unused tail is cut off), instead of a counting pass per
-    probe tuple and prefix sums.
+    Fewer passes than the parallel kernel: the candidates are written in one pass that
+    applies the window filter (each candidate is written, and kept by moving the end
+    past it; the unused tail is cut off), instead of a counting pass per probe tuple
+    and prefix sums. A sparse batch is located PAIRS_CHUNK probe tuples at a time, each
+    chunk's pairs written right after (its prefetched seq lines still in cache), into
+    an output that grows by doubling.
     """
     nb, n = lo.shape
     st = np.empty((nb, n), dtype=np.int64)
@@ -524,40 +525,46 @@ def probe_pairs(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi, mode, 
     nbn = n if nbuf > 0 else 0
     bst = np.empty((nb, nbn), dtype=np.int64)
     ben = np.empty((nb, nbn), dtype=np.int64)
-    cap = n + 1
-    out_probe = np.empty(cap, dtype=np.int64)
-    out_seq = np.empty(cap, dtype=np.int64)
-    pos = 0
-    last = max(m - 1, 0)
+    locate_dense(bk, nbuf, idx, 0, 1, lo, hi, 0, nbn, bst, ben)
     # the batch's density picks the search, as :func:`locate` would for all of it: a
-    # dense batch is located at once (its scan is sequential), a sparse one a chunk at
-    # a time, its index cursors carried over from chunk to chunk
+    # dense batch is located at once (its scan is sequential) and its output sized
+    # exactly; a sparse one a chunk at a time, its index cursors carried over from
+    # chunk to chunk, its output grown as the chunks need
     dense = n * DENSE_GAP >= m
     if dense:
         locate_dense(mk, m, idx, nidx, step, lo, hi, 0, n, st, en)
+    cap = 1  # a spare slot: every range's first row is written, in it or not
+    for b in range(nb):
+        for i in range(nbn):
+            cap += ben[b, i] - bst[b, i]
+        for i in range(n if dense else 0):
+            cap += en[b, i] - st[b, i]
+    if not dense:
+        cap += n  # about a pair per probe tuple; grown below if not
+    out_probe = np.empty(cap, dtype=np.int64)
+    out_seq = np.empty(cap, dtype=np.int64)
+    pos = 0
+    need = cap - n if not dense else 0  # slots the chunks need: the buffer's, spare
+    last = max(m - 1, 0)
     cur = np.zeros(nb, dtype=np.int64)
     for i0 in range(0, n, PAIRS_CHUNK):
         i1 = min(n, i0 + PAIRS_CHUNK)
-        if not dense and step <= DENSE_STEP:
-            locate_sparse(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en, cur)
-        elif not dense:
-            locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
-        if nbuf > 0:
-            locate_dense(bk, nbuf, idx, 0, 1, lo, hi, i0, i1, bst, ben)
-        need = pos + 1  # a spare slot: every range's first row is written, in it or not
-        for b in range(nb):
-            for i in range(i0, i1):
-                need += en[b, i] - st[b, i]
-            for i in range(i0, min(i1, nbn)):
-                need += ben[b, i] - bst[b, i]
-        if need > cap:
-            cap = max(2 * cap, need)
-            grown = np.empty(cap, dtype=np.int64)
-            grown[:pos] = out_probe[:pos]
-            out_probe = grown
-            grown = np.empty(cap, dtype=np.int64)
-            grown[:pos] = out_seq[:pos]
-            out_seq = grown
+        if not dense:
+            if step <= DENSE_STEP:
+                locate_sparse(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en, cur)
+            else:
+                locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
+            for b in range(nb):
+                for i in range(i0, i1):
+                    need += en[b, i] - st[b, i]
+            if need > cap:
+                cap = max(2 * cap, need)
+                grown = np.empty(cap, dtype=np.int64)
+                grown[:pos] = out_probe[:pos]
+                out_probe = grown
+                grown = np.empty(cap, dtype=np.int64)
+                grown[:pos] = out_seq[:pos]
+                out_seq = grown
         # At S ~ 1 a range holds 0, 1 or 2 rows at random, so a loop over it
         # mispredicts about once a probe tuple: its first row is written and kept by
         # arithmetic, and only the rest is looped over (the loops are written out: a
