@@ -33,16 +33,17 @@ def engine_config(wl: Workload, index: str, backend=None) -> tuple[int | None, i
     """``(NSub, NBat)`` of an engine-based peer (NSub None: the engine's default).
 
     In-process BI-Sort: one subwindow per window (NSub = W) and NBat = W, at most
-    256K. With one thread nothing is gained by spreading a window over subwindows, and
+    512K. With one thread nothing is gained by spreading a window over subwindows, and
     every subwindow costs each batch a probe pass; BI-Sort's merge, O(NSub) per batch,
-    is the price. Larger batches make the probes denser (issue 20's sweep,
-    benchmarks/RESULTS.md: at W = 1M, equi join, 6.5M tuples/s at NSub W/2 and NBat
-    32K, 10.5M at NSub W and NBat 128K, 12.1M at NBat 256K). Every other
+    is the price. Larger batches make the probes denser and the merges fewer (issue
+    20's sweeps, benchmarks/RESULTS.md: at W = 1M, equi join, 6.5M tuples/s at NSub W/2
+    and NBat 32K, 10.5M at NSub W and NBat 128K, 13.4M at 256K, 16.3M at 512K, 15.2M
+    at 1M; at W = 256K, 20.2M at NBat 128K, 24.4M at 256K). Every other
     peer keeps the paper's NBat of 32K, at most W/8 so that small windows still see
     many batches, and the engine's NSub (W/4 for count windows): the cluster spreads
     subwindows over its workers."""
     if index == "bisort" and backend is None:
-        return wl.window, min(1 << 18, max(256, wl.window))
+        return wl.window, min(1 << 19, max(256, wl.window))
     return None, min(1 << 15, max(256, wl.window // 8))
 
 
