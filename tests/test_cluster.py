@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from panjoin.generate import generate
 from panjoin.launch import start_workers
-from panjoin.manager.engine import JoinEngine, warm_up
+from panjoin.manager.engine import JoinEngine
 from panjoin.manager.grpc_backend import GrpcBackend, WorkerError
 from panjoin.proto.panjoin.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from panjoin.reference import reference_join, sort_pairs
@@ -330,17 +330,21 @@ def test_a_hung_worker_is_detected_by_its_deadline(events):
     import signal
 
     ws = start_workers(2)
-    # kernels compiled (or loaded) before the 8 s deadline runs: a fresh checkout has no
-    # Numba cache, and compiling WiB+-Tree's kernels on a loaded machine outlasts it
+    join = dict(index="wib", subwindow_size=40, partitions=4, batch_size=64, n_workers=2)
+    # the same join once without the deadline, so the workers' kernels are compiled (or
+    # loaded) before the 8 s run: a fresh checkout has no Numba cache, and compiling on
+    # a loaded machine outlasts the deadline
     warm = GrpcBackend([w.address for w in ws])
     try:
-        warm_up("wib", backend=warm, n_workers=2)
+        eng = JoinEngine("time:160,120", "eq", backend=warm, **join)
+        eng.push(events)
+        eng.flush()
+        eng.take_results()
     finally:
         warm.close()
     backend = GrpcBackend([w.address for w in ws], deadline=8)
     try:
-        eng = JoinEngine("time:160,120", "eq", index="wib", subwindow_size=40, partitions=4,
-                         batch_size=64, backend=backend, n_workers=2)
+        eng = JoinEngine("time:160,120", "eq", backend=backend, **join)
         eng.push(events.slice(0, 600))
         os.kill(ws[0].proc.pid, signal.SIGSTOP)  # alive but silent
         eng.push(events.slice(600, len(events)))
