@@ -471,15 +471,26 @@ def locate_sparse(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en, cur):
                 en[b, j] = 0
                 continue
             qj = st[b, j]
-            a = (qj - 1) * step + 1 if qj > 0 else 0
-            z = min(qj * step, m)
-            # one fixed-length count for both ends (rows below lo are below hi too);
-            # the end is galloped for only when the band runs past these rows
-            c = 0
-            d = 0
-            for r in range(a, z):
-                c += mk[r] < l
-                d += mk[r] <= h
+            # one count for both ends (rows below lo are below hi too); the end is
+            # galloped for only when the band runs past these rows
+            if qj > 0 and qj * step <= m:
+                # rows [(q-1) step, q step): row (q-1) step is index entry q-1, below
+                # lo, so it adds one to both counts; a fixed length the compiler unrolls
+                a = (qj - 1) * step
+                z = a + step
+                c = 0
+                d = 0
+                for r in range(step):
+                    c += mk[a + r] < l
+                    d += mk[a + r] <= h
+            else:
+                a = (qj - 1) * step + 1 if qj > 0 else 0
+                z = min(qj * step, m)
+                c = 0
+                d = 0
+                for r in range(a, z):
+                    c += mk[r] < l
+                    d += mk[r] <= h
             st[b, j] = a + c
             if qj >= nidx or idx[qj] > h:
                 en[b, j] = a + d
@@ -571,6 +582,18 @@ def probe_pairs(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi, mode, 
         # arithmetic, and only the rest is looped over (the loops are written out: a
         # helper function for them, even inlined, made the kernel twice as slow)
         for i in range(i0, i1):
+            if mode == NONE and nbuf == 0:  # ts is not read: at NSub 8M a miss of its own
+                for b in range(nb):
+                    s = st[b, i]
+                    e = en[b, i]
+                    out_seq[pos] = ms[min(s, last)]
+                    out_probe[pos] = i
+                    pos += s < e
+                    for p in range(s + 1, e):
+                        out_seq[pos] = ms[p]
+                        out_probe[pos] = i
+                        pos += 1
+                continue
             a0 = c0[i]
             a1 = c1[i]
             a2 = c2[i]
@@ -581,13 +604,6 @@ def probe_pairs(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi, mode, 
                 q = ms[r]
                 out_seq[pos] = q
                 out_probe[pos] = i
-                if mode == NONE:  # ts is not read: at NSub 8M it is a cache miss of its own
-                    pos += s < e
-                    for p in range(s + 1, e):
-                        out_seq[pos] = ms[p]
-                        out_probe[pos] = i
-                        pos += 1
-                    continue
                 pos += (s < e) & in_window(mode, a0, a1, a2, q, mt[r])
                 for p in range(s + 1, e):
                     q = ms[p]
