@@ -31,7 +31,10 @@ the rebounding binary search on the index array (the sampled keys, one per
 partition of ``step`` tuples) from the previous bound's partition, which names the
 one partition holding the answer; bounds are sorted, so the index cursors only
 move right (the merge-like scan), and an equal consecutive bound reuses the
-previous answer. The searches inside the partitions of a group of 32 probe tuples
+previous answer. Over a fine index (step <= 16, the engine's default is 8) the
+cursor runs 16 tuples ahead of the one being resolved and prefetches the partition it
+names, one cache line per column (:func:`locate_sparse`). Over a coarse index the
+searches inside the partitions of a group of 32 probe tuples
 then run in lockstep, branch-free, so that their cache misses on the main array
 overlap instead of queueing one behind the other; the end of a narrow band is
 found from its start (a step or two at S ~ 1). A dense batch (at least one probe
@@ -432,9 +435,10 @@ def locate_sparse(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en, cur):
     rows when the next index entry is past hi (a narrow band), else galloped for.
     ``cur[b]``: band b's index cursor, from and back (0, or where the previous call
     on the tuples before i0 left it: bounds are sorted, so the cursor never goes back).
-    At NSub 8M, step 8, NBat 32K, S = 1: 2x the probe tuples a second of
-    :func:`locate_chunk`'s lockstep searches. (The block scan is locate_dense's, written
-    out again: as a shared function the kernel took 31 ns a probe tuple, not 24.)"""
+    At NSub 8M, step 8, NBat 32K, S = 1, with :func:`probe_pairs`: 24M probe tuples a
+    second, against 10.4M by :func:`locate_chunk`'s lockstep searches. (The block scan
+    is locate_dense's, written out again: as a shared function the kernel took 31 ns a
+    probe tuple, not 24.)"""
     for b in range(lo.shape[0]):
         q = cur[b]  # index cursor, AHEAD tuples in front
         for i in range(i0, i1 + AHEAD):
