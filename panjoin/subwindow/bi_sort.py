@@ -18,8 +18,10 @@ cheap to search by an index array::
 - probe (a sorted batch, per band a closed interval [lo, hi]): the matches in the
   main array are one contiguous range [start, end); each bound is found by the
   rebounding binary search on the index array, with cursors that only move right
-  over the batch (the merge-like scan), then inside its one partition (32 probe
-  tuples' searches in lockstep, so that their cache misses overlap); a dense
+  over the batch (the merge-like scan), then inside its one partition (over a fine
+  index, step <= 16, the cursor runs 16 tuples ahead and prefetches each partition;
+  over a coarse one, 32 probe tuples' searches run in lockstep: either way their cache
+  misses overlap); a dense
   batch (a probe tuple per 64 main rows or more) gallops over the main array
   itself. The sorted buffer's ranges are found the same way. Chunks of the batch
   run on ``threads`` threads; one thread runs a leaner kernel (one pass over the

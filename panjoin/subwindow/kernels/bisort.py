@@ -548,19 +548,17 @@ def probe_pairs(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi, mode, 
     # chunk to chunk, its output grown as the chunks need
     dense = n * DENSE_GAP >= m
     if dense:
-        locate_dense(mk, m, idx, nidx, step, lo, hi, 0, n, st, en)
-    cap = 1  # a spare slot: every range's first row is written, in it or not
-    for b in range(nb):
+        locate(mk, ms, m, idx, nidx, step, lo, hi, 0, n, st, en)
+    need = 1  # slots: a spare one (every range's first row is written, in it or not),
+    for b in range(nb):  # the buffer's pairs, and the main array's located so far
         for i in range(nbn):
-            cap += ben[b, i] - bst[b, i]
+            need += ben[b, i] - bst[b, i]
         for i in range(n if dense else 0):
-            cap += en[b, i] - st[b, i]
-    if not dense:
-        cap += n  # about a pair per probe tuple; grown below if not
+            need += en[b, i] - st[b, i]
+    cap = need if dense else need + n  # sparse: about a pair per probe tuple to start
     out_probe = np.empty(cap, dtype=np.int64)
     out_seq = np.empty(cap, dtype=np.int64)
     pos = 0
-    need = cap - n if not dense else 0  # slots the chunks need: the buffer's, spare
     last = max(m - 1, 0)
     cur = np.zeros(nb, dtype=np.int64)
     for i0 in range(0, n, PAIRS_CHUNK):
