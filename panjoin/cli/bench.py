@@ -1,10 +1,11 @@
-"""``panjoin bench index|system|peers``: one point of an index microbenchmark, a local
-cluster against the in-process engine, and PanJoin against its peers (the sweeps
-and plots are in ``benchmarks/``).
+"""``panjoin bench index|system|peers|latency``: one point of an index microbenchmark, a
+local cluster against the in-process engine, PanJoin against its peers, and pair
+latency under an open-loop source (the sweeps and plots are in ``benchmarks/``).
 
     panjoin bench index --index bisort --op probe --nsub 8M --partitions 64K --batch 32K
     panjoin bench system --workers 2 --window 1M --measure 4M [--null-workers]
     panjoin bench peers --quick
+    panjoin bench latency --rates 200K,500K,1M --max-latency 5
 """
 
 from __future__ import annotations
@@ -91,6 +92,46 @@ def add_parser(sub) -> None:
     add_common(b)
     b.set_defaults(run=run_peers)
 
+    b = bsub.add_parser(
+        "latency", help="pair latency at given input rates (open-loop source)",
+        description="Fill both windows, then replay a generated stream at each rate on a "
+                    "fixed schedule (a stall counts against latency: no coordinated omission) "
+                    "and measure each pair's latency: when it is handed out minus when the "
+                    "later of its two tuples was due. Prints p50, p99, p99.9 and max per rate, "
+                    "whether the source was kept up with, and the highest rate that kept up "
+                    "with p99 within --p99-target.")
+    b.add_argument("--window", default="count:1M,1M", metavar="SPEC",
+                   help="count:WR,WS (default: %(default)s)")
+    b.add_argument("--predicate", default="eq", metavar="SPEC", help="(default: %(default)s)")
+    b.add_argument("--index", default="bisort", choices=INDEX_KINDS, help=INDEX_HELP)
+    b.add_argument("--dist", default="uniform", help="key distribution (default: %(default)s)")
+    b.add_argument("--key-max", type=size, default=1_000_000,
+                   help="keys uniform in [0, KEY_MAX] (default: %(default)s: about one "
+                        "equi-join pair per tuple at a 1M window)")
+    b.add_argument("--rates", default="100K,200K,500K,1M",
+                   help="comma-separated input rates, tuples/s of both streams together "
+                        "(default: %(default)s)")
+    b.add_argument("--seconds", type=float, default=3.0,
+                   help="measured seconds per rate (default: %(default)s)")
+    b.add_argument("--max-latency", type=float, metavar="MS",
+                   help="the engine sizes its batches to hold this bound (default: fixed "
+                        "--batch-size and --collect-ms)")
+    b.add_argument("--batch-size", type=size, metavar="NBAT",
+                   help="batch size NBat (with --max-latency: the largest it may pick)")
+    b.add_argument("--collect-ms", type=float, metavar="MS",
+                   help="cut a batch whose oldest tuple waited MS (without --max-latency)")
+    b.add_argument("--subwindow-size", type=size, metavar="NSUB")
+    b.add_argument("--threads", type=int, metavar="T", help="probe threads (default: all cores)")
+    b.add_argument("--p99-target", type=float, default=50.0, metavar="MS",
+                   help="the highest rate that keeps up with p99 within MS is reported "
+                        "(default: %(default)s)")
+    b.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    b.add_argument("--plot", metavar="PNG", help="plot p50/p99 against the rate reached")
+    b.add_argument("--label", help="the curve's name (default: the mode)")
+    b.add_argument("--seed", type=int, default=1)
+    add_common(b)
+    b.set_defaults(run=run_latency)
+
 
 def run_index(args) -> int:
     from panjoin.bench.index import IndexPoint, run_point
@@ -176,3 +217,32 @@ def run_peers(args) -> int:
         print(f"RESULT MISMATCH: {p}")
     print("result pairs: " + ("MISMATCH" if problems else "all peers that ran agree"))
     return 1 if problems else 0
+
+
+def rate(text: str) -> float:
+    """A rate in tuples/s: 200K = 200,000 (decimal, unlike window sizes), 1.5M, 50000."""
+    t = text.strip().upper()
+    mult = {"K": 1e3, "M": 1e6, "G": 1e9}.get(t[-1:], 1.0)
+    try:
+        return float(t[:-1] if mult != 1.0 else t) * mult
+    except ValueError:
+        raise SystemExit(f"bad rate {text!r}: tuples per second, e.g. 200K or 1.5M") from None
+
+
+def run_latency(args) -> int:
+    from panjoin.bench.latency import latency_sweep, max_sustainable, plot, write_json
+
+    rates = [rate(r) for r in args.rates.split(",")]
+    results = latency_sweep(
+        rates, window=args.window, predicate=args.predicate, index=args.index,
+        dist=args.dist, key_max=args.key_max, seconds=args.seconds,
+        max_latency_ms=args.max_latency, batch_size=args.batch_size,
+        collect_ms=args.collect_ms, subwindow_size=args.subwindow_size, threads=args.threads,
+        seed=args.seed, label=args.label, progress=not args.no_progress, echo=print)
+    best = max_sustainable(results, args.p99_target)
+    print(f"max sustainable rate with p99 <= {args.p99_target:g} ms: {best:,.0f} tuples/s")
+    if args.json:
+        write_json(results, args.json)
+    if args.plot:
+        plot(results, args.plot)
+    return 0

@@ -60,6 +60,7 @@ import pyarrow as pa
 from panjoin.backend import CreateSpec, LocalBackend, SortedBatch
 from panjoin.config import DEFAULT_BATCH, advise_heap_hugepages, default_threads, tune_allocator
 from panjoin.manager.kernels import pack_rows, split_streams, unpack_rows
+from panjoin.manager.latency import CAP_MAX, LatencyBound
 from panjoin.manager.ring import SubwindowRing
 from panjoin.semantics import (
     I64_MIN,
@@ -208,9 +209,10 @@ class JoinEngine:
         key_dtype: str | None = None,
         subwindow_size: int | None = None,
         partitions: int | None = None,
-        batch_size: int = DEFAULT_BATCH,
+        batch_size: int | None = None,
         max_lag: int | None = None,
         max_collect_ms: float | None = None,
+        max_latency_ms: float | None = None,
         threads: int | None = None,
         backend=None,
         n_workers: int = 1,
@@ -227,11 +229,18 @@ class JoinEngine:
         if self.nsub <= 0:
             raise ValueError(f"subwindow size must be positive, got {self.nsub}")
         self.partitions = int(partitions or default_partitions(self.nsub, index))
-        if batch_size <= 0:
+        if batch_size is not None and batch_size <= 0:
             raise ValueError(f"batch size must be positive, got {batch_size}")
-        self.batch_size = int(batch_size)
+        # with a latency bound the engine sizes its batches itself (panjoin.manager.latency):
+        # a given batch size is then only the largest it may pick
+        self.bound = LatencyBound(max_latency_ms) if max_latency_ms is not None else None
+        self.batch_limit = int(batch_size or (CAP_MAX if self.bound else DEFAULT_BATCH))
+        self.batch_size = self.batch_limit
+        self.fixed_lag = max_lag
         self.max_lag = int(max_lag or self.batch_size)
         self.max_collect_ms = max_collect_ms
+        if self.bound is not None:
+            self._resize()
         self.threads = threads or default_threads()
         tune_allocator()
         advise_heap_hugepages()
@@ -331,6 +340,8 @@ class JoinEngine:
             self.client_wm = max(int(watermark), self.client_wm if self.client_wm is not None
                                  else I64_MIN)
         self.stats.tuples_in += n
+        if self.bound is not None:
+            self.bound.observe_input(n, time.monotonic())
 
         keep = None  # None: every tuple is on time
         if self.client_wm is not None:
@@ -398,6 +409,8 @@ class JoinEngine:
         for name in STREAM_NAMES:
             if self.buffers[name].n >= self.batch_size or self._lag_due(name):
                 self._process(name)
+        if self.bound is not None:
+            self.tick()  # a deadline may have passed while this chunk was cut
 
     def _lag_due(self, name: str) -> bool:
         b = self.buffers[name]
@@ -475,9 +488,23 @@ class JoinEngine:
 
     # ------------------------------------------------------------------ steps 2-5
 
+    def _resize(self) -> None:
+        """Batch size cap and collect deadline from the latency bound's measurements."""
+        self.batch_size = min(self.batch_limit, self.bound.batch_cap())
+        self.max_lag = int(self.fixed_lag or self.batch_size)
+        self.max_collect_ms = self.bound.deadline_ms()
+
     def _process(self, x: str) -> None:
         if self.buffers[x].n == 0:
             return
+        t_batch = time.perf_counter()
+        n_batch = self.buffers[x].n
+        self._process_batch(x)
+        if self.bound is not None:
+            self.bound.observe_batch(n_batch, time.perf_counter() - t_batch)
+            self._resize()
+
+    def _process_batch(self, x: str) -> None:
         key, ev, seq, ids, opp, pay, key2 = self.buffers[x].take()
         self.buf_since[x] = None
         self.stats.batches += 1

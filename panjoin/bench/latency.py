@@ -1,0 +1,285 @@
+"""The latency benchmark: how soon a pair comes out, at a given input rate (issue 27).
+
+An **open-loop** source replays an arrival-ordered stream at a fixed rate: tuple i of
+the measured part is *due* at ``t0 + i / rate``, and the driver hands the target every
+tuple that is due, never early. Whatever the target does (a long batch, a compile, a
+slow answer) the schedule does not wait for it: the tuples that fell due meanwhile
+are pushed late, and their lateness counts against latency (no coordinated
+omission). A pair's latency is the time the driver receives it minus the due time of
+the later of its two tuples::
+
+    due:   r7 at 10.000 ms   s3 at 10.004 ms
+    out:   (r7, s3) returned by poll() at 12.250 ms  ->  latency 2.246 ms
+
+Each run first fills both windows closed-loop (untimed; pairs discarded), so what is
+measured is the steady state with full windows, subwindows expiring as they would
+in production. The source then runs ``TAIL_S`` past the measured tuples, whose pairs
+alone are counted: the end of the input (a last partial batch, a flush) is not part of
+a stream's steady state. The source *kept up* when, at the end of the run, it was less than
+``KEPT_UP_MS`` behind its schedule (a target that cannot keep up falls behind more
+and more; its backlog at the end of a run of a few seconds is hundreds of ms).
+
+A target is anything with ``push(chunk)`` (an :class:`~panjoin.events.EventTable`
+slice), ``poll() -> (r_id, s_id)`` (the pairs it hands out now, never blocking),
+``pending() -> bool`` (tuples still buffered or pairs still being computed),
+``flush()`` (end of input: process everything) and ``close()``:
+:class:`EngineTarget` is the in-process engine, driven with ``tick()`` and
+``take_results(wait=False)`` as a caller that must not block would drive it.
+
+    >>> from panjoin.generate import generate
+    >>> ev = generate(30_000, seed=1)
+    >>> t = EngineTarget(JoinEngine("count:4K,4K", "eq", index="nested",
+    ...                             max_latency_ms=20))
+    >>> r = run_open_loop(ev, fill=8192, rate=50_000, target=t)
+    >>> r.pairs > 0 and r.kept_up
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from panjoin.manager.engine import JoinEngine
+
+#: a run kept up when its source was at most this far behind schedule at the end
+KEPT_UP_MS = 50.0
+#: at most this long between two polls while nothing is due (a busy target is polled
+#: as soon as it returns)
+POLL_S = 0.0002
+#: the source goes on this long past the measured tuples (at the same rate), so that
+#: the measured ones are never held back by the end of the input
+TAIL_S = 0.25
+
+
+@dataclass
+class LatencyResult:
+    """One run: the rate asked for and reached, the pair latencies' quantiles (ms)."""
+
+    mode: str
+    rate: float  # tuples/s the source was asked for
+    achieved: float  # tuples/s it reached (measured tuples / time of the last push)
+    tuples: int
+    pairs: int
+    p50_ms: float
+    p99_ms: float
+    p999_ms: float
+    max_ms: float
+    behind_ms: float  # the source's largest backlog behind schedule
+    end_behind_ms: float  # its backlog at the last push
+    kept_up: bool
+    batches: int = 0  # batches the target cut during the measured part (if it says)
+    mean_batch: float = 0.0  # tuples per batch
+    settings: dict = field(default_factory=dict)
+
+    def line(self) -> str:
+        return (f"{self.mode:>10}  rate {self.rate / 1e6:6.3f}M"
+                f"  reached {self.achieved / 1e6:6.3f}M"
+                f"  p50 {self.p50_ms:8.2f}  p99 {self.p99_ms:8.2f}  p99.9 {self.p999_ms:8.2f}"
+                f"  max {self.max_ms:8.2f} ms  behind {self.behind_ms:7.1f} ms  "
+                f"{'kept up' if self.kept_up else 'FELL BEHIND'}  batch {self.mean_batch:,.0f}"
+                f"  pairs {self.pairs:,}")
+
+
+class EngineTarget:
+    """The in-process engine as a latency target."""
+
+    mode = "in-process"
+
+    def __init__(self, engine: JoinEngine):
+        self.engine = engine
+
+    def push(self, chunk) -> None:
+        self.engine.push(chunk)
+
+    def poll(self):
+        self.engine.tick()
+        return self.engine.take_results(wait=False)
+
+    def pending(self) -> bool:
+        st = self.engine.status()
+        return bool(st["buffered"]["R"] or st["buffered"]["S"] or st["probes_in_flight"])
+
+    def flush(self) -> None:
+        self.engine.flush()
+
+    def batches(self) -> int:
+        return self.engine.stats.batches
+
+    def close(self) -> None:
+        self.engine.backend.close()
+
+
+def _due_lookup(events, fill: int, t0: float, rate: float):
+    """Per stream, a function ids -> due time (s); tuples of the fill are due at -inf."""
+    n = len(events)
+    due = np.full(n, -np.inf)
+    due[fill:] = t0 + np.arange(n - fill) / rate
+    out = []
+    for x in (0, 1):
+        rows = np.flatnonzero(events.stream == x)
+        ids = events.id[rows]
+        if ids.size == 0 or (ids[0] == 0 and np.array_equal(ids, np.arange(ids.size))):
+            d = due[rows]
+            out.append(lambda q, d=d: d[q])
+        else:
+            order = np.argsort(ids, kind="stable")
+            sid, d = ids[order], due[rows[order]]
+            out.append(lambda q, sid=sid, d=d: d[np.searchsorted(sid, q)])
+    return out
+
+
+def run_open_loop(events, fill: int, rate: float, target, *, tail_s: float = TAIL_S,
+                  progress=None) -> LatencyResult:
+    """Fill with ``events[:fill]`` closed-loop, then replay ``events[fill:]`` at ``rate``
+    tuples/s into ``target``; returns the pair latencies of the replayed part but its
+    last ``tail_s`` seconds (see the module docstring)."""
+    step = 1 << 16
+    for a in range(0, fill, step):
+        target.push(events.slice(a, min(fill, a + step)))
+        target.poll()
+    while target.pending():  # the fill's rounds answered before the clock starts
+        target.flush()
+        target.poll()
+    total = len(events) - fill
+    n = max(1, total - int(tail_s * rate))  # the measured tuples; the rest is the tail
+    b0 = target.batches() if hasattr(target, "batches") else 0
+    lat: list[np.ndarray] = []
+    pairs = 0
+    t0 = time.perf_counter() + 0.005
+    due_r, due_s = _due_lookup(events, fill, t0, rate)
+    horizon = t0 + (n - 0.5) / rate  # pairs whose later tuple is due after it: the tail's
+
+    def take(now_pairs, now):
+        nonlocal pairs
+        r, s = now_pairs
+        if r.size:
+            d = np.maximum(due_r(r), due_s(s))
+            ok = np.isfinite(d) & (d < horizon)  # a pair of two fill tuples: no due time
+            lat.append(now - d[ok])
+            pairs += int(ok.sum())
+
+    pushed = 0
+    behind = 0.0
+    end_behind = 0.0
+    last_push = t0
+    while pushed < total:
+        now = time.perf_counter()
+        due_n = min(total, int((now - t0) * rate) + 1) if now >= t0 else 0
+        if due_n > pushed:
+            back = now - (t0 + pushed / rate)  # how long the oldest of these waited
+            if pushed < n:
+                behind = max(behind, back)
+                end_behind = back
+                last_push = now
+            target.push(events.slice(fill + pushed, fill + due_n))
+            if progress is not None:
+                progress.update(due_n - pushed)
+            pushed = due_n
+        out = target.poll()
+        take(out, time.perf_counter())
+        if pushed < total:
+            wait = t0 + pushed / rate - time.perf_counter()
+            if wait > 0:
+                time.sleep(min(wait, POLL_S))
+    target.flush()
+    take(target.poll(), time.perf_counter())
+    while target.pending():
+        take(target.poll(), time.perf_counter())
+        time.sleep(POLL_S)
+    ms = np.concatenate(lat) * 1000.0 if lat else np.zeros(1)
+    q = np.quantile(ms, [0.5, 0.99, 0.999]) if ms.size else np.zeros(3)
+    batches = (target.batches() - b0) if hasattr(target, "batches") else 0
+    return LatencyResult(
+        mode=getattr(target, "mode", type(target).__name__), rate=rate,
+        achieved=min(rate, n / max(last_push - t0, 1e-9)), tuples=n, pairs=pairs,
+        p50_ms=float(q[0]), p99_ms=float(q[1]), p999_ms=float(q[2]), max_ms=float(ms.max()),
+        behind_ms=behind * 1000.0, end_behind_ms=end_behind * 1000.0,
+        kept_up=end_behind * 1000.0 <= KEPT_UP_MS, batches=batches,
+        mean_batch=n / batches if batches else 0.0)
+
+
+def max_sustainable(results: list[LatencyResult], p99_ms: float) -> float:
+    """The highest rate that kept up with p99 at or under ``p99_ms`` (0 if none)."""
+    ok = [r.rate for r in results if r.kept_up and r.p99_ms <= p99_ms]
+    return max(ok, default=0.0)
+
+
+def write_json(results: list[LatencyResult], path) -> None:
+    with open(path, "w") as f:
+        json.dump([asdict(r) for r in results], f, indent=1)
+
+
+def plot(results: list[LatencyResult], path, title: str = "") -> None:
+    """Throughput against latency: p50 and p99 over the reached rate, one curve per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    modes = sorted({r.mode for r in results})
+    for i, m in enumerate(modes):
+        rs = sorted((r for r in results if r.mode == m), key=lambda r: r.rate)
+        x = [r.achieved / 1e6 for r in rs]
+        c = f"C{i}"
+        ax.plot(x, [r.p99_ms for r in rs], "-o", color=c, label=f"{m} p99")
+        ax.plot(x, [r.p50_ms for r in rs], "--", color=c, alpha=0.7, label=f"{m} p50")
+        for r, xi in zip(rs, x, strict=True):
+            if not r.kept_up:
+                ax.plot(xi, r.p99_ms, "x", color="k", markersize=9)
+    ax.set_yscale("log")
+    ax.set_xlabel("input rate reached (M tuples/s)")
+    ax.set_ylabel("pair latency (ms)")
+    ax.set_title(title or "PanJoin: throughput and pair latency (x: fell behind)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def latency_sweep(rates, *, window: str = "count:1M,1M", predicate: str = "eq",
+                  index: str = "bisort", dist: str = "uniform", key_max: int = 1_000_000,
+                  seconds: float = 3.0, max_latency_ms: float | None = None,
+                  batch_size: int | None = None, collect_ms: float | None = None,
+                  subwindow_size: int | None = None, threads: int | None = None,
+                  seed: int = 1, label: str | None = None, progress: bool = False,
+                  echo=None) -> list[LatencyResult]:
+    """One open-loop run per rate, each on a fresh in-process engine over the same data
+    (a count window's fill, then ``seconds`` at the highest rate plus the tail)."""
+    from panjoin.cli.options import progress as bar
+    from panjoin.generate import generate
+    from panjoin.manager.engine import warm_up
+    from panjoin.semantics import parse_window
+
+    w = parse_window(window)
+    if w.kind != "count":
+        raise ValueError("the latency benchmark replays count windows (its source sets the "
+                         "arrival times, not event time)")
+    fill = int(w.r + w.s)
+    top = max(rates)
+    events = generate(fill + int(top * (seconds + TAIL_S)), dist, key_max=key_max, seed=seed)
+    warm_up(index)
+    settings = dict(window=window, predicate=predicate, index=index, dist=dist,
+                    max_latency_ms=max_latency_ms, batch_size=batch_size,
+                    collect_ms=collect_ms, subwindow_size=subwindow_size, threads=threads)
+    out = []
+    for rate in rates:
+        ev = events.slice(0, fill + int(rate * (seconds + TAIL_S)))
+        eng = JoinEngine(window, predicate, index=index, batch_size=batch_size,
+                         max_collect_ms=collect_ms, max_latency_ms=max_latency_ms,
+                         subwindow_size=subwindow_size, threads=threads)
+        with bar(len(ev) - fill, f"{rate:,.0f} tuples/s", not progress) as pb:
+            res = run_open_loop(ev, fill, rate, EngineTarget(eng), progress=pb)
+        res.settings = dict(settings, nsub=eng.nsub, partitions=eng.partitions,
+                            threads=eng.threads)
+        if label:
+            res.mode = label
+        if echo is not None:
+            echo(res.line())
+        out.append(res)
+    return out

@@ -1,0 +1,116 @@
+"""Batch sizing that holds a latency bound (issue 27): ``JoinEngine(max_latency_ms=L)``.
+
+A pair waits for its batch to be cut (at most the collect deadline D after the batch's
+oldest tuple arrived) and then for the batch to be processed (probe, insert). Each
+stream's batch holds about ``lam * D`` tuples at an input rate ``lam`` per stream, and
+processing one costs about ``a + b n`` seconds (a fixed cost per batch: one probe call
+per subwindow, the insert, Python; b per tuple). So, with both streams' batches cut
+in one tick:
+
+- the bound holds when ``D + 2 (a + b lam D) <= L``, that is
+  ``D <= D_lat = (L - 2a) / (1 + 2 b lam)``;
+- the engine keeps up when processing takes at most a share U of the time,
+  ``2 (a + b lam D) <= U D``, that is ``D >= D_keep = 2a / (U - 2 b lam)``.
+
+The deadline is ``D_keep`` (the smallest batches that keep up: small when the input is
+slow) within ``[D_MIN, D_lat]`` (never past what holds the bound); when even
+``D_lat`` cannot keep up, the input outruns the engine at this bound and the deadline
+stays at ``D_lat``. The batch size cap is the largest batch that is processed within
+half the bound, so a backlog pushed at once is cut into batches that still hold it.
+This is Flink's buffer timeout, sized from measurements instead of by hand.
+
+``a`` and ``b`` are a least-squares fit of the batches' measured times against their
+sizes, with exponential forgetting (the window fills, subwindows expire, the machine
+gets busy); the rate is measured from the pushes. Example, L = 5 ms, measured
+a = 100 us, b = 0.4 us, lam = 500K tuples/s per stream (1M tuples/s in all)::
+
+    D_lat  = (5 - 0.2) / (1 + 0.4) = 3.43 ms
+    D_keep = 0.2 / (0.7 - 0.4)     = 0.67 ms   -> D = 0.67 ms, batches of ~330 tuples
+
+    >>> b = LatencyBound(5.0)
+    >>> for n in (300, 600, 1200, 300, 600, 1200):
+    ...     b.observe_batch(n, 100e-6 + 0.4e-6 * n)
+    >>> b.observe_input(0, 0.0); b.observe_input(100_000, 0.1)
+    >>> round(b.deadline_ms(), 2), b.batch_cap()
+    (0.67, 6000)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+#: the shortest collect deadline (ms): below it a batch is mostly fixed cost
+D_MIN_MS = 0.2
+#: the share of the time the engine may be busy processing at the chosen deadline
+UTILIZATION = 0.7
+#: weight of the past in the fits (per batch, per input observation)
+FORGET = 0.97
+#: the input rate is measured over this much of the recent past (s)
+RATE_WINDOW_S = 0.2
+#: smallest and largest batch size cap
+CAP_MIN = 256
+CAP_MAX = 1 << 20
+
+
+class LatencyBound:
+    """The collect deadline and batch size cap that hold ``max_latency_ms``; see the
+    module docstring."""
+
+    def __init__(self, max_latency_ms: float):
+        if not max_latency_ms > 0:
+            raise ValueError(f"max latency must be a positive number of ms, got {max_latency_ms}")
+        self.bound_s = float(max_latency_ms) / 1000.0
+        # weighted sums of the fit t = a + b n
+        self._w = self._n = self._nn = self._t = self._nt = 0.0
+        self.a = 50e-6  # until measured: a guess of this machine's order
+        self.b = 0.5e-6
+        self.rate = 0.0  # tuples/s per stream (both streams' mean)
+        self._arrivals: deque[tuple[float, int]] = deque()  # (time, tuples so far)
+        self._count = 0
+
+    def observe_batch(self, n: int, seconds: float) -> None:
+        """A batch of ``n`` tuples took ``seconds`` to process (probe and insert)."""
+        f = FORGET
+        n = float(n)
+        self._w = f * self._w + 1.0
+        self._n = f * self._n + n
+        self._nn = f * self._nn + n * n
+        self._t = f * self._t + seconds
+        self._nt = f * self._nt + n * seconds
+        mean_n, mean_t = self._n / self._w, self._t / self._w
+        var = self._nn / self._w - mean_n * mean_n
+        if var > 0.01 * mean_n * mean_n:  # sizes differ enough to tell a from b
+            b = (self._nt / self._w - mean_n * mean_t) / var
+            a = mean_t - b * mean_n
+            if b > 0 and a >= 0:
+                self.a, self.b = a, b
+                return
+        # one size only (or a fit that makes no sense): the cost per tuple at this size
+        self.b = max(mean_t - self.a, 0.0) / max(mean_n, 1.0) or self.b
+
+    def observe_input(self, tuples: int, now: float) -> None:
+        """``tuples`` (both streams) arrived at ``now`` (s, a monotonic clock)."""
+        q = self._arrivals
+        if not q:
+            q.append((now, 0))
+        self._count += tuples
+        q.append((now, self._count))
+        while len(q) > 2 and q[1][0] <= now - RATE_WINDOW_S:
+            q.popleft()
+        t_old, c_old = q[0]
+        if now - t_old > 0.01 * RATE_WINDOW_S:
+            self.rate = (self._count - c_old) / (now - t_old) / 2.0
+
+    def deadline_ms(self) -> float:
+        """The collect deadline D, in ms."""
+        a, b, lam, L = self.a, self.b, self.rate, self.bound_s
+        d_min = D_MIN_MS / 1000.0
+        d_lat = max(d_min, (L - 2.0 * a) / (1.0 + 2.0 * b * lam))
+        room = UTILIZATION - 2.0 * b * lam
+        d_keep = 2.0 * a / room if room > 0 else d_lat
+        return 1000.0 * min(max(d_keep, d_min), d_lat)
+
+    def batch_cap(self) -> int:
+        """Most tuples per batch: what is processed within half the bound."""
+        n = (0.5 * self.bound_s - self.a) / max(self.b, 1e-12)
+        return int(min(CAP_MAX, max(CAP_MIN, n)))

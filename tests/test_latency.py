@@ -1,0 +1,153 @@
+"""Latency (issue 27): the engine's latency bound changes when pairs come out, never
+which (against the brute-force reference, every index), and the open-loop benchmark
+counts a stall against latency."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from panjoin.bench.latency import EngineTarget, max_sustainable, run_open_loop
+from panjoin.generate import generate
+from panjoin.manager.engine import JoinEngine
+from panjoin.manager.latency import D_MIN_MS, LatencyBound
+from panjoin.reference import reference_join, sort_pairs
+from panjoin.semantics import parse_predicate, parse_window
+from panjoin.subwindow import INDEX_KINDS
+from tests.test_engine import assert_same, stream
+
+
+def test_the_bound_fits_the_measured_costs():
+    b = LatencyBound(10.0)
+    for n in (100, 400, 1600) * 5:
+        b.observe_batch(n, 200e-6 + 1e-6 * n)
+    assert b.a == pytest.approx(200e-6, rel=1e-6) and b.b == pytest.approx(1e-6, rel=1e-6)
+    b.observe_input(0, 0.0)
+    b.observe_input(20_000, 0.1)  # 200K tuples/s: 100K per stream
+    d = b.deadline_ms() / 1000
+    # the smallest deadline that keeps up: 2 (a + b lam D) = U D
+    assert 2 * (b.a + b.b * b.rate * d) == pytest.approx(0.7 * d, rel=1e-6)
+    # and it holds the bound
+    assert d + 2 * (b.a + b.b * b.rate * d) <= 0.010
+    # a batch of the cap is processed within half the bound
+    assert b.a + b.b * b.batch_cap() <= 0.005 + 1e-9
+
+
+def test_under_overload_the_deadline_stays_within_the_bound():
+    b = LatencyBound(5.0)
+    for n in (1000, 2000) * 5:
+        b.observe_batch(n, 1e-3 + 2e-6 * n)  # 2 us a tuple: 250K tuples/s per stream at most
+    b.observe_input(0, 0.0)
+    b.observe_input(200_000, 0.1)  # 2M tuples/s: far beyond
+    d_lat = (0.005 - 2 * b.a) / (1 + 2 * b.b * b.rate)
+    assert b.deadline_ms() == pytest.approx(max(D_MIN_MS, 1000 * d_lat))
+
+
+def test_a_bound_must_be_positive():
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="positive"):
+            LatencyBound(bad)
+    with pytest.raises(ValueError, match="positive"):
+        JoinEngine("count:10,10", "eq", max_latency_ms=0)
+
+
+def _ticking_run(t, window, pred, index, seed, **kw):
+    """Push ``t`` in ragged chunks, ticking between them with a clock that jumps ahead at
+    random, so batches are cut by the deadline at arbitrary points."""
+    rng = np.random.default_rng(seed)
+    eng = JoinEngine(parse_window(window), pred, index=index, threads=2, **kw)
+    a = 0
+    while a < len(t):
+        b = min(len(t), a + int(rng.integers(1, 90)))
+        eng.push(t.slice(a, b))
+        eng.tick(time.monotonic() + float(rng.choice([0.0, 0.001, 1.0])))
+        a = b
+    eng.flush()
+    r, s = eng.take_results()
+    return sort_pairs(np.stack([r, s], axis=1)), eng
+
+
+@pytest.mark.parametrize("index", [k for k in INDEX_KINDS if k != "bisort-opencl"])
+@pytest.mark.parametrize("window", ["count:150,110", "time:160,120"])
+def test_a_latency_bound_changes_when_pairs_come_out_not_which(index, window):
+    t = stream("zipf")
+    for pred in ("eq", "band:3"):
+        ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window(window),
+                             parse_predicate(pred)).pairs
+        assert len(ref) > 0
+        got, eng = _ticking_run(t, window, pred, index, seed=3, max_latency_ms=0.5,
+                                subwindow_size=40)
+        assert_same(got, ref)
+        assert eng.bound is not None and eng.stats.batches > 20
+
+
+@pytest.mark.parametrize("dist", ["uniform", "increasing", "equal", "extreme", "float"])
+def test_a_latency_bound_is_exact_on_every_distribution(dist):
+    t = stream(dist)
+    window = "count:150,110"
+    ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window(window),
+                         parse_predicate("band:3")).pairs
+    got, _ = _ticking_run(t, window, "band:3", "bisort", seed=5, max_latency_ms=1.0,
+                          batch_size=64)
+    assert_same(got, ref)
+
+
+def test_the_engine_sizes_small_batches_for_a_tight_bound():
+    t = generate(20_000, seed=2)
+    eng = JoinEngine("count:4K,4K", "eq", index="bisort", max_latency_ms=2.0)
+    for a in range(0, len(t), 100):  # 100 tuples a push, as a slow source would
+        eng.push(t.slice(a, a + 100))
+        time.sleep(0.0002)
+    assert eng.batch_size < 1 << 16  # the cap: what is processed within half the bound
+    assert eng.max_collect_ms <= 2.0
+    assert eng.stats.batches > 20  # not one batch of everything
+
+
+def test_open_loop_measures_pairs_and_keeps_up():
+    ev = generate(30_000, seed=1)
+    eng = JoinEngine("count:4K,4K", "eq", index="bisort", max_latency_ms=20)
+    r = run_open_loop(ev, fill=8192, rate=50_000, target=EngineTarget(eng))
+    assert r.kept_up and r.pairs > 0
+    assert 0 < r.p50_ms <= r.p99_ms <= r.p999_ms <= r.max_ms < 1000
+    assert r.achieved == pytest.approx(50_000, rel=0.05)
+    assert max_sustainable([r], 1000) == 50_000 and max_sustainable([r], 0.0) == 0
+
+
+class _Stalling(EngineTarget):
+    """A target that stalls once for 150 ms mid-run."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.polls = 0
+
+    def poll(self):
+        self.polls += 1
+        if self.polls == 200:
+            time.sleep(0.15)
+        return super().poll()
+
+
+def test_a_stall_counts_against_latency():
+    ev = generate(40_000, seed=1)
+    eng = JoinEngine("count:4K,4K", "eq", index="bisort", max_latency_ms=20)
+    r = run_open_loop(ev, fill=8192, rate=50_000, target=_Stalling(eng))
+    # tuples due during the stall were pushed after it: their pairs waited for it
+    assert r.max_ms >= 100 and r.behind_ms >= 100
+
+
+def test_the_cli_sweeps_rates_and_writes_json(tmp_path):
+    out = tmp_path / "lat.json"
+    p = subprocess.run([sys.executable, "-m", "panjoin.cli", "bench", "latency", "--window",
+                        "count:4K,4K", "--rates", "20K,40K", "--seconds", "0.3",
+                        "--max-latency", "20", "--json", str(out), "--no-progress"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "max sustainable rate" in p.stdout
+    rows = json.loads(out.read_text())
+    assert [r["rate"] for r in rows] == [20_000, 40_000]
+    assert all(r["pairs"] > 0 and r["p99_ms"] >= r["p50_ms"] for r in rows)
