@@ -87,7 +87,7 @@ def config_from_args(args) -> PipelineConfig:
         ts_field=args.ts_field, id_field=args.id_field, key_type=args.key_type,
         index=args.index, allowed_lateness=args.allowed_lateness,
         subwindow_size=args.subwindow_size, partitions=args.partitions,
-        batch_size=args.batch_size, max_offsets_per_trigger=args.max_offsets_per_trigger,
+        batch_size=args.batch_size or 32768, max_offsets_per_trigger=args.max_offsets_per_trigger,
         starting_offsets=args.starting_offsets, trigger=args.trigger, source=args.source,
         idle_timeout=args.idle_timeout, manager_timeout=args.manager_timeout,
         kafka_options=from_args(args))

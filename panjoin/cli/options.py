@@ -5,8 +5,9 @@ from other packages (``panjoin kafka``: :mod:`panjoin.kafka.cli`; ``panjoin pipe
     >>> import argparse
     >>> p = argparse.ArgumentParser()
     >>> add_join_opts(p)
-    >>> p.parse_args(["--window", "count:1K,1K", "--predicate", "eq"]).batch_size
-    32768
+    >>> p.parse_args(["--window", "count:1K,1K", "--predicate", "eq", "--max-latency", "5"]
+    ...              ).max_latency
+    5.0
 """
 
 from __future__ import annotations
@@ -60,8 +61,14 @@ def add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
                         "tuples per stream with 512K, benchmarks/RESULTS.md)")
     g.add_argument("--partitions", type=size, metavar="P",
                    help="partitions per subwindow (default: NSub/128, at most 64K)")
-    g.add_argument("--batch-size", type=size, default=32768, metavar="NBAT",
-                   help="max tuples per batch (default: %(default)s)")
+    g.add_argument("--batch-size", type=size, metavar="NBAT",
+                   help="max tuples per batch (default: 32768; with --max-latency the engine "
+                        "picks it, at most NBAT)")
+    g.add_argument("--max-latency", type=float, metavar="MS",
+                   help="hold pair latency within MS: the engine sizes its batches and collect "
+                        "deadline itself from the measured batch costs and input rate (small "
+                        "when the input is slow, larger under load, never past the bound), "
+                        "as Flink's buffer timeout does by hand")
     g.add_argument("--max-lag", type=size, metavar="N",
                    help="cut a stream's batch once the other stream has received N tuples since "
                         "its oldest tuple (default: the batch size)")

@@ -125,7 +125,7 @@ def _replay_handshake(args, events, window, pred) -> int:
                        role="handshake-node") as nodes:
         log.info("handshake chain: %s", " - ".join(nodes.addresses))
         chain = HandshakeChain(nodes.addresses, window, pred, key_dtype=str(events.key.dtype),
-                               batch_size=min(args.batch_size, 4096), node_fifo=args.fifo,
+                               batch_size=min(args.batch_size or 4096, 4096), node_fifo=args.fifo,
                                merger_fifo=args.fifo, index=args.segment)
         try:
             rc = _replay_engine(args, events, window, pred, None, len(nodes.workers),
@@ -146,6 +146,7 @@ def _replay_engine(args, events, window, pred, backend, n_workers, engine=None) 
         engine = JoinEngine(window, pred, index=args.index, subwindow_size=args.subwindow_size,
                             partitions=args.partitions, batch_size=args.batch_size,
                             max_lag=args.max_lag, threads=args.threads,
+                            max_latency_ms=args.max_latency,
                             key_dtype=str(events.key.dtype), backend=backend,
                             n_workers=n_workers)
         log.info("join %s on %s, index %s, NSub %d, P %d, NBat %d", window, pred, args.index,
