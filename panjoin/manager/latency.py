@@ -13,11 +13,14 @@ in one tick:
   ``2 (a + b lam D) <= U D``, that is ``D >= D_keep = 2a / (U - 2 b lam)``.
 
 The deadline is ``D_keep`` (the smallest batches that keep up: small when the input is
-slow) within ``[D_MIN, D_lat]`` (never past what holds the bound); when even
-``D_lat`` cannot keep up, the input outruns the engine at this bound and the deadline
-stays at ``D_lat``. The batch size cap is the largest batch that is processed within
-half the bound, so a backlog pushed at once is cut into batches that still hold it.
-This is Flink's buffer timeout, sized from measurements instead of by hand.
+slow), at least ``D_MIN``; it stays below ``D_lat`` whenever the bound can be held at
+all. The batch size cap is the largest batch processed within half the bound, or the
+batch that keeps up if that is larger, so a backlog pushed at once is cut into
+batches that still hold the bound. When the input outruns what the bound allows
+(``D_keep > D_lat``, or no batch size keeps up), latency is lost to the backlog
+anyway, and the engine keeps up first: the deadline and cap grow to what keeps up
+(:attr:`LatencyBound.overloaded` says so). This is Flink's buffer timeout, sized from
+measurements instead of by hand.
 
 ``a`` and ``b`` are a least-squares fit of the batches' measured times against their
 sizes, with exponential forgetting (the window fills, subwindows expire, the machine
@@ -101,16 +104,33 @@ class LatencyBound:
         if now - t_old > 0.01 * RATE_WINDOW_S:
             self.rate = (self._count - c_old) / (now - t_old) / 2.0
 
+    def _deadlines(self) -> tuple[float, float]:
+        """``(D_keep, D_lat)`` in s; D_keep is infinite when no batch size keeps up."""
+        a, b, lam, L = self.a, self.b, self.rate, self.bound_s
+        d_lat = (L - 2.0 * a) / (1.0 + 2.0 * b * lam)
+        room = UTILIZATION - 2.0 * b * lam
+        return (2.0 * a / room if room > 0 else float("inf")), d_lat
+
+    @property
+    def overloaded(self) -> bool:
+        """The input outruns what the bound allows: no deadline both keeps up and holds it."""
+        d_keep, d_lat = self._deadlines()
+        return d_keep > max(d_lat, D_MIN_MS / 1000.0)
+
     def deadline_ms(self) -> float:
         """The collect deadline D, in ms."""
-        a, b, lam, L = self.a, self.b, self.rate, self.bound_s
+        d_keep, d_lat = self._deadlines()
         d_min = D_MIN_MS / 1000.0
-        d_lat = max(d_min, (L - 2.0 * a) / (1.0 + 2.0 * b * lam))
-        room = UTILIZATION - 2.0 * b * lam
-        d_keep = 2.0 * a / room if room > 0 else d_lat
-        return 1000.0 * min(max(d_keep, d_min), d_lat)
+        if d_keep == float("inf"):  # no batch keeps up: the batch cap cuts the backlog
+            return 1000.0 * max(d_min, d_lat, self.bound_s)
+        return 1000.0 * max(d_min, d_keep)
 
     def batch_cap(self) -> int:
-        """Most tuples per batch: what is processed within half the bound."""
+        """Most tuples per batch: what is processed within half the bound, or what keeps
+        up (twice the batch a deadline of D_keep collects) if that is more."""
         n = (0.5 * self.bound_s - self.a) / max(self.b, 1e-12)
+        d_keep, _ = self._deadlines()
+        if d_keep == float("inf"):
+            return CAP_MAX
+        n = max(n, 2.0 * self.rate * d_keep)
         return int(min(CAP_MAX, max(CAP_MIN, n)))
