@@ -5,6 +5,9 @@
    tuples since the buffer's oldest tuple arrived (so a slow stream never holds
    the fast one's subwindows back), when its oldest tuple has waited
    ``max_collect_ms`` of wall-clock time (:meth:`JoinEngine.tick`), or on flush.
+   With ``max_latency_ms`` the engine picks ``batch_size`` and ``max_collect_ms``
+   itself after every batch, from the measured batch costs and input rate, so that
+   pairs come out within the bound (:mod:`panjoin.manager.latency`).
 2. Preprocess: number the tuples (``seq`` per stream, in arrival order), mark
    late tuples (time windows), sort the batch by key, decide create/expire.
 3. Send: probe every non-empty subwindow of the opposite stream whose tuples
