@@ -10,6 +10,9 @@ bound each input still gets exactly one output.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 
@@ -246,3 +249,16 @@ def test_a_handshake_chain_streams_its_pairs():
                          parse_predicate("band:1"))
     assert np.array_equal(_pairs(outs), ref.pairs)
     _wait_no_input_threads()
+
+
+def test_the_latency_bench_on_a_cluster(tmp_path):
+    """`panjoin bench latency --workers N`: a local cluster, each rate a streaming join."""
+    out = tmp_path / "lat.json"
+    p = subprocess.run([sys.executable, "-m", "panjoin.cli", "bench", "latency", "--workers",
+                        "1", "--replicas", "1", "--window", "count:4K,4K", "--rates", "20K",
+                        "--seconds", "0.3", "--max-latency", "20", "--json", str(out),
+                        "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(out.read_text())
+    assert rows[0]["mode"] == "cluster" and rows[0]["pairs"] > 0
+    assert rows[0]["settings"]["workers"] == 1
