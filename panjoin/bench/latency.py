@@ -24,7 +24,12 @@ slice), ``poll() -> (r_id, s_id)`` (the pairs it hands out now, never blocking),
 ``pending() -> bool`` (tuples still buffered or pairs still being computed),
 ``flush()`` (end of input: process everything) and ``close()``:
 :class:`EngineTarget` is the in-process engine, driven with ``tick()`` and
-``take_results(wait=False)`` as a caller that must not block would drive it.
+``take_results(wait=False)`` as a caller that must not block would drive it;
+:class:`LiveTarget` is a streaming join on a manager endpoint (``--workers N``: a
+local cluster of worker processes and ``panjoin manager`` in its own process, or
+``--topology handshake``: the manager over a handshake chain), pushed and polled
+through :class:`panjoin.client.LiveJoin`, so a pair's latency there includes the
+client's gRPC stream both ways.
 
     >>> from panjoin.generate import generate
     >>> ev = generate(30_000, seed=1)
@@ -111,6 +116,36 @@ class EngineTarget:
 
     def close(self) -> None:
         self.engine.backend.close()
+
+
+class LiveTarget:
+    """A streaming join (opened with ``max_latency_ms``) on a manager endpoint: chunks
+    go out without waiting, pairs are polled as the manager pushes them."""
+
+    def __init__(self, client, join_id: str, mode: str = "cluster"):
+        self.client = client
+        self.join_id = join_id
+        self.mode = mode
+        self.live = client.live(join_id)
+
+    def push(self, chunk) -> None:
+        self.live.push(chunk)
+
+    def poll(self):
+        out = self.live.poll()
+        return out.r_id, out.s_id
+
+    def pending(self) -> bool:
+        return self.live.pending()
+
+    def flush(self) -> None:
+        self.live.flush()
+
+    def batches(self) -> int:
+        return int(self.client.status(self.join_id).batches)
+
+    def close(self) -> None:
+        self.live.close()
 
 
 def _due_lookup(events, fill: int, t0: float, rate: float):
@@ -247,10 +282,14 @@ def latency_sweep(rates, *, window: str = "count:1M,1M", predicate: str = "eq",
                   seconds: float = 3.0, max_latency_ms: float | None = None,
                   batch_size: int | None = None, collect_ms: float | None = None,
                   subwindow_size: int | None = None, threads: int | None = None,
+                  workers: int = 0, topology: str = "ring", replicas: int = 2,
                   seed: int = 1, label: str | None = None, progress: bool = False,
                   echo=None) -> list[LatencyResult]:
-    """One open-loop run per rate, each on a fresh in-process engine over the same data
-    (a count window's fill, then ``seconds`` at the highest rate plus the tail)."""
+    """One open-loop run per rate, each on a fresh join over the same data (a count
+    window's fill, then ``seconds`` at the highest rate plus the tail): in-process by
+    default; with ``workers`` on a local cluster started once for the sweep (``topology``
+    ring: that many workers with ``replicas``, or a handshake chain of that many
+    nodes), its manager in its own process, each rate a streaming join on it."""
     from panjoin.cli.options import progress as bar
     from panjoin.generate import generate
     from panjoin.manager.engine import warm_up
@@ -260,26 +299,96 @@ def latency_sweep(rates, *, window: str = "count:1M,1M", predicate: str = "eq",
     if w.kind != "count":
         raise ValueError("the latency benchmark replays count windows (its source sets the "
                          "arrival times, not event time)")
+    if topology not in ("ring", "handshake"):
+        raise ValueError(f"unknown topology {topology!r}; choose 'ring' or 'handshake'")
+    if topology == "handshake" and not workers:
+        raise ValueError("the handshake topology runs on node processes: give workers")
     fill = int(w.r + w.s)
     top = max(rates)
     events = generate(fill + int(top * (seconds + TAIL_S)), dist, key_max=key_max, seed=seed)
-    warm_up(index)
     settings = dict(window=window, predicate=predicate, index=index, dist=dist,
                     max_latency_ms=max_latency_ms, batch_size=batch_size,
                     collect_ms=collect_ms, subwindow_size=subwindow_size, threads=threads)
+    if workers:
+        settings.update(workers=workers, topology=topology,
+                        replicas=replicas if topology == "ring" else None)
+        cluster = _start_cluster(workers, topology, replicas, index, predicate, threads)
+    else:
+        cluster = None
+        warm_up(index)
     out = []
-    for rate in rates:
-        ev = events.slice(0, fill + int(rate * (seconds + TAIL_S)))
-        eng = JoinEngine(window, predicate, index=index, batch_size=batch_size,
-                         max_collect_ms=collect_ms, max_latency_ms=max_latency_ms,
-                         subwindow_size=subwindow_size, threads=threads)
-        with bar(len(ev) - fill, f"{rate:,.0f} tuples/s", not progress) as pb:
-            res = run_open_loop(ev, fill, rate, EngineTarget(eng), progress=pb)
-        res.settings = dict(settings, nsub=eng.nsub, partitions=eng.partitions,
-                            threads=eng.threads)
-        if label:
-            res.mode = label
-        if echo is not None:
-            echo(res.line())
-        out.append(res)
+    try:
+        for rate in rates:
+            ev = events.slice(0, fill + int(rate * (seconds + TAIL_S)))
+            if cluster is None:
+                eng = JoinEngine(window, predicate, index=index, batch_size=batch_size,
+                                 max_collect_ms=collect_ms, max_latency_ms=max_latency_ms,
+                                 subwindow_size=subwindow_size, threads=threads)
+                target = EngineTarget(eng)
+                extra = dict(nsub=eng.nsub, partitions=eng.partitions, threads=eng.threads)
+            else:
+                target, extra = _live_target(cluster, topology, window, predicate, index,
+                                             max_latency_ms, batch_size, collect_ms,
+                                             subwindow_size)
+            try:
+                with bar(len(ev) - fill, f"{rate:,.0f} tuples/s", not progress) as pb:
+                    res = run_open_loop(ev, fill, rate, target, progress=pb)
+            finally:
+                target.close()
+            res.settings = dict(settings, **extra)
+            if label:
+                res.mode = label
+            if echo is not None:
+                echo(res.line())
+            out.append(res)
+    finally:
+        if cluster is not None:
+            cluster[0].close()
+            cluster[1].stop()
     return out
+
+
+def _start_cluster(workers: int, topology: str, replicas: int, index: str, predicate: str,
+                   threads: int | None):
+    """(client, LocalCluster): worker processes (or handshake nodes) and ``panjoin
+    manager`` over them, warmed up: the workers' index kernels, then a small streaming
+    join through the manager (its own kernels, and the whole path)."""
+    from panjoin.client import Client
+    from panjoin.generate import generate
+    from panjoin.launch import start_cluster
+
+    if topology == "handshake":
+        cluster = start_cluster(workers, threads or 1, role="handshake-node",
+                                manager_args=["--topology", "handshake"])
+    else:
+        cluster = start_cluster(workers, threads or 1,
+                                manager_args=["--replicas", str(replicas)])
+    try:
+        if topology == "ring":
+            cluster.warm_up(index)
+        client = Client(cluster.address)
+        ev = generate(20_000, "uniform", key_max=1 << 20, seed=1)
+        client.join(ev, "count:4K,4K", predicate, index, chunk=1024, max_latency_ms=5)
+        return client, cluster
+    except BaseException:
+        cluster.stop()
+        raise
+
+
+def _live_target(cluster, topology, window, predicate, index, max_latency_ms, batch_size,
+                 collect_ms, subwindow_size):
+    """A fresh streaming join on the sweep's cluster; (target, its settings)."""
+    from panjoin.proto.panjoin.v1 import manager_pb2
+
+    client = cluster[0]
+    opts = {k: v for k, v in dict(batch_size=batch_size, max_collect_ms=collect_ms,
+                                  subwindow_size=subwindow_size).items() if v}
+    # without a bound the join does not stream: pairs come with the answers to inputs
+    reply = client.stub.Open(manager_pb2.OpenRequest(
+        window=window, predicate=predicate, index=index,
+        max_latency_ms=max_latency_ms or 0.0, **opts))
+    st = reply.settings
+    target = LiveTarget(client, reply.join_id,
+                        "handshake" if topology == "handshake" else "cluster")
+    return target, dict(nsub=st.subwindow_size, partitions=st.partitions,
+                        nbat=st.batch_size)

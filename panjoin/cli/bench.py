@@ -6,6 +6,9 @@ latency under an open-loop source (the sweeps and plots are in ``benchmarks/``).
     panjoin bench system --workers 2 --window 1M --measure 4M [--null-workers]
     panjoin bench peers --quick
     panjoin bench latency --rates 200K,500K,1M --max-latency 5
+    panjoin bench latency --workers 2 --rates 100K,500K,1M --max-latency 10   # a cluster
+    panjoin bench latency --topology handshake --workers 4 --window count:64K,64K \
+        --predicate band:10 --rates 10K,20K --max-latency 10
 """
 
 from __future__ import annotations
@@ -122,6 +125,15 @@ def add_parser(sub) -> None:
                    help="cut a batch whose oldest tuple waited MS (without --max-latency)")
     b.add_argument("--subwindow-size", type=size, metavar="NSUB")
     b.add_argument("--threads", type=int, metavar="T", help="probe threads (default: all cores)")
+    b.add_argument("--workers", type=int, default=0, metavar="N",
+                   help="on a local cluster of N worker processes and its manager endpoint "
+                        "(its own process), each rate a streaming join pushed and polled "
+                        "through the client (default: in-process)")
+    b.add_argument("--topology", choices=["ring", "handshake"], default="ring",
+                   help="with --workers: PanJoin subwindows over the workers (ring) or a "
+                        "handshake chain of N nodes (default: %(default)s)")
+    b.add_argument("--replicas", type=int, choices=[1, 2], default=2,
+                   help="ring cluster: copies of each subwindow (default: %(default)s)")
     b.add_argument("--p99-target", type=float, default=50.0, metavar="MS",
                    help="the highest rate that keeps up with p99 within MS is reported "
                         "(default: %(default)s)")
@@ -238,7 +250,8 @@ def run_latency(args) -> int:
         dist=args.dist, key_max=args.key_max, seconds=args.seconds,
         max_latency_ms=args.max_latency, batch_size=args.batch_size,
         collect_ms=args.collect_ms, subwindow_size=args.subwindow_size, threads=args.threads,
-        seed=args.seed, label=args.label, progress=not args.no_progress, echo=print)
+        workers=args.workers, topology=args.topology, replicas=args.replicas, seed=args.seed,
+        label=args.label, progress=not args.no_progress, echo=print)
     best = max_sustainable(results, args.p99_target)
     print(f"max sustainable rate with p99 <= {args.p99_target:g} ms: {best:,.0f} tuples/s")
     if args.json:

@@ -99,7 +99,7 @@ def _replay_on_manager(args, events, window, pred) -> int:
     t1 = time.perf_counter()
     opts = {k: v for k, v in dict(subwindow_size=args.subwindow_size,
                                    partitions=args.partitions, batch_size=args.batch_size,
-                                   max_lag=args.max_lag,
+                                   max_lag=args.max_lag, max_latency_ms=args.max_latency,
                                    allowed_lateness=window.lateness,
                                    result_format=int(args.result_format == "ranges")).items()
             if v}

@@ -4,7 +4,7 @@ and ``cluster`` starts both on loopback; each runs until Ctrl-C or SIGTERM.
 
     panjoin cluster --workers 4 --port 50050
     panjoin worker --host 0.0.0.0 --port 50051
-    panjoin manager --workers hostA:50051,hostB:50051 --port 50050
+    panjoin manager --workers hostA:50051,hostB:50051 --port 50050 [--max-latency 10]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def add_parser(sub) -> None:
     p.add_argument("--workers", type=int, default=2, help="worker processes (default: 2)")
     p.add_argument("--port", type=int, default=50050, help="manager port, 0 for any free one")
     p.add_argument("--threads", type=int, default=1, help="probe threads per worker")
+    add_max_latency(p)
     add_topology(p)
     add_common(p)
     p.set_defaults(run=run_cluster)
@@ -36,6 +37,7 @@ def add_parser(sub) -> None:
                    help="comma-separated worker addresses")
     p.add_argument("--port", type=int, default=50050, help="port, 0 for any free one")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
+    add_max_latency(p)
     add_topology(p)
     add_common(p)
     p.set_defaults(run=run_manager)
@@ -72,6 +74,14 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run_handshake_node)
 
 
+def add_max_latency(p) -> None:
+    p.add_argument("--max-latency", type=float, metavar="MS",
+                   help="the latency bound of joins opened without one (OpenRequest."
+                        "max_latency_ms): the manager sizes their batches to hold it and "
+                        "pushes their pairs as they complete, between the answers to the "
+                        "inputs (default: none; such joins answer each input once)")
+
+
 def run_cluster(args) -> int:
     from panjoin.launch import start_cluster
     from panjoin.manager.service import serve_manager
@@ -81,7 +91,7 @@ def run_cluster(args) -> int:
     try:
         server, port = serve_manager(cluster.addresses, args.port, topology=args.topology,
                                      fifo=args.fifo, segment=args.segment,
-                                     replicas=args.replicas)
+                                     replicas=args.replicas, max_latency_ms=args.max_latency)
     except BaseException:
         cluster.stop()
         raise
@@ -105,7 +115,8 @@ def run_manager(args) -> int:
     for a in addrs:
         wait_healthy(a, timeout=30)
     server, port = serve_manager(addrs, args.port, args.host, topology=args.topology,
-                                 fifo=args.fifo, segment=args.segment, replicas=args.replicas)
+                                 fifo=args.fifo, segment=args.segment, replicas=args.replicas,
+                                 max_latency_ms=args.max_latency)
     print(f"{MANAGER_READY}{args.host}:{port}, workers {', '.join(addrs)}", flush=True)
     return serve_until_stopped(lambda: server.stop(grace=2).wait())
 

@@ -88,6 +88,7 @@ class HandshakeChain:
         self._collected: list[tuple[np.ndarray, np.ndarray]] = []
         self._collected_lock = threading.Lock()
         self.collected_total = 0
+        self.wake = None  # called after pairs reached the root (set_wake)
         self.threads: list[threading.Thread] = []
         self.errors: list[str] = []
         self.started = False
@@ -168,6 +169,8 @@ class HandshakeChain:
                 with self._collected_lock:
                     self._collected.append((r, s))
                     self.collected_total += r.shape[0]
+                if self.wake is not None:
+                    self.wake()
             elif not moved:
                 with self.net.leaves[0].cond:  # idle: wait a little for new pairs
                     self.net.leaves[0].cond.wait(0.002)
@@ -316,6 +319,11 @@ class HandshakeChain:
 
     # the backend's interface, for the manager's Status
     failovers = 0
+
+    def set_wake(self, fn) -> None:
+        """Have the merging network's clock call ``fn()`` (from its thread) whenever
+        pairs reach the root: a streaming join hands them out at once."""
+        self.wake = fn
 
     def sync(self) -> None:
         self._check()

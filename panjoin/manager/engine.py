@@ -483,6 +483,16 @@ class JoinEngine:
                     (now - since) * 1000.0 >= self.max_collect_ms:
                 self._process(name)
 
+    def next_tick(self) -> float | None:
+        """When (``time.monotonic()``) :meth:`tick` will next cut a buffer; None when
+        nothing is buffered or there is no collect deadline. A caller that ticks the
+        engine in a loop sleeps until then (or until input or answers arrive)."""
+        if self.max_collect_ms is None:
+            return None
+        due = [since + self.max_collect_ms / 1000.0 for name, since in self.buf_since.items()
+               if since is not None and self.buffers[name].n]
+        return min(due, default=None)
+
     def flush(self) -> None:
         """Process whatever is buffered (end of input)."""
         for name in STREAM_NAMES:

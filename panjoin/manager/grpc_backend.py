@@ -137,6 +137,7 @@ class _Session:
         self.batch_id = 0  # the newest batch sent on this session (0: none)
         self.ids = itertools.count()
         self.lock = threading.Lock()
+        self.wake = None  # called after feedback answered a call (GrpcBackend.set_wake)
         self.outbox = Encoded(worker_pb2.Commands)
         # commands go out as the bytes flush() joins (each array copied once, see
         # panjoin.wire.Encoded), so the stream has no request serializer
@@ -164,6 +165,8 @@ class _Session:
                     if call is not None:
                         call.feedback = fb
                         call.done.set()
+                if self.wake is not None:
+                    self.wake()
             why = "the worker closed its stream"
         except grpc.RpcError as e:
             why = f"{e.code().name}: {e.details()}"
@@ -208,6 +211,8 @@ class _Session:
             calls = list(self.pending.values())
         for c in calls:
             c.done.set()
+        if self.wake is not None:
+            self.wake()
         self.channel.close()
 
     def unanswered(self) -> list[_Call]:
@@ -564,6 +569,13 @@ class GrpcBackend:
         for d in (self.where, self.backup, self.splitters, self.sizes, self.kinds):
             d.pop(sub_id, None)
         self.stats.expires += 1
+
+    def set_wake(self, fn) -> None:
+        """Have every worker's feedback reader call ``fn()`` (no arguments, from its own
+        thread) after each answer: a streaming join's loop notices answered probe
+        rounds at once instead of polling :meth:`ProbeRound.done`."""
+        for s in self.sessions:
+            s.wake = fn
 
     def flush(self) -> None:
         """Send every session's waiting commands."""

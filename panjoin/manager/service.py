@@ -5,6 +5,10 @@ batches in arrival order and reads result batches back; each join gets its own
 worker sessions, so closing it (or disconnecting) releases its subwindows on
 every worker. Batch ids make replays idempotent: a batch id at or below the
 last applied one is acknowledged (``duplicate = true``) and not applied again.
+A join with a latency bound (``OpenRequest.max_latency_ms``, or the manager's
+``--max-latency`` default) streams: its pairs are pushed as they complete, between
+the answers (:mod:`panjoin.manager.streaming`); without one, each input gets exactly
+one output.
 
     panjoin manager --workers 127.0.0.1:50051,127.0.0.1:50052 --port 50050
 """
@@ -22,6 +26,7 @@ import numpy as np
 from panjoin.handshake.chain import ChainError
 from panjoin.manager.engine import JoinEngine
 from panjoin.manager.grpc_backend import GrpcBackend, WorkerError
+from panjoin.manager.streaming import stream_join
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
 from panjoin.semantics import SpecError, parse_predicate, parse_window
 from panjoin.serving import start_server
@@ -39,11 +44,15 @@ class _Join:
     last_batch_id: int = 0
     applied: bool = False
     closed: bool = False
+    streaming: bool = False  # a latency bound: pairs are pushed as they complete
+    reader: threading.Thread | None = None  # a streaming Join's input reader
+    wake: object = None  # wakes a streaming Join's loop (a Close need not wait for it)
 
 
 class ManagerServicer(manager_pb2_grpc.ManagerServicer):
     def __init__(self, workers: list[str], threads: int = 1, topology: str = "ring",
-                 fifo: int = 1 << 16, segment: str = "nested", replicas: int = 2):
+                 fifo: int = 1 << 16, segment: str = "nested", replicas: int = 2,
+                 max_latency_ms: float | None = None):
         if not workers:
             raise ValueError("the manager needs at least one worker address")
         if topology not in ("ring", "handshake"):
@@ -54,6 +63,9 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         self.fifo = fifo
         self.segment = segment
         self.replicas = replicas  # ring: copies of each subwindow (GrpcBackend)
+        if max_latency_ms is not None and not max_latency_ms > 0:
+            raise ValueError(f"max latency must be a positive number of ms, got {max_latency_ms}")
+        self.max_latency_ms = max_latency_ms  # for joins opened without one
         self.joins: dict[str, _Join] = {}
         self.lock = threading.Lock()
 
@@ -62,17 +74,20 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             window = parse_window(request.window, request.allowed_lateness)
             pred = parse_predicate(request.predicate)
             fmt = "ranges" if request.result_format == 1 else "pairs"
+            bound = self._bound(request)
             if self.topology == "handshake":
-                return self._open_handshake(request, window, pred)
+                return self._open_handshake(request, window, pred, bound)
             backend = GrpcBackend(self.workers, result_format=fmt, replicas=self.replicas)
             engine = JoinEngine(
                 window, pred, index=request.index or "bisort",
                 key_dtype=request.key_dtype or None,
                 subwindow_size=request.subwindow_size or None,
                 partitions=request.partitions or None,
-                batch_size=request.batch_size or 32768, max_lag=request.max_lag or None,
-                max_collect_ms=request.max_collect_ms or None, threads=self.threads,
-                backend=backend, n_workers=len(self.workers))
+                # with a bound the engine picks the batch size, at most the one given
+                batch_size=request.batch_size or (None if bound else 32768),
+                max_lag=request.max_lag or None,
+                max_collect_ms=request.max_collect_ms or None, max_latency_ms=bound,
+                threads=self.threads, backend=backend, n_workers=len(self.workers))
         except (SpecError, ValueError, TypeError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         settings = manager_pb2.OpenRequest()
@@ -82,13 +97,22 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         settings.partitions = engine.partitions
         settings.batch_size = engine.batch_size
         settings.max_lag = engine.max_lag
+        settings.max_latency_ms = bound or 0.0
         join_id = uuid.uuid4().hex[:12]
         with self.lock:
-            self.joins[join_id] = _Join(engine, backend, settings, threading.RLock())
-        log.info("join %s opened: %s on %s, index %s", join_id, window, pred, engine.index)
+            self.joins[join_id] = _Join(engine, backend, settings, threading.RLock(),
+                                        streaming=bound is not None)
+        log.info("join %s opened: %s on %s, index %s%s", join_id, window, pred, engine.index,
+                 f", max latency {bound:g} ms" if bound else "")
         return manager_pb2.OpenReply(join_id=join_id, settings=settings)
 
-    def _open_handshake(self, request, window, pred) -> manager_pb2.OpenReply:
+    def _bound(self, request) -> float | None:
+        """The join's latency bound: its own, else the manager's default; none if negative."""
+        if request.max_latency_ms < 0:
+            return None
+        return request.max_latency_ms or self.max_latency_ms
+
+    def _open_handshake(self, request, window, pred, bound) -> manager_pb2.OpenReply:
         from panjoin.handshake.chain import HandshakeChain
 
         chain = HandshakeChain(self.workers, window, pred, key_dtype=request.key_dtype or None,
@@ -98,9 +122,12 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         settings.CopyFrom(request)
         settings.index = self.segment  # how every node scans its segments
         settings.batch_size = chain.batch_size
+        # the chain cuts no batches: a bound only streams its pairs out as they merge
+        settings.max_latency_ms = bound or 0.0
         join_id = uuid.uuid4().hex[:12]
         with self.lock:
-            self.joins[join_id] = _Join(chain, chain, settings, threading.RLock())
+            self.joins[join_id] = _Join(chain, chain, settings, threading.RLock(),
+                                        streaming=bound is not None)
         log.info("join %s opened on a %d-node handshake chain: %s on %s", join_id,
                  len(self.workers), window, pred)
         return manager_pb2.OpenReply(join_id=join_id, settings=settings)
@@ -119,6 +146,12 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                 if join_id is None:
                     join_id = msg.join_id
                 j = self._get(join_id, context)
+                if j.streaming:  # the loop takes the stream over, inputs and all
+                    yield from stream_join(j, msg, request_iterator, context,
+                                           lambda m, j=j: self._apply(j, m, context),
+                                           lambda j=j: self._pushed(j),
+                                           lambda jid=join_id: self._close(jid))
+                    return
                 with j.lock:  # not held across the yield: a slow reader blocks no one
                     if j.closed:
                         context.abort(grpc.StatusCode.NOT_FOUND, f"join {join_id!r} is closed")
@@ -163,7 +196,21 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         j.applied = True
         j.last_batch_id = msg.batch_id
         # without flush, rounds still on the workers stay there: they answer meanwhile
-        r, s, rp, sp = j.engine.take_results(payloads=True, wait=msg.flush)
+        self._fill(j, out, wait=msg.flush)
+        return out
+
+    def _pushed(self, j: _Join) -> manager_pb2.JoinOutput | None:
+        """A streaming join's pushed output: what completed since the last output (None
+        if nothing did)."""
+        out = manager_pb2.JoinOutput(batch_id=0, pushed=True)
+        if not self._fill(j, out, wait=False):
+            return None
+        return out
+
+    def _fill(self, j: _Join, out: manager_pb2.JoinOutput, wait: bool) -> int:
+        """Put the pairs and late ids completed so far into ``out`` (``wait``: every
+        probe round in flight, else the answered ones); returns how many there are."""
+        r, s, rp, sp = j.engine.take_results(payloads=True, wait=wait)
         out.r_id.CopyFrom(to_array(r))
         out.s_id.CopyFrom(to_array(s))
         to_payloads(rp, out.r_payload)
@@ -172,7 +219,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         ls = np.concatenate([np.zeros(len(late["R"]), np.uint8), np.ones(len(late["S"]), np.uint8)])
         out.late_stream.CopyFrom(to_array(ls))
         out.late_id.CopyFrom(to_array(np.concatenate([late["R"], late["S"]])))
-        return out
+        return int(r.size + ls.size)
 
     def _status(self, join_id: str, j: _Join) -> manager_pb2.JoinStatus:
         e = j.engine
@@ -216,15 +263,20 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             with j.lock:  # after any call in progress on the join
                 j.closed = True
                 j.backend.close()
+            if j.wake is not None:  # a streaming Join's loop ends now, not at its next look
+                j.wake()
             log.info("join %s closed", join_id)
 
 
 def serve_manager(workers: list[str], port: int = 0, host: str = "127.0.0.1",
                   threads: int = 1, topology: str = "ring",
                   fifo: int = 1 << 16, segment: str = "nested",
-                  replicas: int = 2) -> tuple[grpc.Server, int]:
-    """Start the manager endpoint; returns the server and its port."""
-    servicer = ManagerServicer(workers, threads, topology, fifo, segment, replicas)
+                  replicas: int = 2, max_latency_ms: float | None = None
+                  ) -> tuple[grpc.Server, int]:
+    """Start the manager endpoint; returns the server and its port. ``max_latency_ms``:
+    the latency bound of joins opened without one (None: such joins do not stream)."""
+    servicer = ManagerServicer(workers, threads, topology, fifo, segment, replicas,
+                               max_latency_ms)
     return start_server(
         lambda srv: manager_pb2_grpc.add_ManagerServicer_to_server(servicer, srv),
         manager_pb2.DESCRIPTOR.services_by_name["Manager"].full_name, port, host)

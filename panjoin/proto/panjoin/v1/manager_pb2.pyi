@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class OpenRequest(_message.Message):
-    __slots__ = ("window", "predicate", "index", "allowed_lateness", "subwindow_size", "partitions", "batch_size", "max_lag", "max_collect_ms", "key_dtype", "result_format")
+    __slots__ = ("window", "predicate", "index", "allowed_lateness", "subwindow_size", "partitions", "batch_size", "max_lag", "max_collect_ms", "key_dtype", "result_format", "max_latency_ms")
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     PREDICATE_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -22,6 +22,7 @@ class OpenRequest(_message.Message):
     MAX_COLLECT_MS_FIELD_NUMBER: _ClassVar[int]
     KEY_DTYPE_FIELD_NUMBER: _ClassVar[int]
     RESULT_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    MAX_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     window: str
     predicate: str
     index: str
@@ -33,7 +34,8 @@ class OpenRequest(_message.Message):
     max_collect_ms: float
     key_dtype: str
     result_format: _worker_pb2.ResultFormat
-    def __init__(self, window: _Optional[str] = ..., predicate: _Optional[str] = ..., index: _Optional[str] = ..., allowed_lateness: _Optional[int] = ..., subwindow_size: _Optional[int] = ..., partitions: _Optional[int] = ..., batch_size: _Optional[int] = ..., max_lag: _Optional[int] = ..., max_collect_ms: _Optional[float] = ..., key_dtype: _Optional[str] = ..., result_format: _Optional[_Union[_worker_pb2.ResultFormat, str]] = ...) -> None: ...
+    max_latency_ms: float
+    def __init__(self, window: _Optional[str] = ..., predicate: _Optional[str] = ..., index: _Optional[str] = ..., allowed_lateness: _Optional[int] = ..., subwindow_size: _Optional[int] = ..., partitions: _Optional[int] = ..., batch_size: _Optional[int] = ..., max_lag: _Optional[int] = ..., max_collect_ms: _Optional[float] = ..., key_dtype: _Optional[str] = ..., result_format: _Optional[_Union[_worker_pb2.ResultFormat, str]] = ..., max_latency_ms: _Optional[float] = ...) -> None: ...
 
 class OpenReply(_message.Message):
     __slots__ = ("join_id", "settings")
@@ -82,7 +84,7 @@ class JoinInput(_message.Message):
     def __init__(self, join_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., payload: _Optional[_Union[Payloads, _Mapping]] = ..., flush: _Optional[bool] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., watermark: _Optional[int] = ...) -> None: ...
 
 class JoinOutput(_message.Message):
-    __slots__ = ("batch_id", "r_id", "s_id", "r_payload", "s_payload", "late_stream", "late_id", "duplicate")
+    __slots__ = ("batch_id", "r_id", "s_id", "r_payload", "s_payload", "late_stream", "late_id", "duplicate", "pushed")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     R_ID_FIELD_NUMBER: _ClassVar[int]
     S_ID_FIELD_NUMBER: _ClassVar[int]
@@ -91,6 +93,7 @@ class JoinOutput(_message.Message):
     LATE_STREAM_FIELD_NUMBER: _ClassVar[int]
     LATE_ID_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    PUSHED_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     r_id: _common_pb2.Array
     s_id: _common_pb2.Array
@@ -99,7 +102,8 @@ class JoinOutput(_message.Message):
     late_stream: _common_pb2.Array
     late_id: _common_pb2.Array
     duplicate: bool
-    def __init__(self, batch_id: _Optional[int] = ..., r_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., s_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., r_payload: _Optional[_Union[Payloads, _Mapping]] = ..., s_payload: _Optional[_Union[Payloads, _Mapping]] = ..., late_stream: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., late_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+    pushed: bool
+    def __init__(self, batch_id: _Optional[int] = ..., r_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., s_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., r_payload: _Optional[_Union[Payloads, _Mapping]] = ..., s_payload: _Optional[_Union[Payloads, _Mapping]] = ..., late_stream: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., late_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., duplicate: _Optional[bool] = ..., pushed: _Optional[bool] = ...) -> None: ...
 
 class JoinStatus(_message.Message):
     __slots__ = ("join_id", "tuples_in", "late", "batches", "results", "window_r", "window_s", "subwindows_r", "subwindows_s", "workers_alive", "last_batch_id", "memory_bytes", "workers", "probes_in_flight", "failovers", "pauses")

@@ -70,7 +70,11 @@ class ManagerServicer:
     def Join(self, request_iterator, context):
         """Input batches in, result batches out. The first message must name join_id.
         Each input batch is answered by one output batch with the same batch_id,
-        carrying the pairs completed so far. Disconnecting closes the join.
+        carrying the pairs completed so far. A join opened with max_latency_ms also gets
+        outputs between the answers, sent by the manager on its own (pushed = true,
+        batch_id = 0): each probe round's pairs as soon as the workers answer it, and
+        batches cut by the collect deadline, without waiting for the next input.
+        Disconnecting closes the join.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
