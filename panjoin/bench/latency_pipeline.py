@@ -462,6 +462,7 @@ def pipeline_latency(cfg: PipelineLatencyConfig, echo=print, work: str | None = 
              "--stats-json", stats_path], stdout=job_log, stderr=subprocess.STDOUT,
             start_new_session=True)
         alive = lambda: job.poll() is None  # noqa: E731
+        caught_up: list[bool] = []  # per phase: its marker came out in time
         try:
             t_start = time.perf_counter()
             run.markers.append(producer.marker(0))
@@ -476,6 +477,7 @@ def pipeline_latency(cfg: PipelineLatencyConfig, echo=print, work: str | None = 
                 run.phases.append(ph)
                 run.markers.append(producer.marker(k + 1))
                 caught = consumer.wait_for(k + 1, CATCH_UP_S, alive)
+                caught_up.append(caught)
                 res = phase_results(run.phases, consumer, settings, mode)[k]
                 echo(res.line() + f"  trend {res.settings['trend_s_per_s']:+.3f} s/s")
                 if not caught:
@@ -483,6 +485,10 @@ def pipeline_latency(cfg: PipelineLatencyConfig, echo=print, work: str | None = 
                          f"{ph.rate:,.0f} tuples/s: higher rates not run")
                     break
             run.results = phase_results(run.phases, consumer, settings, mode)
+            for r, c in zip(run.results, caught_up, strict=True):
+                # not caught up: its latest pairs were never read, the quantiles are lower
+                # bounds
+                r.settings["caught_up"] = c
             run.reads = consumer.pairs()
         finally:
             _stop_job(job)
@@ -505,3 +511,19 @@ def time_per_step(stats: dict) -> str:
     return (f"{stats.get('batches', 0)} micro-batches, {stats.get('tuples', 0):,} records; "
             f"ms per micro-batch: {steps}; Spark's ms per trigger (last {n}): {spark}")
 
+
+
+def plot_files(paths, png: str) -> list[LatencyResult]:
+    """The results of several ``--json`` files in one plot, a curve per broker and trigger
+    (:func:`panjoin.bench.latency.plot`); returns them."""
+    from panjoin.bench.latency import plot
+
+    out = []
+    for p in paths:
+        with open(p) as f:
+            for d in json.load(f):
+                r = LatencyResult(**d)
+                r.mode = f"{r.settings.get('broker', '')} {r.settings.get('trigger', r.mode)}"
+                out.append(r)
+    plot(out, png, "Kafka pipeline end to end: pair latency (x: fell behind)")
+    return out

@@ -287,6 +287,6 @@ def _pipeline_latency(args):
         broker=args.broker, index=args.index, batch_size=args.batch_size or 32768,
         subwindow_size=args.subwindow_size, max_latency_ms=args.max_latency, seed=args.seed,
         label=args.label)
-    results, stats = pipeline_latency(cfg, echo=print)
-    print("the job: " + time_per_step(stats))
-    return results
+    run = pipeline_latency(cfg, echo=print)
+    print("the job: " + time_per_step(run.stats))
+    return run.results
