@@ -53,3 +53,32 @@ def test_pipeline_latency_pairs_and_due_times(brokers, tmp_path):
         if x["r_id"] > 0:
             assert x["r"]["due_us"] == by_r[x["r_id"]] and x["s"]["due_us"] == by_s[x["s_id"]]
             assert x["r"]["ts"] == x["r"]["due_us"] // 1000
+
+
+def test_job_argv_round_trips_and_max_latency_is_refused_or_passed():
+    """The job's flags give back its config; ``--max-latency`` reaches the join's
+    settings where the manager's OpenRequest has the field, else is refused before
+    Spark starts (never dropped)."""
+    import argparse
+
+    import pytest
+
+    from panjoin.cli.options import add_common, add_join_opts
+    from spark_conn.cli import add_pipeline_opts, config_from_args, job_argv, run
+    from spark_conn.config import PipelineConfig, manager_takes
+
+    ap = argparse.ArgumentParser()
+    add_pipeline_opts(ap)
+    add_join_opts(ap)
+    add_common(ap)
+    cfg = PipelineConfig("127.0.0.1:9", "127.0.0.1:8", "ck", "time:500,500", "band:1",
+                         r_topic="R1", subwindow_size=4096, max_offsets_per_trigger=1000,
+                         trigger="100 milliseconds", kafka_options={"client.id": "x"})
+    assert config_from_args(ap.parse_args(job_argv(cfg))) == cfg
+    args = ap.parse_args(job_argv(cfg) + ["--max-latency", "20"])
+    if manager_takes("max_latency_ms"):
+        assert config_from_args(args).open_settings()["max_latency_ms"] == 20.0
+    else:
+        with pytest.raises(ValueError, match="max_latency_ms"):
+            config_from_args(args)
+        assert run(args) == 2  # the command says why and starts nothing
