@@ -7,12 +7,19 @@ shares (:mod:`panjoin.cli.options`).
 
 The Kafka options (``--kafka-option KEY=VALUE``: librdkafka properties for every
 client the job opens, e.g. TLS or SASL; see :mod:`panjoin.kafka.options`) are checked
-before anything connects or Spark starts.
+before anything connects or Spark starts, and so is ``--max-latency`` (see
+:mod:`spark_conn.config`).
+
+:func:`job_argv` is the inverse of :func:`config_from_args`: a config as this
+command's flags, so that a driver (``panjoin bench latency --pipeline``) runs the job
+as a process of its own, the way a user does; with a processing-time trigger the job
+runs until SIGINT, then stops its query and writes its counters (``--stats-json``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 
@@ -71,6 +78,9 @@ def add_pipeline_opts(p: argparse.ArgumentParser) -> None:
                         "W is the least, over the input partitions, of the largest ts read "
                         "from each, and a tuple is late iff ts < W - allowed lateness "
                         "(default: never idle, so an empty partition holds W at -inf)")
+    g.add_argument("--stats-json", metavar="PATH",
+                   help="at the end, write the job's counters and its time per step (and "
+                        "Spark's per trigger phase) as JSON")
     g.add_argument("--manager-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="how long to wait for a lost manager to come back before the batch "
                         "fails (the job then reconnects and rebuilds its window from the join "
@@ -90,12 +100,40 @@ def config_from_args(args) -> PipelineConfig:
         batch_size=args.batch_size or 32768, max_offsets_per_trigger=args.max_offsets_per_trigger,
         starting_offsets=args.starting_offsets, trigger=args.trigger, source=args.source,
         idle_timeout=args.idle_timeout, manager_timeout=args.manager_timeout,
-        kafka_options=from_args(args))
+        kafka_options=from_args(args), max_latency_ms=args.max_latency)
+
+
+def job_argv(cfg: PipelineConfig) -> list[str]:
+    """``panjoin pipeline``'s flags for ``cfg`` (the Kafka options included), so that
+    ``config_from_args(parse(job_argv(cfg)))`` equals ``cfg``."""
+    c = cfg
+    a = ["--bootstrap-servers", c.bootstrap, "--manager", c.manager, "--checkpoint",
+         c.checkpoint, "--window", c.window, "--predicate", c.predicate, "--r-topic", c.r_topic,
+         "--s-topic", c.s_topic, "--out-topic", c.out_topic, "--late-topic", c.late_topic,
+         "--dead-letter-topic", c.dead_letter_topic, "--key-field", c.key_field, "--ts-field",
+         c.ts_field, "--id-field", c.id_field, "--key-type", c.key_type, "--index", c.index,
+         "--allowed-lateness", str(c.allowed_lateness), "--batch-size", str(c.batch_size),
+         "--starting-offsets", c.starting_offsets, "--trigger", c.trigger, "--source", c.source,
+         "--manager-timeout", str(c.manager_timeout)]
+    for flag, v in (("--subwindow-size", c.subwindow_size), ("--partitions", c.partitions),
+                    ("--max-offsets-per-trigger", c.max_offsets_per_trigger),
+                    ("--idle-timeout", c.idle_timeout), ("--max-latency", c.max_latency_ms)):
+        if v is not None:
+            a += [flag, str(v)]
+    for k, v in c.kafka_options.items():
+        a += ["--kafka-option", f"{k}={v}"]
+    if c.extra_open:
+        raise ValueError(f"extra_open {c.extra_open} has no flag of panjoin pipeline")
+    return a
 
 
 def run(args) -> int:
     """Run the job of parsed ``args`` (``panjoin pipeline``); needs the spark extra."""
-    cfg = config_from_args(args)
+    try:
+        cfg = config_from_args(args)
+    except ValueError as e:  # e.g. --max-latency that the manager protocol cannot carry
+        print(f"panjoin pipeline: {e}", file=sys.stderr)
+        return 2
     try:
         from spark_conn.pipeline import run as run_job
     except ModuleNotFoundError as e:
@@ -110,6 +148,9 @@ def run(args) -> int:
           + (f"; {st['replayed_batches']} batches replayed into the join, "
              f"{st['skipped_records']} records already written" if st["replayed_batches"]
              else ""), flush=True)
+    if args.stats_json:
+        with open(args.stats_json, "w") as f:
+            json.dump(st, f, indent=1)
     return 0
 
 

@@ -1,5 +1,13 @@
 """The Spark job's settings: ``panjoin pipeline``'s flags (:mod:`spark_conn.cli`), and
-what the job opens its join on the manager with."""
+what the job opens its join on the manager with.
+
+``max_latency_ms`` (``--max-latency MS``) goes to the manager's engine with the join
+(``OpenRequest.max_latency_ms``: the engine sizes its batches to hold the bound, see
+:mod:`panjoin.manager.latency`)::
+
+    >>> PipelineConfig("b:9092", "m:50050", "ckpt", "time:1000,1000", "eq").open_settings()
+    {'allowed_lateness': 0, 'batch_size': 32768, 'key_dtype': 'int64'}
+"""
 
 from __future__ import annotations
 
@@ -37,6 +45,14 @@ class PipelineConfig:
     #: librdkafka client properties for every Kafka client the job opens (TLS, SASL;
     #: see panjoin.kafka.options), and for Spark's source as kafka.* options
     kafka_options: dict = field(default_factory=dict)
+    #: the bound the manager's engine holds pair latency to (its batches), in ms
+    max_latency_ms: float | None = None
+
+    def __post_init__(self):
+        if self.max_latency_ms is not None:
+            if not self.max_latency_ms > 0:
+                raise ValueError(f"max latency must be a positive number of ms, got "
+                                 f"{self.max_latency_ms}")
 
     def open_settings(self) -> dict:
         s = {"allowed_lateness": self.allowed_lateness, "batch_size": self.batch_size,
@@ -45,5 +61,7 @@ class PipelineConfig:
             s["subwindow_size"] = self.subwindow_size
         if self.partitions:
             s["partitions"] = self.partitions
+        if self.max_latency_ms is not None:
+            s["max_latency_ms"] = self.max_latency_ms
         s.update(self.extra_open)
         return s

@@ -635,7 +635,8 @@ def source_frame(spark, cfg: PipelineConfig, ending: dict | None):
 
 def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
     """Run the job until the input available at start is processed (``available-now``)
-    or until interrupted (a processing-time trigger). Returns counters."""
+    or until interrupted (a processing-time trigger: SIGINT stops the query and the
+    counters are returned). Returns counters."""
     from spark_conn.session import spark_session
 
     io.create_topics(cfg.bootstrap, [cfg.r_topic, cfg.s_topic] + [
@@ -677,8 +678,13 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
     try:
         if available_now and cfg.source != "native":
             _await_end(q, ending, reached)
-        else:
+        elif available_now:
             q.awaitTermination()
+        else:  # runs until stopped: Ctrl-C (SIGINT) is the end of a run, counters and all
+            try:
+                q.awaitTermination()
+            except KeyboardInterrupt:
+                log.info("interrupted: stopping the query")
         t1 = time.perf_counter()
     finally:
         if q.isActive:
@@ -689,6 +695,7 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
     pipe.stats["seconds"] = time.perf_counter() - t0
     pipe.stats["s_stop"] = time.perf_counter() - t1  # the query's stop, the join's close
     pipe.stats["spark_ms"] = trigger_ms(q)
+    pipe.stats["spark_triggers"] = len(q.recentProgress)  # what spark_ms sums over
     pipe.stats["read_ahead_hits"] = pipe.read_ahead.hits
     pipe.stats["read_ahead_misses"] = pipe.read_ahead.misses
     return pipe.stats

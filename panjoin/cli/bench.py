@@ -9,6 +9,7 @@ latency under an open-loop source (the sweeps and plots are in ``benchmarks/``).
     panjoin bench latency --workers 2 --rates 100K,500K,1M --max-latency 10   # a cluster
     panjoin bench latency --topology handshake --workers 4 --window count:64K,64K \
         --predicate band:10 --rates 10K,20K --max-latency 10
+    panjoin bench latency --pipeline --rates 20K,50K,100K --trigger '100 milliseconds'
 """
 
 from __future__ import annotations
@@ -103,19 +104,20 @@ def add_parser(sub) -> None:
                     "later of its two tuples was due. Prints p50, p99, p99.9 and max per rate, "
                     "whether the source was kept up with, and the highest rate that kept up "
                     "with p99 within --p99-target.")
-    b.add_argument("--window", default="count:1M,1M", metavar="SPEC",
-                   help="count:WR,WS (default: %(default)s)")
+    b.add_argument("--window", default=None, metavar="SPEC",
+                   help="count:WR,WS (default: count:1M,1M; --pipeline: time:TR,TS, default "
+                        "time:5000,5000)")
     b.add_argument("--predicate", default="eq", metavar="SPEC", help="(default: %(default)s)")
     b.add_argument("--index", default="bisort", choices=INDEX_KINDS, help=INDEX_HELP)
     b.add_argument("--dist", default="uniform", help="key distribution (default: %(default)s)")
     b.add_argument("--key-max", type=size, default=1_000_000,
                    help="keys uniform in [0, KEY_MAX] (default: %(default)s: about one "
                         "equi-join pair per tuple at a 1M window)")
-    b.add_argument("--rates", default="100K,200K,500K,1M",
+    b.add_argument("--rates", default=None,
                    help="comma-separated input rates, tuples/s of both streams together "
-                        "(default: %(default)s)")
-    b.add_argument("--seconds", type=float, default=3.0,
-                   help="measured seconds per rate (default: %(default)s)")
+                        "(default: 100K,200K,500K,1M; --pipeline: 20K,50K,100K,200K)")
+    b.add_argument("--seconds", type=float, default=None,
+                   help="measured seconds per rate (default: 3; --pipeline: 10)")
     b.add_argument("--max-latency", type=float, metavar="MS",
                    help="the engine sizes its batches to hold this bound (default: fixed "
                         "--batch-size and --collect-ms)")
@@ -141,6 +143,20 @@ def add_parser(sub) -> None:
     b.add_argument("--plot", metavar="PNG", help="plot p50/p99 against the rate reached")
     b.add_argument("--label", help="the curve's name (default: the mode)")
     b.add_argument("--seed", type=int, default=1)
+    g = b.add_argument_group(
+        "pipeline mode", "Kafka to Kafka: a broker, a local cluster and the Spark job "
+        "(panjoin pipeline) started and stopped here; an open-loop producer into R and S, a "
+        "consumer of the joined topic (panjoin.bench.latency_pipeline)")
+    g.add_argument("--pipeline", action="store_true",
+                   help="measure the Kafka pipeline end to end instead of the in-process engine")
+    g.add_argument("--trigger", default="100 milliseconds",
+                   help="the job's processing-time trigger (default: %(default)s)")
+    g.add_argument("--max-offsets-per-trigger", type=int, metavar="N",
+                   help="most records per micro-batch (default: no limit)")
+    g.add_argument("--broker", choices=["noida", "tansu"], default="noida",
+                   help="the broker to start (default: %(default)s)")
+    g.add_argument("--quick", action="store_true",
+                   help="pipeline: 2K and 5K tuples/s, a 1 s window, 2 measured seconds")
     add_common(b)
     b.set_defaults(run=run_latency)
 
@@ -244,14 +260,19 @@ def rate(text: str) -> float:
 def run_latency(args) -> int:
     from panjoin.bench.latency import latency_sweep, max_sustainable, plot, write_json
 
-    rates = [rate(r) for r in args.rates.split(",")]
-    results = latency_sweep(
-        rates, window=args.window, predicate=args.predicate, index=args.index,
-        dist=args.dist, key_max=args.key_max, seconds=args.seconds,
-        max_latency_ms=args.max_latency, batch_size=args.batch_size,
-        collect_ms=args.collect_ms, subwindow_size=args.subwindow_size, threads=args.threads,
-        workers=args.workers, topology=args.topology, replicas=args.replicas, seed=args.seed,
-        label=args.label, progress=not args.no_progress, echo=print)
+    if args.pipeline:
+        results = _pipeline_latency(args)
+    else:
+        rates = [rate(r) for r in (args.rates or "100K,200K,500K,1M").split(",")]
+        results = latency_sweep(
+            rates, window=args.window or "count:1M,1M", predicate=args.predicate,
+            index=args.index, dist=args.dist, key_max=args.key_max,
+            seconds=args.seconds or 3.0,
+            max_latency_ms=args.max_latency, batch_size=args.batch_size,
+            collect_ms=args.collect_ms, subwindow_size=args.subwindow_size,
+            threads=args.threads, workers=args.workers, topology=args.topology,
+            replicas=args.replicas, seed=args.seed, label=args.label,
+            progress=not args.no_progress, echo=print)
     best = max_sustainable(results, args.p99_target)
     print(f"max sustainable rate with p99 <= {args.p99_target:g} ms: {best:,.0f} tuples/s")
     if args.json:
@@ -259,3 +280,26 @@ def run_latency(args) -> int:
     if args.plot:
         plot(results, args.plot)
     return 0
+
+
+def _pipeline_latency(args):
+    """``--pipeline``: the Kafka pipeline end to end (panjoin.bench.latency_pipeline)."""
+    from panjoin.bench.latency_pipeline import (
+        PipelineLatencyConfig,
+        pipeline_latency,
+        time_per_step,
+    )
+
+    quick = args.quick
+    cfg = PipelineLatencyConfig(
+        rates=[rate(r) for r in (args.rates or ("2K,5K" if quick else "20K,50K,100K,200K")
+                                 ).split(",")],
+        window=args.window or ("time:1000,1000" if quick else "time:5000,5000"),
+        predicate=args.predicate, seconds=args.seconds or (2.0 if quick else 10.0),
+        trigger=args.trigger, max_offsets_per_trigger=args.max_offsets_per_trigger,
+        broker=args.broker, index=args.index, batch_size=args.batch_size or 32768,
+        subwindow_size=args.subwindow_size, max_latency_ms=args.max_latency, seed=args.seed,
+        label=args.label, workers=args.workers or 2)
+    run = pipeline_latency(cfg, echo=print)
+    print("the job: " + time_per_step(run.stats))
+    return run.results
