@@ -28,7 +28,7 @@ from panjoin.semantics import I64_MAX, parse_predicate, probe_bounds
 from panjoin.subwindow import make_index
 from panjoin.subwindow.bi_sort import BISort
 from panjoin.subwindow.kernels import window as W
-from panjoin.subwindow.kernels.bisort import DENSE_GAP, PAIRS_CHUNK
+from panjoin.subwindow.kernels.bisort import DENSE_GAP, FAN, PAIRS_CHUNK, top_level
 from panjoin.subwindow.nested_loop import NestedLoop
 
 # --------------------------------------------------------------------------- helpers
@@ -96,8 +96,10 @@ def test_dense_and_sparse_probe_paths(threads, partitions):
     locate_sparse at step 8), a denser one by galloping over the main array: all against
     the nested loop, with tuples in the sorted buffer too."""
     n = 10_000  # 140 probe tuples: sparse, also in each of two threads' chunks
-    for probes, dense in ((4, False), (140, False), (3 * n // DENSE_GAP, True)):
+    for probes, dense in ((4, False), (140, False), (n // DENSE_GAP, True)):
         assert (probes * DENSE_GAP >= n) == dense
+        # dense: thousands of probe tuples, each matching ~1% of the stored keys (eq)
+        preds = PREDICATES[:1] if dense else PREDICATES[:3]
         total = 0
         for dist in ("uniform", "extreme", "float"):  # not ne or equal keys: W^2 pairs
             rng = np.random.default_rng(zlib.crc32(f"{dist}/{probes}".encode()))
@@ -107,10 +109,53 @@ def test_dense_and_sparse_probe_paths(threads, partitions):
             ref = NestedLoop(n, key_dtype=keys.dtype)
             fill([bi, ref], rng, keys, [4000, 3000, 2850, 100, 50])  # 150 stay buffered
             assert bi.nbuf == 150
-            for case in probe_cases(rng, PREDICATES[:3], MODES, probes,
+            for case in probe_cases(rng, preds, MODES, probes,
                                     lambda r, k=keys, d=dist, m=probes: probe_keys(r, k, d, m)):
                 total += assert_same(bi, ref, *case)
         assert total > 0
+
+
+@pytest.mark.parametrize("dist", ["uniform-wide", "extreme", "float"])
+def test_small_batches_over_a_large_subwindow(dist):
+    """Small sorted batches (1 to 1000 probe tuples) over 40K rows at step 8 start their
+    searches on each upper level of the index in turn (locate_levels) and on the index
+    array itself (locate_sparse); against the nested loop, with the window filter, with
+    keys past both ends and a sorted buffer; the index rebuilt after each small merge."""
+    rng = np.random.default_rng(zlib.crc32(dist.encode()))
+    n = 40_000
+    if dist == "uniform-wide":
+        keys = rng.integers(-(1 << 40), 1 << 40, n)
+        draw = None
+    else:
+        keys = draw_keys(rng, dist, n)
+        draw = draw_keys
+    bi = BISort(n, key_dtype=keys.dtype, partitions=n // 8, buffer=256)
+    ref = NestedLoop(n, key_dtype=keys.dtype)
+    sizes = [30_000, 9_000] + [100] * 9 + [70]  # merges of the buffer into 30K+ rows
+    seq = np.arange(n, dtype=np.int64) * 3 + 11
+    a = 0
+    for k in sizes:
+        order = np.argsort(keys[a:a + k], kind="stable")
+        cols = keys[a:a + k][order], rng.integers(0, 1000, k)[order], seq[a:a + k][order]
+        bi.insert(*cols)
+        ref.insert(*cols)
+        bi.check()
+        a += k
+    assert bi.step == 8 and bi.nlev == 4 and 0 < bi.nbuf < 256
+    tops = set()
+    for m in (1, 7, 64, 300, 1000):
+        tops.add(int(top_level(bi.nidx, bi.nlev, m)))
+        if draw is None:
+            pk = np.sort(np.where(rng.random(m) < 0.5, keys[rng.integers(0, n, m)],
+                                  rng.integers(-(1 << 41), 1 << 41, m)))
+        else:
+            pk = probe_keys(rng, keys, dist, m, draw)
+        for pred in PREDICATES[:3]:
+            lo, hi = probe_bounds(parse_predicate(pred), "R", pk)
+            for mode in MODES:
+                flt = random_filter(rng, mode, m, seq_max=3 * n + 11)
+                assert_same_pairs(bi, ref, lo, hi, flt, f"{pred} n={m} mode {mode}")
+    assert tops == {0, 1, 2, 3, 4}
 
 
 def test_duplicates_span_partitions():
@@ -199,7 +244,8 @@ def test_empty_subwindow_and_empty_probe():
 def test_capacity_one():
     for buffer in (1, 1024):
         bi = BISort(1, partitions=1024, buffer=buffer)
-        assert bi.buffer_size == 1 and bi.index.shape[0] == 1
+        # one index entry, padded to one line of FAN keys; no upper level
+        assert bi.buffer_size == 1 and bi.index.shape[0] == FAN and bi.up.shape[0] == 1
         bi.insert(np.array([I64_MAX]), np.array([3]), np.array([42]))
         bi.check()
         lo, hi = probe_bounds(parse_predicate("eq"), "R", np.array([I64_MAX - 1, I64_MAX]))
@@ -293,6 +339,22 @@ def test_check_catches_corruption():
     bi.index[1] -= 1
     bi.mseq[5] = bi.mseq[6]
     with pytest.raises(AssertionError, match="seq"):
+        bi.check()
+
+
+def test_check_catches_stale_levels():
+    bi = BISort(2000, partitions=500, buffer=4)
+    k = np.arange(1001, dtype=np.int64) * 2
+    bi.insert(k, k, k)
+    bi.check()
+    assert bi.step == 3 and bi.nidx == 334 and bi.nlev == 2  # levels of 42 and 6 entries
+    for arr, at, what in ((bi.up, 1, "stale level 1"), (bi.up, bi.lvoff[2], "stale level 2"),
+                          (bi.up, 42, "level 1 padding"), (bi.index, 334, "index padding")):
+        old = arr[at]
+        arr[at] = 5
+        with pytest.raises(AssertionError, match=what):
+            bi.check()
+        arr[at] = old
         bi.check()
 
 

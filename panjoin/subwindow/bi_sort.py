@@ -21,8 +21,10 @@ cheap to search by an index array::
   over the batch (the merge-like scan), then inside its one partition (over a fine
   index, step <= 16, the cursor runs 16 tuples ahead and prefetches each partition;
   over a coarse one, 32 probe tuples' searches run in lockstep: either way their cache
-  misses overlap); a dense
-  batch (a probe tuple per 64 main rows or more) gallops over the main array
+  misses overlap); a small batch over a large subwindow starts on an upper level of
+  the index (every 8th entry of the level below) and goes down a line per level, 16
+  probe tuples in lockstep; a dense
+  batch (a probe tuple per 4 main rows or more) gallops over the main array
   itself. The sorted buffer's ranges are found the same way. Chunks of the batch
   run on ``threads`` threads; one thread runs a leaner kernel (one pass over the
   ranges, no parallel region). Results
@@ -58,10 +60,11 @@ Worked trace, P = 3, B = 4, a dozen keys::
         dense against so small a main array gallops over the main array instead.)
 
 Memory: 24 bytes per tuple of capacity for the main array, plus 24 B for the
-buffer and 8 min(P, capacity) for the index array (1.003x the raw columns at
-NSub = 8M, P = 64K, B = 1K). A merge allocates temporaries of at most the run's
-size (the OpenCL twin's buffer sort) or max(run, capacity / 16) rows (the parallel merge's stash;
-beyond that it merges on one thread), never a second main array.
+buffer and about 8 min(P, capacity) x 8/7 for the index array and its upper levels
+(1.003x the raw columns at NSub = 8M, P = 64K, B = 1K). A merge allocates temporaries
+of at most the run's size (the OpenCL twin's buffer sort) or max(run, capacity / 16)
+rows (the parallel merge's stash; beyond that it merges on one thread), never a
+second main array.
 
 The main array's layout is a deterministic function of the insert sequence (a merged
 run goes right of equal main keys, whatever the thread count), so a mirror replaying
@@ -79,7 +82,9 @@ import numpy as np
 from panjoin.config import BISORT_BUFFER
 from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter
 from panjoin.subwindow.kernels.bisort import (
+    FAN,
     build_index,
+    build_levels,
     first_moved,
     merge_back,
     merge_piece,
@@ -267,10 +272,22 @@ class BISort(SubwindowIndex):
         self.bts = np.empty(self.buffer_size, dtype=np.int64)
         self.bseq = np.empty(self.buffer_size, dtype=np.int64)
         self.nbuf = 0
-        # at most P entries, and never more than there are tuples
-        self.index = aligned_empty(min(self.partitions, self.capacity), kd)
+        # at most P entries, and never more than there are tuples; padded to whole lines
+        ncap = min(self.partitions, self.capacity)
+        self.index = aligned_empty(-(-ncap // FAN) * FAN, kd)
         self.nidx = 0
         self.step = 1
+        # the index's upper levels (see build_levels): level k from lvoff[k], each
+        # padded to whole lines, up to the first of at most FAN entries
+        offs = [0, 0]
+        n = ncap
+        while n > FAN:
+            n = -(-n // FAN)
+            offs.append(offs[-1] + -(-n // FAN) * FAN)
+        self.lvoff = np.array(offs[:-1], dtype=np.int64)
+        self.up = aligned_empty(max(offs[-1], 1), kd)
+        self.nlev = 0
+        self._pad = np.iinfo(kd).max if kd.kind in "iu" else np.inf
 
     # ------------------------------------------------------------------ insert
 
@@ -283,8 +300,9 @@ class BISort(SubwindowIndex):
         buffer_flush(self)
 
     def _merge(self, rk, rt, rs, r):
-        # rows below the first main key > the run's smallest stay in place (stable merge)
-        f = int(first_moved(self.mkeys, self.m, rk[0])) if self._k2 is not None else 0
+        # rows below the first main key > the run's smallest stay in place (stable merge),
+        # and so do their index entries
+        f = int(first_moved(self.mkeys, self.m, rk[0]))
         self._merge_cols(rk, rt, rs, r)
         if self._k2 is not None and self.residual_layout == "permuted":
             if self.mk2 is None:
@@ -293,7 +311,7 @@ class BISort(SubwindowIndex):
             end = self.m + r
             self.mk2[f:end] = self._k2[self.mseq[f:end] - self._k2base]
         self.m += r
-        self._rebuild_index()
+        self._rebuild_index(f)
 
     def _merge_cols(self, rk, rt, rs, r):
         parts = self.threads
@@ -324,9 +342,14 @@ class BISort(SubwindowIndex):
         for f in futures:
             f.result()
 
-    def _rebuild_index(self):
-        self.step = max(1, -(-self.m // self.partitions))  # ceil(M / P)
-        self.nidx = int(build_index(self.mkeys, self.m, self.step, self.index))
+    def _rebuild_index(self, first: int = 0):
+        """The index array and its levels after a merge whose first moved row is
+        ``first`` (entries of rows below it are kept, unless the step changed)."""
+        step = max(1, -(-self.m // self.partitions))  # ceil(M / P)
+        q0 = -(-first // step) if step == self.step else 0
+        self.step = step
+        self.nidx = int(build_index(self.mkeys, self.m, step, self.index, q0))
+        self.nlev = int(build_levels(self.index, self.nidx, self.up, self.lvoff, self._pad, q0))
 
     # ------------------------------------------------------------------ probe
 
@@ -349,15 +372,18 @@ class BISort(SubwindowIndex):
             mk2 = self.mk2 if permuted else self._k2
             return bisort_probe_residual(
                 self.mkeys, self.mts, self.mseq, mk2, self.m, self.index, self.nidx, self.step,
-                self.bkeys, self.bts, self.bseq, self.nbuf, self._k2, self._k2base, lo, hi,
+                self.up, self.lvoff, self.nlev, self.bkeys, self.bts, self.bseq, self.nbuf,
+                self._k2, self._k2base, lo, hi,
                 flt.mode, c0, c1, c2, res.lo, res.hi, parts, permuted)
         if parts == 1:  # the lean one-thread kernel: no parallel region, fewer passes
             return probe_pairs(
                 self.mkeys, self.mts, self.mseq, self.m, self.index, self.nidx, self.step,
-                self.bkeys, self.bts, self.bseq, self.nbuf, lo, hi, flt.mode, c0, c1, c2)
+                self.up, self.lvoff, self.nlev, self.bkeys, self.bts, self.bseq, self.nbuf,
+                lo, hi, flt.mode, c0, c1, c2)
         p, q, _, _, _ = probe_kernel(
             self.mkeys, self.mts, self.mseq, self.m, self.index, self.nidx, self.step,
-            self.bkeys, self.bts, self.bseq, self.nbuf, lo, hi, flt.mode, c0, c1, c2, parts,
+            self.up, self.lvoff, self.nlev, self.bkeys, self.bts, self.bseq, self.nbuf,
+            lo, hi, flt.mode, c0, c1, c2, parts,
             False)
         return p, q
 
@@ -370,7 +396,8 @@ class BISort(SubwindowIndex):
         c0, c1, c2, parts = self._probe_args(lo, hi, flt)
         return RangeResult(*probe_kernel(
             self.mkeys, self.mts, self.mseq, self.m, self.index, self.nidx, self.step,
-            self.bkeys, self.bts, self.bseq, self.nbuf, lo, hi, flt.mode, c0, c1, c2, parts,
+            self.up, self.lvoff, self.nlev, self.bkeys, self.bts, self.bseq, self.nbuf,
+            lo, hi, flt.mode, c0, c1, c2, parts,
             True))
 
     def main_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -398,6 +425,20 @@ class BISort(SubwindowIndex):
         assert bk.shape[0] < 2 or bool(np.all(bk[1:] >= bk[:-1])), "buffer not sorted"
         state = check_state(self, self.mkeys[:m], self.mseq[:m], self.index[:self.nidx],
                             self.bseq[:self.nbuf], self.index.shape[0])
+        # index array padded to whole lines; level k >= 1 = every FAN-th entry of level
+        # k - 1, padded too, up to the first level of at most FAN entries
+        nidx = self.nidx
+        lvl = self.index[:-(-nidx // FAN) * FAN]
+        assert np.all(lvl[nidx:] == self._pad), "index padding\n" + state()
+        k = 0
+        while lvl.shape[0] > FAN:
+            k += 1
+            n = -(-nidx // FAN)
+            up = self.up[self.lvoff[k]:self.lvoff[k] + -(-n // FAN) * FAN]
+            assert np.array_equal(up[:n], lvl[:nidx:FAN]), f"stale level {k}\n" + state()
+            assert np.all(up[n:] == self._pad), f"level {k} padding\n" + state()
+            lvl, nidx = up, n
+        assert self.nlev == k, "wrong level count\n" + state()
         # key2 permuted with the main array agrees with key2 by arrival position
         if self.mk2 is not None and self._k2 is not None and m:
             want = self._k2[self.mseq[:m] - self._k2base]
