@@ -52,7 +52,7 @@ def run_case(dist, pattern, *, n=700, buffer=64, partitions=16, threads=1, seed=
              capacity=None, probes=60, preds=PREDICATES, modes=MODES):
     rng = np.random.default_rng(seed)
     keys = draw_keys(rng, dist, n)
-    cap = capacity or n
+    cap = capacity or n + 1  # one row spare: a full subwindow merges its buffer
     bi = BISort(cap, key_dtype=keys.dtype, partitions=partitions, threads=threads,
                 buffer=buffer, par_merge_min=1 if threads > 1 else 1 << 16)
     ref = NestedLoop(cap, key_dtype=keys.dtype)
@@ -104,7 +104,7 @@ def test_dense_and_sparse_probe_paths(threads, partitions):
         for dist in ("uniform", "extreme", "float"):  # not ne or equal keys: W^2 pairs
             rng = np.random.default_rng(zlib.crc32(f"{dist}/{probes}".encode()))
             keys = draw_keys(rng, dist, n)
-            bi = BISort(n, key_dtype=keys.dtype, partitions=partitions, threads=threads,
+            bi = BISort(n + 1, key_dtype=keys.dtype, partitions=partitions, threads=threads,
                         buffer=200, par_merge_min=1 if threads > 1 else 1 << 16)
             ref = NestedLoop(n, key_dtype=keys.dtype)
             fill([bi, ref], rng, keys, [4000, 3000, 2850, 100, 50])  # 150 stay buffered
@@ -129,7 +129,7 @@ def test_small_batches_over_a_large_subwindow(dist):
     else:
         keys = draw_keys(rng, dist, n)
         draw = draw_keys
-    bi = BISort(n, key_dtype=keys.dtype, partitions=n // 8, buffer=256)
+    bi = BISort(n + 1, key_dtype=keys.dtype, partitions=n // 8, buffer=256)
     ref = NestedLoop(n, key_dtype=keys.dtype)
     sizes = [30_000, 9_000] + [100] * 9 + [70]  # merges of the buffer into 30K+ rows
     seq = np.arange(n, dtype=np.int64) * 3 + 11
@@ -186,7 +186,7 @@ def test_probe_pairs_in_chunks_with_a_growing_output(probes):
     rng = np.random.default_rng(probes)
     n = 80_000
     keys = rng.integers(-3000, 3000, n) * 7  # ~13 copies of each key: runs cross partitions
-    bi = BISort(n, partitions=n // 8, buffer=500, threads=1)
+    bi = BISort(n + 1, partitions=n // 8, buffer=500, threads=1)
     ref = NestedLoop(n)
     fill([bi, ref], rng, keys, [40_000, 39_700, 300])  # 300 stay buffered
     assert bi.step == 8 and bi.nbuf == 300 and probes > PAIRS_CHUNK
@@ -197,6 +197,24 @@ def test_probe_pairs_in_chunks_with_a_growing_output(probes):
             flt = random_filter(rng, mode, probes, seq_max=3 * n + 11)
             pairs = assert_same(bi, ref, lo, hi, flt, f"{pred} mode {mode}")
             assert pairs > (4 * probes if mode == W.NONE else 0)
+
+
+def test_a_full_subwindow_merges_its_buffer():
+    """The batch that fills the subwindow leaves the buffer empty: probes of a full
+    subwindow search the main array only; the layout is what a later flush would give."""
+    rng = np.random.default_rng(7)
+    keys = rng.integers(0, 40, 300)
+    bi = BISort(300, partitions=30, buffer=64)
+    ref = NestedLoop(300)
+    late = BISort(301, partitions=30, buffer=64)  # not full: flushed by hand
+    fill([bi, ref, late], rng, keys, [100, 50, 60, 40, 30, 20])
+    assert bi.nbuf == 0 and bi.m == 300 and late.nbuf > 0
+    late.flush()
+    np.testing.assert_array_equal(bi.mkeys[:300], late.mkeys[:300])
+    np.testing.assert_array_equal(bi.mseq[:300], late.mseq[:300])
+    for case in probe_cases(rng, PREDICATES[:3], MODES, 40,
+                            lambda r: probe_keys(r, keys, "uniform", 40)):
+        assert_same(bi, ref, *case)
 
 
 def test_empty_main_array_buffer_only():
@@ -361,6 +379,7 @@ def test_check_catches_stale_levels():
 def test_memory_within_bound():
     bi = make_index("bisort", 1 << 20, "int64", partitions=1 << 14)
     assert isinstance(bi, BISort) and bi.kind == "bisort"
+    assert bi.buffer_size == 1 << 14  # the default: capacity / 16, at most 16K
     assert bi.memory_ratio() < 1.2
     assert bi.nbytes >= 24 * (1 << 20) + 24 * bi.buffer_size + 8 * (1 << 14)
 

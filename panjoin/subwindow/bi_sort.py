@@ -14,7 +14,10 @@ cheap to search by an index array::
   (the buffer stays); otherwise merged into the buffer, which stays sorted, after
   the buffer, if the batch would overflow it, is merged into the main array. A merge runs in
   place from the back of the preallocated columns, O(M + K) but touching only the
-  tuples that move, split over threads at merge-path co-ranks (III-G3).
+  tuples that move, split over threads at merge-path co-ranks (III-G3). B defaults
+  to capacity / 16 within [1K, 16K] (:func:`panjoin.config.bisort_buffer`: a small
+  batch costs about B / 4K + M / 2B moves a tuple); the batch that fills the
+  subwindow merges the buffer, so a full subwindow's probes search no buffer.
 - probe (a sorted batch, per band a closed interval [lo, hi]): the matches in the
   main array are one contiguous range [start, end); each bound is found by the
   rebounding binary search on the index array, with cursors that only move right
@@ -79,7 +82,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from panjoin.config import BISORT_BUFFER
+from panjoin.config import bisort_buffer
 from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter
 from panjoin.subwindow.kernels.bisort import (
     FAN,
@@ -153,7 +156,8 @@ def buffer_insert(ix, name: str, keys, ts, seq, key2=None) -> tuple[int, int]:
     """The insertion buffer's front half, shared by BI-Sort and its OpenCL twin: check
     the batch, merge a batch larger than the buffer at once, else append it to the
     buffer (merging a full buffer first); an index with ``sorted_buffer`` merges it into
-    the buffer instead, which stays sorted. Returns ``(a, k)``: buffer rows ``a:a + k``
+    the buffer instead, which stays sorted. A batch that fills the subwindow leaves the
+    buffer empty (merged into the main array). Returns ``(a, k)``: buffer rows ``a:a + k``
     changed (the batch's rows; a sorted buffer's whole used part); ``k == 0`` when
     nothing was buffered."""
     keys, ts, seq = ix._check_insert(keys, ts, seq, key2)
@@ -173,11 +177,18 @@ def buffer_insert(ix, name: str, keys, ts, seq, key2=None) -> tuple[int, int]:
         # what a stable sort of its arrivals gives, so a flush merges it as it is
         merge_back(ix.bkeys, ix.bts, ix.bseq, a, keys, ts, seq, k)
         ix.nbuf += k
-        return 0, ix.nbuf
-    ix.bkeys[a:a + k] = keys
-    ix.bts[a:a + k] = ts
-    ix.bseq[a:a + k] = seq
-    ix.nbuf += k
+        a, k = 0, ix.nbuf
+    else:
+        ix.bkeys[a:a + k] = keys
+        ix.bts[a:a + k] = ts
+        ix.bseq[a:a + k] = seq
+        ix.nbuf += k
+    if len(ix) == ix.capacity:
+        # full: no insert follows, and the subwindow is probed by every batch of the
+        # other stream until it expires, each probe searching the buffer too (and
+        # reading ts for every candidate): one merge now spares them all
+        ix.flush()
+        return 0, 0
     return a, k
 
 
@@ -250,7 +261,7 @@ class BISort(SubwindowIndex):
     def __init__(self, capacity, key_dtype=np.int64, partitions=1024, threads=1,
                  predecessor=None, **opts):
         super().__init__(capacity, key_dtype, partitions, threads)
-        buffer = int(opts.get("buffer", BISORT_BUFFER))
+        buffer = int(opts.get("buffer", bisort_buffer(self.capacity)))
         if buffer <= 0:
             raise ValueError(f"bisort: insertion buffer size must be positive, got {buffer}")
         # a buffer beyond the capacity could never fill
@@ -412,7 +423,7 @@ class BISort(SubwindowIndex):
     @property
     def nbytes(self):
         return sum(a.nbytes for a in (self.mkeys, self.mts, self.mseq, self.bkeys, self.bts,
-                                      self.bseq, self.index, self._k2, self.mk2)
+                                      self.bseq, self.index, self.up, self._k2, self.mk2)
                    if a is not None)
 
     def memory_ratio(self) -> float:
