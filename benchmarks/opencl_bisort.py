@@ -136,6 +136,7 @@ def main(argv=None) -> int:
 
     from opencl.device import choose_device, describe
     from panjoin.bench.index import run_point
+    from panjoin.config import bisort_buffer
 
     dev = choose_device()
     warm_up(args.threads)
@@ -145,7 +146,8 @@ def main(argv=None) -> int:
             "quick": args.quick, "device": describe(dev),
             "compute_units": int(dev.max_compute_units), "numba_threads": args.threads,
             "nsub": points[0][1].nsub, "partitions": points[0][1].partitions,
-            "mergers": 8, "probers": 8, "buffer": 1024, "gpu": "none available in this run",
+            "mergers": 8, "probers": 8, "buffer": bisort_buffer(points[0][1].nsub),
+            "gpu": "none available in this run",
             "load_before": os.getloadavg()}
     rows = []
     for fig, pt in tqdm(points, desc="opencl-bisort", unit="point", file=sys.stderr):

@@ -46,7 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from opencl.device import runtime
-from panjoin.config import BISORT_BUFFER
+from panjoin.config import bisort_buffer
 from panjoin.semantics import I64_MAX, I64_MIN, _int_band, probe_bounds, stored_bands
 from panjoin.subwindow.base import Residual, ResidualError, SubwindowIndex, WindowFilter
 from panjoin.subwindow.bi_sort import RangeResult, buffer_flush, buffer_insert, check_state
@@ -91,7 +91,7 @@ class OpenCLBISort(SubwindowIndex):
     def __init__(self, capacity, key_dtype=np.int64, partitions=1024, threads=1,
                  predecessor=None, **opts):
         super().__init__(capacity, key_dtype, partitions, threads)
-        buffer = int(opts.get("buffer", BISORT_BUFFER))
+        buffer = int(opts.get("buffer", bisort_buffer(self.capacity)))
         if buffer <= 0:
             raise ValueError(f"bisort-opencl: insertion buffer size must be positive, "
                              f"got {buffer}")

@@ -28,7 +28,7 @@ from panjoin.semantics import I64_MAX, parse_predicate, probe_bounds
 from panjoin.subwindow import make_index
 from panjoin.subwindow.bi_sort import BISort
 from panjoin.subwindow.kernels import window as W
-from panjoin.subwindow.kernels.bisort import DENSE_GAP, PAIRS_CHUNK
+from panjoin.subwindow.kernels.bisort import DENSE_GAP, FAN, PAIRS_CHUNK, top_level
 from panjoin.subwindow.nested_loop import NestedLoop
 
 # --------------------------------------------------------------------------- helpers
@@ -52,7 +52,7 @@ def run_case(dist, pattern, *, n=700, buffer=64, partitions=16, threads=1, seed=
              capacity=None, probes=60, preds=PREDICATES, modes=MODES):
     rng = np.random.default_rng(seed)
     keys = draw_keys(rng, dist, n)
-    cap = capacity or n
+    cap = capacity or n + 1  # one row spare: a full subwindow merges its buffer
     bi = BISort(cap, key_dtype=keys.dtype, partitions=partitions, threads=threads,
                 buffer=buffer, par_merge_min=1 if threads > 1 else 1 << 16)
     ref = NestedLoop(cap, key_dtype=keys.dtype)
@@ -96,21 +96,66 @@ def test_dense_and_sparse_probe_paths(threads, partitions):
     locate_sparse at step 8), a denser one by galloping over the main array: all against
     the nested loop, with tuples in the sorted buffer too."""
     n = 10_000  # 140 probe tuples: sparse, also in each of two threads' chunks
-    for probes, dense in ((4, False), (140, False), (3 * n // DENSE_GAP, True)):
+    for probes, dense in ((4, False), (140, False), (n // DENSE_GAP, True)):
         assert (probes * DENSE_GAP >= n) == dense
+        # dense: thousands of probe tuples, each matching ~1% of the stored keys (eq)
+        preds = PREDICATES[:1] if dense else PREDICATES[:3]
         total = 0
         for dist in ("uniform", "extreme", "float"):  # not ne or equal keys: W^2 pairs
             rng = np.random.default_rng(zlib.crc32(f"{dist}/{probes}".encode()))
             keys = draw_keys(rng, dist, n)
-            bi = BISort(n, key_dtype=keys.dtype, partitions=partitions, threads=threads,
+            bi = BISort(n + 1, key_dtype=keys.dtype, partitions=partitions, threads=threads,
                         buffer=200, par_merge_min=1 if threads > 1 else 1 << 16)
             ref = NestedLoop(n, key_dtype=keys.dtype)
             fill([bi, ref], rng, keys, [4000, 3000, 2850, 100, 50])  # 150 stay buffered
             assert bi.nbuf == 150
-            for case in probe_cases(rng, PREDICATES[:3], MODES, probes,
+            for case in probe_cases(rng, preds, MODES, probes,
                                     lambda r, k=keys, d=dist, m=probes: probe_keys(r, k, d, m)):
                 total += assert_same(bi, ref, *case)
         assert total > 0
+
+
+@pytest.mark.parametrize("dist", ["uniform-wide", "extreme", "float"])
+def test_small_batches_over_a_large_subwindow(dist):
+    """Small sorted batches (1 to 1000 probe tuples) over 40K rows at step 8 start their
+    searches on each upper level of the index in turn (locate_levels) and on the index
+    array itself (locate_sparse); against the nested loop, with the window filter, with
+    keys past both ends and a sorted buffer; the index rebuilt after each small merge."""
+    rng = np.random.default_rng(zlib.crc32(dist.encode()))
+    n = 40_000
+    if dist == "uniform-wide":
+        keys = rng.integers(-(1 << 40), 1 << 40, n)
+        draw = None
+    else:
+        keys = draw_keys(rng, dist, n)
+        draw = draw_keys
+    bi = BISort(n + 1, key_dtype=keys.dtype, partitions=n // 8, buffer=256)
+    ref = NestedLoop(n, key_dtype=keys.dtype)
+    sizes = [30_000, 9_000] + [100] * 9 + [70]  # merges of the buffer into 30K+ rows
+    seq = np.arange(n, dtype=np.int64) * 3 + 11
+    a = 0
+    for k in sizes:
+        order = np.argsort(keys[a:a + k], kind="stable")
+        cols = keys[a:a + k][order], rng.integers(0, 1000, k)[order], seq[a:a + k][order]
+        bi.insert(*cols)
+        ref.insert(*cols)
+        bi.check()
+        a += k
+    assert bi.step == 8 and bi.nlev == 4 and 0 < bi.nbuf < 256
+    tops = set()
+    for m in (1, 7, 64, 300, 1000):
+        tops.add(int(top_level(bi.nidx, bi.nlev, m)))
+        if draw is None:
+            pk = np.sort(np.where(rng.random(m) < 0.5, keys[rng.integers(0, n, m)],
+                                  rng.integers(-(1 << 41), 1 << 41, m)))
+        else:
+            pk = probe_keys(rng, keys, dist, m, draw)
+        for pred in PREDICATES[:3]:
+            lo, hi = probe_bounds(parse_predicate(pred), "R", pk)
+            for mode in MODES:
+                flt = random_filter(rng, mode, m, seq_max=3 * n + 11)
+                assert_same_pairs(bi, ref, lo, hi, flt, f"{pred} n={m} mode {mode}")
+    assert tops == {0, 1, 2, 3, 4}
 
 
 def test_duplicates_span_partitions():
@@ -141,7 +186,7 @@ def test_probe_pairs_in_chunks_with_a_growing_output(probes):
     rng = np.random.default_rng(probes)
     n = 80_000
     keys = rng.integers(-3000, 3000, n) * 7  # ~13 copies of each key: runs cross partitions
-    bi = BISort(n, partitions=n // 8, buffer=500, threads=1)
+    bi = BISort(n + 1, partitions=n // 8, buffer=500, threads=1)
     ref = NestedLoop(n)
     fill([bi, ref], rng, keys, [40_000, 39_700, 300])  # 300 stay buffered
     assert bi.step == 8 and bi.nbuf == 300 and probes > PAIRS_CHUNK
@@ -152,6 +197,24 @@ def test_probe_pairs_in_chunks_with_a_growing_output(probes):
             flt = random_filter(rng, mode, probes, seq_max=3 * n + 11)
             pairs = assert_same(bi, ref, lo, hi, flt, f"{pred} mode {mode}")
             assert pairs > (4 * probes if mode == W.NONE else 0)
+
+
+def test_a_full_subwindow_merges_its_buffer():
+    """The batch that fills the subwindow leaves the buffer empty: probes of a full
+    subwindow search the main array only; the layout is what a later flush would give."""
+    rng = np.random.default_rng(7)
+    keys = rng.integers(0, 40, 300)
+    bi = BISort(300, partitions=30, buffer=64)
+    ref = NestedLoop(300)
+    late = BISort(301, partitions=30, buffer=64)  # not full: flushed by hand
+    fill([bi, ref, late], rng, keys, [100, 50, 60, 40, 30, 20])
+    assert bi.nbuf == 0 and bi.m == 300 and late.nbuf > 0
+    late.flush()
+    np.testing.assert_array_equal(bi.mkeys[:300], late.mkeys[:300])
+    np.testing.assert_array_equal(bi.mseq[:300], late.mseq[:300])
+    for case in probe_cases(rng, PREDICATES[:3], MODES, 40,
+                            lambda r: probe_keys(r, keys, "uniform", 40)):
+        assert_same(bi, ref, *case)
 
 
 def test_empty_main_array_buffer_only():
@@ -199,7 +262,8 @@ def test_empty_subwindow_and_empty_probe():
 def test_capacity_one():
     for buffer in (1, 1024):
         bi = BISort(1, partitions=1024, buffer=buffer)
-        assert bi.buffer_size == 1 and bi.index.shape[0] == 1
+        # one index entry, padded to one line of FAN keys; no upper level
+        assert bi.buffer_size == 1 and bi.index.shape[0] == FAN and bi.up.shape[0] == 1
         bi.insert(np.array([I64_MAX]), np.array([3]), np.array([42]))
         bi.check()
         lo, hi = probe_bounds(parse_predicate("eq"), "R", np.array([I64_MAX - 1, I64_MAX]))
@@ -296,9 +360,26 @@ def test_check_catches_corruption():
         bi.check()
 
 
+def test_check_catches_stale_levels():
+    bi = BISort(2000, partitions=500, buffer=4)
+    k = np.arange(1001, dtype=np.int64) * 2
+    bi.insert(k, k, k)
+    bi.check()
+    assert bi.step == 3 and bi.nidx == 334 and bi.nlev == 2  # levels of 42 and 6 entries
+    for arr, at, what in ((bi.up, 1, "stale level 1"), (bi.up, bi.lvoff[2], "stale level 2"),
+                          (bi.up, 42, "level 1 padding"), (bi.index, 334, "index padding")):
+        old = arr[at]
+        arr[at] = 5
+        with pytest.raises(AssertionError, match=what):
+            bi.check()
+        arr[at] = old
+        bi.check()
+
+
 def test_memory_within_bound():
     bi = make_index("bisort", 1 << 20, "int64", partitions=1 << 14)
     assert isinstance(bi, BISort) and bi.kind == "bisort"
+    assert bi.buffer_size == 1 << 14  # the default: capacity / 16, at most 16K
     assert bi.memory_ratio() < 1.2
     assert bi.nbytes >= 24 * (1 << 20) + 24 * bi.buffer_size + 8 * (1 << 14)
 

@@ -204,8 +204,18 @@ def test_made_by_make_index_and_memory():
     ix = make_index("bisort-opencl", 4096, "float64", partitions=64, buffer=256)
     assert isinstance(ix, OpenCLBISort) and ix.key_dtype == np.float64
     nb = make_index("bisort", 4096, "float64", partitions=64, buffer=256)
-    # the device holds what the Numba one holds; the host keeps a copy of the buffer
-    assert ix.nbytes == nb.nbytes + 24 * 256
+    # the device holds what the Numba one holds but the index's upper levels; the host
+    # keeps a copy of the buffer
+    assert ix.nbytes == nb.nbytes - nb.up.nbytes + 24 * 256
+
+
+def test_default_buffer_as_the_numba_one():
+    """Both twins size the default buffer alike (bisort_buffer), so they lay out the main
+    array alike: 1K, 4K and 16K at 2K, 64K and 1M tuples."""
+    for cap, want in ((2048, 1024), (1 << 16, 4096), (1 << 20, 1 << 14)):
+        cl = make_index("bisort-opencl", cap, "int64", partitions=cap // 8)
+        nb = make_index("bisort", cap, "int64", partitions=cap // 8)
+        assert cl.buffer_size == nb.buffer_size == want
 
 
 # --------------------------------------------------------------------------- devices, errors

@@ -14,15 +14,20 @@ cheap to search by an index array::
   (the buffer stays); otherwise merged into the buffer, which stays sorted, after
   the buffer, if the batch would overflow it, is merged into the main array. A merge runs in
   place from the back of the preallocated columns, O(M + K) but touching only the
-  tuples that move, split over threads at merge-path co-ranks (III-G3).
+  tuples that move, split over threads at merge-path co-ranks (III-G3). B defaults
+  to capacity / 16 within [1K, 16K] (:func:`panjoin.config.bisort_buffer`: a small
+  batch costs about B / 4K + M / 2B moves a tuple); the batch that fills the
+  subwindow merges the buffer, so a full subwindow's probes search no buffer.
 - probe (a sorted batch, per band a closed interval [lo, hi]): the matches in the
   main array are one contiguous range [start, end); each bound is found by the
   rebounding binary search on the index array, with cursors that only move right
   over the batch (the merge-like scan), then inside its one partition (over a fine
   index, step <= 16, the cursor runs 16 tuples ahead and prefetches each partition;
   over a coarse one, 32 probe tuples' searches run in lockstep: either way their cache
-  misses overlap); a dense
-  batch (a probe tuple per 64 main rows or more) gallops over the main array
+  misses overlap); a small batch over a large subwindow starts on an upper level of
+  the index (every 8th entry of the level below) and goes down a line per level, 16
+  probe tuples in lockstep; a dense
+  batch (a probe tuple per 4 main rows or more) gallops over the main array
   itself. The sorted buffer's ranges are found the same way. Chunks of the batch
   run on ``threads`` threads; one thread runs a leaner kernel (one pass over the
   ranges, no parallel region). Results
@@ -58,10 +63,11 @@ Worked trace, P = 3, B = 4, a dozen keys::
         dense against so small a main array gallops over the main array instead.)
 
 Memory: 24 bytes per tuple of capacity for the main array, plus 24 B for the
-buffer and 8 min(P, capacity) for the index array (1.003x the raw columns at
-NSub = 8M, P = 64K, B = 1K). A merge allocates temporaries of at most the run's
-size (the OpenCL twin's buffer sort) or max(run, capacity / 16) rows (the parallel merge's stash;
-beyond that it merges on one thread), never a second main array.
+buffer and about 8 min(P, capacity) x 8/7 for the index array and its upper levels
+(1.003x the raw columns at NSub = 8M, P = 64K, B = 1K). A merge allocates temporaries
+of at most the run's size (the OpenCL twin's buffer sort) or max(run, capacity / 16)
+rows (the parallel merge's stash; beyond that it merges on one thread), never a
+second main array.
 
 The main array's layout is a deterministic function of the insert sequence (a merged
 run goes right of equal main keys, whatever the thread count), so a mirror replaying
@@ -76,10 +82,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from panjoin.config import BISORT_BUFFER
+from panjoin.config import bisort_buffer
 from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter
 from panjoin.subwindow.kernels.bisort import (
+    FAN,
     build_index,
+    build_levels,
     first_moved,
     merge_back,
     merge_piece,
@@ -148,7 +156,8 @@ def buffer_insert(ix, name: str, keys, ts, seq, key2=None) -> tuple[int, int]:
     """The insertion buffer's front half, shared by BI-Sort and its OpenCL twin: check
     the batch, merge a batch larger than the buffer at once, else append it to the
     buffer (merging a full buffer first); an index with ``sorted_buffer`` merges it into
-    the buffer instead, which stays sorted. Returns ``(a, k)``: buffer rows ``a:a + k``
+    the buffer instead, which stays sorted. A batch that fills the subwindow leaves the
+    buffer empty (merged into the main array). Returns ``(a, k)``: buffer rows ``a:a + k``
     changed (the batch's rows; a sorted buffer's whole used part); ``k == 0`` when
     nothing was buffered."""
     keys, ts, seq = ix._check_insert(keys, ts, seq, key2)
@@ -168,11 +177,18 @@ def buffer_insert(ix, name: str, keys, ts, seq, key2=None) -> tuple[int, int]:
         # what a stable sort of its arrivals gives, so a flush merges it as it is
         merge_back(ix.bkeys, ix.bts, ix.bseq, a, keys, ts, seq, k)
         ix.nbuf += k
-        return 0, ix.nbuf
-    ix.bkeys[a:a + k] = keys
-    ix.bts[a:a + k] = ts
-    ix.bseq[a:a + k] = seq
-    ix.nbuf += k
+        a, k = 0, ix.nbuf
+    else:
+        ix.bkeys[a:a + k] = keys
+        ix.bts[a:a + k] = ts
+        ix.bseq[a:a + k] = seq
+        ix.nbuf += k
+    if len(ix) == ix.capacity:
+        # full: no insert follows, and the subwindow is probed by every batch of the
+        # other stream until it expires, each probe searching the buffer too (and
+        # reading ts for every candidate): one merge now spares them all
+        ix.flush()
+        return 0, 0
     return a, k
 
 
@@ -245,7 +261,7 @@ class BISort(SubwindowIndex):
     def __init__(self, capacity, key_dtype=np.int64, partitions=1024, threads=1,
                  predecessor=None, **opts):
         super().__init__(capacity, key_dtype, partitions, threads)
-        buffer = int(opts.get("buffer", BISORT_BUFFER))
+        buffer = int(opts.get("buffer", bisort_buffer(self.capacity)))
         if buffer <= 0:
             raise ValueError(f"bisort: insertion buffer size must be positive, got {buffer}")
         # a buffer beyond the capacity could never fill
@@ -267,10 +283,22 @@ class BISort(SubwindowIndex):
         self.bts = np.empty(self.buffer_size, dtype=np.int64)
         self.bseq = np.empty(self.buffer_size, dtype=np.int64)
         self.nbuf = 0
-        # at most P entries, and never more than there are tuples
-        self.index = aligned_empty(min(self.partitions, self.capacity), kd)
+        # at most P entries, and never more than there are tuples; padded to whole lines
+        ncap = min(self.partitions, self.capacity)
+        self.index = aligned_empty(-(-ncap // FAN) * FAN, kd)
         self.nidx = 0
         self.step = 1
+        # the index's upper levels (see build_levels): level k from lvoff[k], each
+        # padded to whole lines, up to the first of at most FAN entries
+        offs = [0, 0]
+        n = ncap
+        while n > FAN:
+            n = -(-n // FAN)
+            offs.append(offs[-1] + -(-n // FAN) * FAN)
+        self.lvoff = np.array(offs[:-1], dtype=np.int64)
+        self.up = aligned_empty(max(offs[-1], 1), kd)
+        self.nlev = 0
+        self._pad = np.iinfo(kd).max if kd.kind in "iu" else np.inf
 
     # ------------------------------------------------------------------ insert
 
@@ -283,8 +311,9 @@ class BISort(SubwindowIndex):
         buffer_flush(self)
 
     def _merge(self, rk, rt, rs, r):
-        # rows below the first main key > the run's smallest stay in place (stable merge)
-        f = int(first_moved(self.mkeys, self.m, rk[0])) if self._k2 is not None else 0
+        # rows below the first main key > the run's smallest stay in place (stable merge),
+        # and so do their index entries
+        f = int(first_moved(self.mkeys, self.m, rk[0]))
         self._merge_cols(rk, rt, rs, r)
         if self._k2 is not None and self.residual_layout == "permuted":
             if self.mk2 is None:
@@ -293,7 +322,7 @@ class BISort(SubwindowIndex):
             end = self.m + r
             self.mk2[f:end] = self._k2[self.mseq[f:end] - self._k2base]
         self.m += r
-        self._rebuild_index()
+        self._rebuild_index(f)
 
     def _merge_cols(self, rk, rt, rs, r):
         parts = self.threads
@@ -324,9 +353,14 @@ class BISort(SubwindowIndex):
         for f in futures:
             f.result()
 
-    def _rebuild_index(self):
-        self.step = max(1, -(-self.m // self.partitions))  # ceil(M / P)
-        self.nidx = int(build_index(self.mkeys, self.m, self.step, self.index))
+    def _rebuild_index(self, first: int = 0):
+        """The index array and its levels after a merge whose first moved row is
+        ``first`` (entries of rows below it are kept, unless the step changed)."""
+        step = max(1, -(-self.m // self.partitions))  # ceil(M / P)
+        q0 = -(-first // step) if step == self.step else 0
+        self.step = step
+        self.nidx = int(build_index(self.mkeys, self.m, step, self.index, q0))
+        self.nlev = int(build_levels(self.index, self.nidx, self.up, self.lvoff, self._pad, q0))
 
     # ------------------------------------------------------------------ probe
 
@@ -349,15 +383,18 @@ class BISort(SubwindowIndex):
             mk2 = self.mk2 if permuted else self._k2
             return bisort_probe_residual(
                 self.mkeys, self.mts, self.mseq, mk2, self.m, self.index, self.nidx, self.step,
-                self.bkeys, self.bts, self.bseq, self.nbuf, self._k2, self._k2base, lo, hi,
+                self.up, self.lvoff, self.nlev, self.bkeys, self.bts, self.bseq, self.nbuf,
+                self._k2, self._k2base, lo, hi,
                 flt.mode, c0, c1, c2, res.lo, res.hi, parts, permuted)
         if parts == 1:  # the lean one-thread kernel: no parallel region, fewer passes
             return probe_pairs(
                 self.mkeys, self.mts, self.mseq, self.m, self.index, self.nidx, self.step,
-                self.bkeys, self.bts, self.bseq, self.nbuf, lo, hi, flt.mode, c0, c1, c2)
+                self.up, self.lvoff, self.nlev, self.bkeys, self.bts, self.bseq, self.nbuf,
+                lo, hi, flt.mode, c0, c1, c2)
         p, q, _, _, _ = probe_kernel(
             self.mkeys, self.mts, self.mseq, self.m, self.index, self.nidx, self.step,
-            self.bkeys, self.bts, self.bseq, self.nbuf, lo, hi, flt.mode, c0, c1, c2, parts,
+            self.up, self.lvoff, self.nlev, self.bkeys, self.bts, self.bseq, self.nbuf,
+            lo, hi, flt.mode, c0, c1, c2, parts,
             False)
         return p, q
 
@@ -370,7 +407,8 @@ class BISort(SubwindowIndex):
         c0, c1, c2, parts = self._probe_args(lo, hi, flt)
         return RangeResult(*probe_kernel(
             self.mkeys, self.mts, self.mseq, self.m, self.index, self.nidx, self.step,
-            self.bkeys, self.bts, self.bseq, self.nbuf, lo, hi, flt.mode, c0, c1, c2, parts,
+            self.up, self.lvoff, self.nlev, self.bkeys, self.bts, self.bseq, self.nbuf,
+            lo, hi, flt.mode, c0, c1, c2, parts,
             True))
 
     def main_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -385,7 +423,7 @@ class BISort(SubwindowIndex):
     @property
     def nbytes(self):
         return sum(a.nbytes for a in (self.mkeys, self.mts, self.mseq, self.bkeys, self.bts,
-                                      self.bseq, self.index, self._k2, self.mk2)
+                                      self.bseq, self.index, self.up, self._k2, self.mk2)
                    if a is not None)
 
     def memory_ratio(self) -> float:
@@ -398,6 +436,20 @@ class BISort(SubwindowIndex):
         assert bk.shape[0] < 2 or bool(np.all(bk[1:] >= bk[:-1])), "buffer not sorted"
         state = check_state(self, self.mkeys[:m], self.mseq[:m], self.index[:self.nidx],
                             self.bseq[:self.nbuf], self.index.shape[0])
+        # index array padded to whole lines; level k >= 1 = every FAN-th entry of level
+        # k - 1, padded too, up to the first level of at most FAN entries
+        nidx = self.nidx
+        lvl = self.index[:-(-nidx // FAN) * FAN]
+        assert np.all(lvl[nidx:] == self._pad), "index padding\n" + state()
+        k = 0
+        while lvl.shape[0] > FAN:
+            k += 1
+            n = -(-nidx // FAN)
+            up = self.up[self.lvoff[k]:self.lvoff[k] + -(-n // FAN) * FAN]
+            assert np.array_equal(up[:n], lvl[:nidx:FAN]), f"stale level {k}\n" + state()
+            assert np.all(up[n:] == self._pad), f"level {k} padding\n" + state()
+            lvl, nidx = up, n
+        assert self.nlev == k, "wrong level count\n" + state()
         # key2 permuted with the main array agrees with key2 by arrival position
         if self.mk2 is not None and self._k2 is not None and m:
             want = self._k2[self.mseq[:m] - self._k2base]

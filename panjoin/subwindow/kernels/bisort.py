@@ -33,12 +33,28 @@ one partition holding the answer; bounds are sorted, so the index cursors only
 move right (the merge-like scan), and an equal consecutive bound reuses the
 previous answer. Over a fine index (step <= 16, the engine's default is 8) the
 cursor runs 16 tuples ahead of the one being resolved and prefetches the partition it
-names, one cache line per column (:func:`locate_sparse`). Over a coarse index the
+names, one cache line per column (:func:`locate_sparse`). A small batch over a large
+subwindow (more than TOP_GAP index entries per probe tuple) would gallop over a cold
+index array, a chain of dependent misses per bound: it starts instead on an upper
+level of the index (:func:`build_levels`, every FAN-th entry of the level below, up to
+a level small enough that the cursor moves about a block per tuple) and goes down a
+level a pass, one line per level, LGROUP tuples in lockstep with the next line
+prefetched (:func:`locate_levels`)::
+
+    index    [ 1  3  5  8  . . . . | 9 12 14 20 . . . . | 21 ...]   FAN = 8 a line
+    level 1  [ 1  9 21 ...]                                 entry j = index entry 8 j
+    lo = 13: first level-1 entry >= 13 is 21 (j = 2), so the answer is in index line
+             j - 1 = 1: 8 + (entries of that line below 13: 9 12) = 10, the entry 14;
+             the partition of rows (9 step, 10 step] follows.
+
+Cold (caches flushed between calls; 4 subwindows of M rows; ns a probe tuple), M = 1M:
+n = 256: 930 -> 310, n = 1024: 370 -> 170; M = 256K, n = 256: 520 -> 300. Over a
+coarse index the
 searches inside the partitions of a group of 32 probe tuples
 then run in lockstep, branch-free, so that their cache misses on the main array
 overlap instead of queueing one behind the other; the end of a narrow band is
 found from its start (a step or two at S ~ 1). A dense batch (at least one probe
-tuple per DENSE_GAP main rows) skips the index: each bound gallops over the main
+tuple per DENSE_GAP = 4 main rows) skips the index: each bound gallops over the main
 array from the previous one (:func:`locate_dense`), which is also how the sorted
 insertion buffer is searched. Example, step 4, main
 ``[1 3 3 5 | 8 9 9 9 | 12 14 15 20]``, index ``[1 8 12]``, probes ``[2, 4] [9, 9]``:
@@ -194,12 +210,47 @@ def merge_plan(mk, m, rk, r, parts):
 
 
 @njit(**NJIT)
-def build_index(mk, m, step, idx):
-    """Index array: the key of every ``step``-th main tuple; returns the entry count."""
+def build_index(mk, m, step, idx, q0):
+    """Index array: the key of every ``step``-th main tuple, from entry ``q0`` on (those
+    below are unchanged); returns the entry count."""
     nidx = (m + step - 1) // step
-    for q in range(nidx):
+    for q in range(q0, nidx):
         idx[q] = mk[q * step]
     return nidx
+
+
+#: entries of a level per entry of the level above: one cache line of 8-byte keys
+FAN = 8
+
+
+@njit(**NJIT)
+def build_levels(idx, nidx, up, lvoff, pad, q0):
+    """The index's upper levels: level k (k >= 1) holds every FAN-th entry of level k - 1
+    (level 0 is the index array), in ``up[lvoff[k]:]``, up to the first level of at most
+    FAN entries. Every level, the index array too, is padded with ``pad`` (the key
+    type's largest value) to a multiple of FAN entries, so that a search reads a whole
+    line of FAN entries without a bound check. Entries below ``q0`` of the index array
+    are unchanged since the last build (a merge moves only the rows after its first
+    moved one), and so are the upper entries above them. Returns the level count
+    above the index array."""
+    for q in range(nidx, ((nidx + FAN - 1) // FAN) * FAN):
+        idx[q] = pad
+    n = nidx
+    k = 0
+    src = idx
+    lo = q0
+    while n > FAN and k + 1 < lvoff.shape[0]:
+        k += 1
+        nk = (n + FAN - 1) // FAN
+        dst = up[lvoff[k]:lvoff[k] + ((nk + FAN - 1) // FAN) * FAN]
+        lo = lo // FAN
+        for j in range(lo, nk):
+            dst[j] = src[j * FAN]
+        for j in range(nk, dst.shape[0]):
+            dst[j] = pad
+        src = dst
+        n = nk
+    return k
 
 
 # --------------------------------------------------------------------------- probing
@@ -325,9 +376,12 @@ def locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en):
 
 #: main rows per probe tuple up to which a batch counts as dense: its bounds are found by
 #: the merge-like scan of :func:`locate_dense`, not by the index's one partition per
-#: bound. Measured at NBat 32K (ns a probe tuple, dense vs index): 8 vs 38 at NSub 64K,
-#: 30 vs 62 at 1M, 192 vs 99 at 8M (a gap of 256 rows)
-DENSE_GAP = 64
+#: bound. The scan's misses come one after another (the branch it mispredicts about
+#: once a probe tuple stops the loads behind it), where locate_sparse keeps 16 in
+#: flight: measured with 4 subwindows of M rows probed in turn (ns a probe tuple, dense
+#: vs locate_sparse), M = 64K: 13 vs 18 at a gap of 2 rows, 17 vs 20 at 4, 28 vs 21 at
+#: 16; M = 256K: 39 vs 30 at 8, 173 vs 41 at 64; M = 1M: 96 vs 44 at 32 (was 64)
+DENSE_GAP = 4
 #: keys compared at once by the dense scan (a SIMD compare and a count); after
 #: BLOCK_TRIES full blocks the rest of the jump is galloped
 BLOCK = 8
@@ -503,16 +557,158 @@ def locate_sparse(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en, cur):
         cur[b] = q
 
 
+#: probe tuples whose searches go down the index levels in lockstep
+#: (:func:`locate_levels`): a level's line loads of the group are independent
+LGROUP = 16
+#: the top level a sparse search starts on is the lowest with at most TOP_GAP entries
+#: per probe tuple, so that its cursor moves by about one block of BLOCK a tuple
+TOP_GAP = 8
+
+
 @njit(**NJIT)
-def locate(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en):
+def top_level(nidx, nlev, n):
+    """The level a batch of ``n`` probe tuples starts its searches on (see TOP_GAP)."""
+    top = 0
+    ln = nidx
+    while top < nlev and ln > TOP_GAP * n:
+        top += 1
+        ln = (ln + FAN - 1) // FAN
+    return top
+
+
+@njit(**NJIT)
+def locate_levels(mk, ms, mt, m, idx, nidx, step, up, lvoff, top, lo, hi, i0, i1, st, en,
+                  cur, with_ts):
+    """``locate_chunk`` for a sparse batch over a fine index (step <= DENSE_STEP), by the
+    index's levels (:func:`build_levels`).
+
+    Per band, LGROUP probe tuples at a time: each start's search scans the ``top``
+    level from the previous tuple's entry (by blocks of BLOCK entries, a gallop after 8
+    blocks; the top level is chosen so that this is about one block, and it is small
+    enough to stay in cache), then goes down one level a pass, the whole group in
+    lockstep: knowing that entry j of level k is the first >= lo, entry (j-1) FAN of
+    level k - 1 is below lo and entry j FAN is not, so the answer is the count of that
+    line's FAN entries below lo (a fixed length, no branch), and the line of the next
+    level (and, after level 0, the partition's key and seq lines, and ts when
+    ``with_ts``) is prefetched as soon as it is known. The loads of a pass are
+    independent, so the group's cache misses are in flight together, where a gallop
+    over a cold index array is a chain of misses each waiting for the one before.
+    At level 0, q is the first index entry >= lo and the partition rows
+    ((q-1) step, q step] are counted as in :func:`locate_sparse`.
+
+    ``cur[b]``: band b's cursor on the top level, from and back."""
+    nb = lo.shape[0]
+    ntop = nidx
+    for _ in range(top):
+        ntop = (ntop + FAN - 1) // FAN
+    tarr = idx if top == 0 else up[lvoff[top]:lvoff[top] + ntop]
+    jb = np.empty(LGROUP, dtype=np.int64)
+    for b in range(nb):
+        t = cur[b]
+        for g0 in range(i0, i1, LGROUP):
+            g1 = min(i1, g0 + LGROUP)
+            for i in range(g0, g1):
+                l = lo[b, i]
+                if l <= hi[b, i] and m > 0:  # an empty band moves no cursor
+                    k = 0
+                    while True:  # t: first top entry >= l
+                        if t + BLOCK > ntop:
+                            while t < ntop and tarr[t] < l:
+                                t += 1
+                            break
+                        c = 0
+                        for x in range(BLOCK):
+                            c += tarr[t + x] < l
+                        t += c
+                        if c < BLOCK:
+                            break
+                        k += 1
+                        if k == 8:
+                            t = gallop_left_range(tarr, l, t, ntop)
+                            break
+                j = t
+                jb[i - g0] = j
+                if top == 1:
+                    prefetch_read(idx, max(j - 1, 0) * FAN)
+                elif top > 1:
+                    prefetch_read(up, lvoff[top - 1] + max(j - 1, 0) * FAN)
+            for lv in range(top - 1, -1, -1):
+                arr = idx if lv == 0 else up[lvoff[lv]:]
+                for i in range(g0, g1):
+                    l = lo[b, i]
+                    j = jb[i - g0]
+                    a = max(j - 1, 0) * FAN
+                    c = 0
+                    for x in range(FAN):
+                        c += arr[a + x] < l
+                    j = a + c if j > 0 else 0
+                    jb[i - g0] = j
+                    if lv > 1:
+                        prefetch_read(up, lvoff[lv - 1] + max(j - 1, 0) * FAN)
+                    elif lv == 1:
+                        prefetch_read(idx, max(j - 1, 0) * FAN)
+                    else:
+                        r = min(max(j - 1, 0) * step, m - 1)
+                        prefetch_read(mk, r)
+                        prefetch_read(ms, r)
+                        if with_ts:
+                            prefetch_read(mt, r)
+            for i in range(g0, g1):
+                l = lo[b, i]
+                h = hi[b, i]
+                if l > h or m == 0:
+                    st[b, i] = 0
+                    en[b, i] = 0
+                    continue
+                qj = jb[i - g0]
+                if qj > 0 and qj * step <= m:
+                    a = (qj - 1) * step
+                    z = a + step
+                    c = 0
+                    d = 0
+                    for r in range(step):
+                        c += mk[a + r] < l
+                        d += mk[a + r] <= h
+                else:
+                    a = (qj - 1) * step + 1 if qj > 0 else 0
+                    z = min(qj * step, m)
+                    c = 0
+                    d = 0
+                    for r in range(a, z):
+                        c += mk[r] < l
+                        d += mk[r] <= h
+                st[b, i] = a + c
+                if qj >= nidx or idx[qj] > h:
+                    en[b, i] = a + d
+                else:
+                    en[b, i] = gallop_right_range(mk, h, z, m)
+        cur[b] = t
+
+
+@njit(**NJIT)
+def locate_fine(mk, ms, mt, m, idx, nidx, step, up, lvoff, nlev, lo, hi, i0, i1, st, en,
+                cur, n, with_ts):
+    """A sparse chunk over a fine index, from the top level a batch of ``n`` starts on:
+    :func:`locate_sparse` on the index array itself, else :func:`locate_levels`."""
+    top = top_level(nidx, nlev, n)
+    if top == 0:
+        locate_sparse(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en, cur)
+    else:
+        locate_levels(mk, ms, mt, m, idx, nidx, step, up, lvoff, top, lo, hi, i0, i1, st, en,
+                      cur, with_ts)
+
+
+@njit(**NJIT)
+def locate(mk, ms, mt, m, idx, nidx, step, up, lvoff, nlev, lo, hi, i0, i1, st, en,
+           with_ts):
     """Main-array ranges ``[st[b, i], en[b, i])`` of probe tuples [i0, i1): by
-    :func:`locate_dense` when the chunk is dense, by :func:`locate_sparse` over a fine
-    index, else by :func:`locate_chunk`."""
+    :func:`locate_dense` when the chunk is dense, by :func:`locate_sparse` or
+    :func:`locate_levels` over a fine index, else by :func:`locate_chunk`."""
     if (i1 - i0) * DENSE_GAP >= m:
         locate_dense(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
     elif step <= DENSE_STEP:
-        locate_sparse(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en,
-                      np.zeros(lo.shape[0], dtype=np.int64))
+        locate_fine(mk, ms, mt, m, idx, nidx, step, up, lvoff, nlev, lo, hi, i0, i1, st, en,
+                    np.zeros(lo.shape[0], dtype=np.int64), i1 - i0, with_ts)
     else:
         locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
 
@@ -523,7 +719,8 @@ PAIRS_CHUNK = 1024
 
 
 @njit(**NJIT)
-def probe_pairs(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi, mode, c0, c1, c2):
+def probe_pairs(mk, mt, ms, m, idx, nidx, step, up, lvoff, nlev, bk, bt, bs, nbuf, lo, hi,
+                mode, c0, c1, c2):
     """One thread's probe of a sorted batch: matching ``(probe_idx, seq)`` pairs, in the
     order of :func:`probe_kernel` (per probe tuple its main ranges band by band, then
     its ranges of the sorted insertion buffer).
@@ -547,8 +744,9 @@ def probe_pairs(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi, mode, 
     # exactly; a sparse one a chunk at a time, its index cursors carried over from
     # chunk to chunk, its output grown as the chunks need
     dense = n * DENSE_GAP >= m
+    with_ts = mode != NONE or nbuf > 0
     if dense:
-        locate(mk, ms, m, idx, nidx, step, lo, hi, 0, n, st, en)
+        locate(mk, ms, mt, m, idx, nidx, step, up, lvoff, nlev, lo, hi, 0, n, st, en, with_ts)
     need = 1  # slots: a spare one (every range's first row is written, in it or not),
     for b in range(nb):  # the buffer's pairs, and the main array's located so far
         for i in range(nbn):
@@ -565,7 +763,8 @@ def probe_pairs(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi, mode, 
         i1 = min(n, i0 + PAIRS_CHUNK)
         if not dense:
             if step <= DENSE_STEP:
-                locate_sparse(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en, cur)
+                locate_fine(mk, ms, mt, m, idx, nidx, step, up, lvoff, nlev, lo, hi, i0, i1,
+                            st, en, cur, n, with_ts)
             else:
                 locate_chunk(mk, m, idx, nidx, step, lo, hi, i0, i1, st, en)
             for b in range(nb):
@@ -622,7 +821,7 @@ def probe_pairs(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi, mode, 
 
 
 @njit(**NJIT_PAR)
-def probe_kernel(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi,
+def probe_kernel(mk, mt, ms, m, idx, nidx, step, up, lvoff, nlev, bk, bt, bs, nbuf, lo, hi,
                  mode, c0, c1, c2, parts, ranges):
     """Probe a sorted batch; chunks of it in parallel, each pass split the same way.
 
@@ -648,7 +847,8 @@ def probe_kernel(mk, mt, ms, m, idx, nidx, step, bk, bt, bs, nbuf, lo, hi,
     for t in prange(parts):
         i0 = cb[t]
         i1 = cb[t + 1]
-        locate(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en)
+        locate(mk, ms, mt, m, idx, nidx, step, up, lvoff, nlev, lo, hi, i0, i1, st, en,
+               mode != NONE and not ranges)
         if nbuf > 0:
             locate_dense(bk, nbuf, idx, 0, 1, lo, hi, i0, i1, bst, ben)
         for i in range(i0, i1):

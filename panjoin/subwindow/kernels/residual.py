@@ -111,8 +111,9 @@ def _range_fill(mk2, mt, ms, k2pos, base, permuted, s, e, l2, h2, mode, c0, c1, 
 
 
 @njit(**NJIT_PAR)
-def bisort_probe_residual(mk, mt, ms, mk2, m, idx, nidx, step, bk, bt, bs, nbuf, k2pos, base,
-                          lo, hi, mode, c0, c1, c2, lo2, hi2, parts, permuted):
+def bisort_probe_residual(mk, mt, ms, mk2, m, idx, nidx, step, up, lvoff, nlev, bk, bt, bs,
+                          nbuf, k2pos, base, lo, hi, mode, c0, c1, c2, lo2, hi2, parts,
+                          permuted):
     """BI-Sort's probe (``probe_kernel`` with pairs) with the residual fused in.
 
     Pass 1 locates every band's main-array range and counts the candidates passing
@@ -135,7 +136,7 @@ def bisort_probe_residual(mk, mt, ms, mk2, m, idx, nidx, step, bk, bt, bs, nbuf,
     for t in prange(parts):
         i0 = cb[t]
         i1 = cb[t + 1]
-        locate(mk, ms, m, idx, nidx, step, lo, hi, i0, i1, st, en)
+        locate(mk, ms, mt, m, idx, nidx, step, up, lvoff, nlev, lo, hi, i0, i1, st, en, False)
         for i in range(i0, i1):
             c = 0
             for b in range(nb):
