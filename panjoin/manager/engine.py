@@ -94,10 +94,13 @@ class EngineStats:
     map_s: float = 0.0
 
 
-def default_subwindow_size(window: Window) -> int:
-    """NSub when none is given: a quarter of the count window (at least 1), else 64K."""
+def default_subwindow_size(window: Window, latency_bound: bool = False) -> int:
+    """NSub when none is given: a quarter of the count window (at least 1), else 64K.
+    Under a latency bound, half the count window: small batches probe every subwindow
+    at random places, so fewer, larger ones cost less (1.1-1.3x at NBat 1K-4K, W 256K
+    and 1M; benchmarks/RESULTS.md, issue 27), while large batches scan them whole."""
     if window.kind == "count":
-        return max(1, math.ceil(max(window.r, window.s) / 4))
+        return max(1, math.ceil(max(window.r, window.s) / (2 if latency_bound else 4)))
     return 1 << 16
 
 
@@ -228,7 +231,8 @@ class JoinEngine:
             raise ValueError(f"unknown index {index!r}; choose one of {', '.join(INDEX_KINDS)}")
         self.index = index
         self.key_dtype = np.dtype(key_dtype) if key_dtype else None
-        self.nsub = int(subwindow_size or default_subwindow_size(self.window))
+        self.nsub = int(subwindow_size or default_subwindow_size(
+            self.window, latency_bound=max_latency_ms is not None))
         if self.nsub <= 0:
             raise ValueError(f"subwindow size must be positive, got {self.nsub}")
         self.partitions = int(partitions or default_partitions(self.nsub, index))
