@@ -715,9 +715,12 @@ def warm_up(index: str = "bisort", backend=None, n_workers: int = 1) -> None:
 
     events = generate(20_000, "uniform", key_min=0, key_max=1 << 20, seed=1)
     for threads in ((None,) if backend is not None else sorted({1, default_threads()})):
+        # BI-Sort merges big runs on threads (merge_plan, merge_piece) from 64K rows on:
+        # merge even this small join's runs so, or the first big merge loads them mid-join
+        opts = {"par_merge_min": 2} if index == "bisort" else None
         eng = JoinEngine("count:4096,4096", "band:10", index=index, batch_size=1024,
                          subwindow_size=2048, backend=backend, n_workers=n_workers,
-                         threads=threads)
+                         threads=threads, index_opts=opts)
         eng.push(events)
         eng.flush()
         eng.take_results()
