@@ -196,3 +196,18 @@ def test_the_cli_sweeps_rates_and_writes_json(tmp_path):
     rows = json.loads(out.read_text())
     assert [r["rate"] for r in rows] == [20_000, 40_000]
     assert all(r["pairs"] > 0 and r["p99_ms"] >= r["p50_ms"] for r in rows)
+
+
+class _Slow(EngineTarget):
+    """A target that takes 1.5x the time the source gives it: it falls behind."""
+
+    mode = "slow"
+
+    def push(self, chunk):
+        time.sleep(1.5 * len(chunk) / 5000)
+
+
+def test_a_target_that_falls_behind_is_told_apart():
+    ev = generate(6000, seed=1)
+    r = run_open_loop(ev, fill=0, rate=5000, target=_Slow(JoinEngine("count:1K,1K", "eq")))
+    assert not r.kept_up and r.achieved < 0.95 * 5000 and r.behind_ms > 200
