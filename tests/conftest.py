@@ -11,7 +11,9 @@ Fixtures for the Kafka and Spark tests (any test module may ask for them):
 
 - ``brokers``: the session's real brokers by kind (``"noida"``, ``"tansu"``), started
   on first use and stopped at the end of the session;
-- ``broker``: runs the test once on noida-db and once on Tansu.
+- ``broker``: runs the test once on noida-db and once on Tansu;
+- ``workers``: three worker processes per test module (tests/test_cluster.py,
+  tests/test_streaming_cluster.py).
 
 Topics get unique names (``kafka_helpers.topic``), so tests share a broker.
 """
@@ -27,6 +29,17 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 # would otherwise fix the pool at one thread per core, before any test's run_peers
 # could set the variable, and every later polars peer would fail.
 os.environ.setdefault("POLARS_MAX_THREADS", "1")
+
+
+@pytest.fixture(scope="module")
+def workers():
+    """Three real worker processes on loopback for a test module, stopped after it."""
+    from panjoin.launch import start_workers
+
+    ws = start_workers(3)
+    yield ws
+    for w in ws:
+        w.stop()
 
 
 @pytest.fixture(scope="session")

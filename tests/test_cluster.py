@@ -26,14 +26,6 @@ from panjoin.wire import from_array, to_array
 
 
 @pytest.fixture(scope="module")
-def workers():
-    ws = start_workers(3)
-    yield ws
-    for w in ws:
-        w.stop()
-
-
-@pytest.fixture(scope="module")
 def events():
     return generate(1500, "zipf", key_min=0, key_max=60, rate=1000, seed=5, disorder_ms=30)
 

@@ -31,14 +31,6 @@ from panjoin.subwindow import INDEX_KINDS
 
 
 @pytest.fixture(scope="module")
-def workers():
-    ws = start_workers(3)
-    yield ws
-    for w in ws:
-        w.stop()
-
-
-@pytest.fixture(scope="module")
 def manager(workers):
     server, port = serve_manager([w.address for w in workers], 0)
     address = f"127.0.0.1:{port}"
