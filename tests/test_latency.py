@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 
+from panjoin.backend import LocalBackend
 from panjoin.bench.latency import EngineTarget, max_sustainable, run_open_loop
 from panjoin.generate import generate
 from panjoin.manager.engine import JoinEngine
@@ -211,3 +212,35 @@ def test_a_target_that_falls_behind_is_told_apart():
     ev = generate(6000, seed=1)
     r = run_open_loop(ev, fill=0, rate=5000, target=_Slow(JoinEngine("count:1K,1K", "eq")))
     assert not r.kept_up and r.achieved < 0.95 * 5000 and r.behind_ms > 200
+
+
+class _Later:
+    """Answers that arrive ``delay`` s after the round was sent (a worker's round trip)."""
+
+    def __init__(self, answers, delay):
+        self.answers, self.ready = answers, time.perf_counter() + delay
+
+    def done(self):
+        return time.perf_counter() >= self.ready
+
+    def result(self):
+        time.sleep(max(0.0, self.ready - time.perf_counter()))
+        return self.answers.result()
+
+
+class _RemoteBackend(LocalBackend):
+    def probe_many(self, targets, batch):
+        return _Later(super().probe_many(targets, batch), 0.02)
+
+
+def test_the_bound_counts_the_workers_time_until_a_round_is_answered():
+    t = generate(4000, seed=3)
+    eng = JoinEngine("count:1K,1K", "eq", index="bisort", max_latency_ms=50, batch_size=200,
+                     backend=_RemoteBackend())
+    eng.push(t)
+    eng.flush()
+    eng.take_results()
+    b = eng.bound
+    mean_n = b._n / b._w
+    # every round took 20 ms to come back, which the manager's own time does not show
+    assert b.a + b.b * mean_n >= 0.015
