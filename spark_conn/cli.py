@@ -129,11 +129,7 @@ def job_argv(cfg: PipelineConfig) -> list[str]:
 
 def run(args) -> int:
     """Run the job of parsed ``args`` (``panjoin pipeline``); needs the spark extra."""
-    try:
-        cfg = config_from_args(args)
-    except ValueError as e:  # e.g. --max-latency that the manager protocol cannot carry
-        print(f"panjoin pipeline: {e}", file=sys.stderr)
-        return 2
+    cfg = config_from_args(args)  # a bad setting: ValueError, which main reports
     try:
         from spark_conn.pipeline import run as run_job
     except ModuleNotFoundError as e:

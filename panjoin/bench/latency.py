@@ -233,7 +233,8 @@ def run_open_loop(events, fill: int, rate: float, target, *, tail_s: float = TAI
     q = np.quantile(ms, [0.5, 0.99, 0.999]) if ms.size else np.zeros(3)
     batches = (target.batches() - b0) if hasattr(target, "batches") else 0
     first = max((b for p, b in backlog if p < n // 4), default=0.0)
-    last = max((b for p, b in backlog if p >= n - n // 4), default=0.0)
+    # the last push counts too: a target far behind pushes the whole last quarter at once
+    last = max([b for p, b in backlog if p >= n - n // 4] + [end_behind])
     return LatencyResult(
         mode=getattr(target, "mode", type(target).__name__), rate=rate,
         achieved=min(rate, n / max(last_push - t0, 1e-9)), tuples=n, pairs=pairs,
