@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import grpc
 import numpy as np
@@ -293,7 +294,6 @@ def test_system_benchmark_command_prints_the_rate():
 
 
 def test_a_client_that_disconnects_releases_its_join(manager, events):
-    import time
 
     from panjoin.client import Client
     from panjoin.proto.panjoin.v1 import manager_pb2
@@ -304,15 +304,7 @@ def test_a_client_that_disconnects_releases_its_join(manager, events):
         next(gen)  # one answer, then the client goes away mid-stream
         gen.close()
     with Client(manager) as c:
-        for _ in range(300):  # a loaded machine: the manager ends the batch in hand first
-            try:
-                c.status(jid)
-            except grpc.RpcError as e:
-                assert e.code() == grpc.StatusCode.NOT_FOUND
-                break
-            time.sleep(0.1)
-        else:
-            raise AssertionError("the join outlived its client")
+        wait_join_released(c, jid)
         with pytest.raises(grpc.RpcError):
             c.stub.Close(manager_pb2.JoinRef(join_id=jid))
 
@@ -450,3 +442,16 @@ def test_ranges_stay_exact_when_inserts_merge_into_the_main_array(workers):
     got = sort_pairs(np.stack([np.concatenate([*rs, r]), np.concatenate([*ss, s])], axis=1))
     assert len(ref.pairs) > 0
     assert np.array_equal(got, ref.pairs)
+
+
+def wait_join_released(client, join_id: str) -> None:
+    """Wait (up to 30 s: on a loaded machine the manager ends the batch in hand first)
+    until the manager no longer knows ``join_id``: its client went away."""
+    for _ in range(300):
+        try:
+            client.status(join_id)
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.NOT_FOUND
+            return
+        time.sleep(0.1)
+    raise AssertionError("the join outlived its client")

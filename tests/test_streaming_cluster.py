@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 
-import grpc
 import numpy as np
 import pytest
 
@@ -28,6 +27,7 @@ from panjoin.proto.panjoin.v1 import manager_pb2
 from panjoin.reference import reference_join, sort_pairs
 from panjoin.semantics import parse_predicate, parse_window
 from panjoin.subwindow import INDEX_KINDS
+from tests.test_cluster import wait_join_released
 
 
 @pytest.fixture(scope="module")
@@ -181,15 +181,7 @@ def test_close_and_disconnect_end_the_streaming_loop(manager, events):
         live.flush()
         live._call.cancel()
         _wait_no_input_threads()
-        for _ in range(300):  # a loaded machine: the manager ends the batch in hand first
-            try:
-                c.status(jid)
-            except grpc.RpcError as e:
-                assert e.code() == grpc.StatusCode.NOT_FOUND
-                break
-            time.sleep(0.1)
-        else:
-            raise AssertionError("the join outlived its client")
+        wait_join_released(c, jid)
         live.close()
 
 
