@@ -65,6 +65,45 @@ def test_chain_of_processes_matches_reference(nodes, events, n_nodes, window):
         assert st["segments"]["R"][-1] == 300 and st["segments"]["S"][0] == 200
 
 
+@pytest.mark.parametrize("n_nodes", [1, 3])
+@pytest.mark.parametrize("window", ["count:300,200", "time:250,180"])
+def test_fast_forwarding_chain_of_processes_matches_reference(nodes, events, n_nodes, window):
+    # express runs over real links: each end fed on its own channel, nodes on their own
+    # threads, so express runs reach the far end before or after its input
+    w = parse_window(window, 10 if window.startswith("time") else 0)
+    pred = parse_predicate("band:1")
+    got, late, _ = run_chain([n.address for n in nodes[:n_nodes]], events, w, pred, chunk=97,
+                             batch_size=31, max_batch=20, fast_forward=True)
+    ref = reference_join(events.stream, events.id, events.key, events.ts, w, pred)
+    assert len(np.unique(got, axis=0)) == len(got), "a pair came twice"
+    assert np.array_equal(sort_pairs(got), ref.pairs)
+    for k in "RS":
+        assert np.array_equal(np.sort(late[k]), np.sort(ref.late_ids[k]))
+
+
+def test_fast_forwarding_after_bulk_fill_gives_every_pair_with_a_new_tuple(nodes):
+    # loaded tuples never scan (stored tuples do not, with fast forwarding), so the pairs
+    # are exactly those whose later tuple was pushed
+    t = generate(1200, "uniform", key_min=0, key_max=60, rate=1000, seed=3)
+    w, pred, fill = parse_window("count:300,250"), parse_predicate("band:1"), 600
+    with HandshakeChain([n.address for n in nodes], w, pred, batch_size=50, max_batch=30,
+                        fast_forward=True) as ch:
+        ch.bulk_fill(t.slice(0, fill))
+        for a in range(fill, len(t), 100):
+            ch.push(t.slice(a, a + 100))
+        ch.flush()
+        r, s = ch.take_results()
+    ref = reference_join(t.stream, t.id, t.key, t.ts, w, pred).pairs
+    pos = {}  # id -> arrival position, per stream (ids are numbered per stream)
+    for x in (0, 1):
+        m = t.stream == x
+        pos[x] = np.zeros(t.id[m].max() + 1, np.int64)
+        pos[x][t.id[m]] = np.flatnonzero(m)
+    want = ref[np.maximum(pos[0][ref[:, 0]], pos[1][ref[:, 1]]) >= fill]
+    assert 0 < len(want) < len(ref)
+    assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), want)
+
+
 @pytest.mark.parametrize("fifo", [1, 3, 8])
 def test_tiny_fifos_pause_the_input_and_lose_nothing(nodes, fifo):
     # about 11 pairs per tuple, so every few tuples fill a FIFO
@@ -113,9 +152,17 @@ def test_replay_cli_handshake_topology(tmp_path, capsys):
                  "--topology", "handshake", "--workers", "2", "--batch-size", "100",
                  "--fifo", "4", "--segment", "sorted", "--out", str(out),
                  "--no-progress"]) == 0
+    ff = tmp_path / "ff.parquet"
+    assert main(["replay", str(ev), "--window", "count:200,200", "--predicate", "band:1",
+                 "--topology", "handshake", "--fast-forward", "--workers", "3", "--out",
+                 str(ff), "--no-progress"]) == 0
+    with pytest.raises(SystemExit, match="add --topology handshake"):
+        main(["replay", str(ev), "--window", "count:200,200", "--predicate", "band:1",
+              "--fast-forward", "--out", str(ff), "--no-progress"])
     ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:200,200"),
                          parse_predicate("band:1"))
     assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
+    assert np.array_equal(sort_pairs(read_pairs(ff)), ref.pairs)
     printed = capsys.readouterr().out
     assert "handshake: 2 nodes  admission pauses: " in printed, printed
     pauses = int(printed.split("admission pauses: ")[1].split()[0])

@@ -49,7 +49,8 @@ class ChainNode:
         self.cfg = cfg
         self.key_dtype = cfg.key_dtype
         self.node = Node(cfg.position, cfg.n_nodes, window, pred, np.dtype(cfg.key_dtype),
-                         int(cfg.max_batch), index=cfg.index or "nested")
+                         int(cfg.max_batch), index=cfg.index or "nested",
+                         fast_forward=cfg.fast_forward)
         self.inbox: queue.Queue = queue.Queue()
         self.outbox: queue.Queue = queue.Queue()  # for the driver (end nodes)
         self.fifo = FIFO(int(cfg.result_fifo), f"node {cfg.position}")
@@ -191,7 +192,8 @@ class HandshakeNodeServicer(handshake_pb2_grpc.HandshakeNodeServicer):
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                               "Load only into an empty chain, before any input")
         # through the inbox, so the protocol loop sees it before any later message
-        c.inbox.put(("load", (r.tuples, s.tuples, request.left_s, request.right_r)))
+        c.inbox.put(("load", (r.tuples, s.tuples, request.left_s, request.right_r,
+                              request.fed_r, request.fed_s)))
         return c.status()
 
     def Release(self, request, context):

@@ -290,13 +290,15 @@ def latency_sweep(rates, *, window: str = "count:1M,1M", predicate: str = "eq",
                   batch_size: int | None = None, collect_ms: float | None = None,
                   subwindow_size: int | None = None, threads: int | None = None,
                   workers: int = 0, topology: str = "ring", replicas: int = 2,
+                  fast_forward: bool = False,
                   seed: int = 1, label: str | None = None, progress: bool = False,
                   echo=None) -> list[LatencyResult]:
     """One open-loop run per rate, each on a fresh join over the same data (a count
     window's fill, then ``seconds`` at the highest rate plus the tail): in-process by
     default; with ``workers`` on a local cluster started once for the sweep (``topology``
     ring: that many workers with ``replicas``, or a handshake chain of that many
-    nodes), its manager in its own process, each rate a streaming join on it."""
+    nodes, with ``fast_forward`` the low-latency one), its manager in its own process,
+    each rate a streaming join on it."""
     from panjoin.cli.options import progress as bar
     from panjoin.generate import generate
     from panjoin.manager.engine import warm_up
@@ -318,8 +320,10 @@ def latency_sweep(rates, *, window: str = "count:1M,1M", predicate: str = "eq",
                     collect_ms=collect_ms, subwindow_size=subwindow_size, threads=threads)
     if workers:
         settings.update(workers=workers, topology=topology,
-                        replicas=replicas if topology == "ring" else None)
-        cluster = _start_cluster(workers, topology, replicas, index, predicate, threads)
+                        replicas=replicas if topology == "ring" else None,
+                        fast_forward=fast_forward if topology == "handshake" else None)
+        cluster = _start_cluster(workers, topology, replicas, index, predicate, threads,
+                                 fast_forward)
     else:
         cluster = None
         warm_up(index)
@@ -356,7 +360,7 @@ def latency_sweep(rates, *, window: str = "count:1M,1M", predicate: str = "eq",
 
 
 def _start_cluster(workers: int, topology: str, replicas: int, index: str, predicate: str,
-                   threads: int | None):
+                   threads: int | None, fast_forward: bool = False):
     """(client, LocalCluster): worker processes (or handshake nodes) and ``panjoin
     manager`` over them, warmed up: the workers' index kernels, then a small streaming
     join through the manager (its own kernels, and the whole path)."""
@@ -366,7 +370,8 @@ def _start_cluster(workers: int, topology: str, replicas: int, index: str, predi
 
     if topology == "handshake":
         cluster = start_cluster(workers, threads or 1, role="handshake-node",
-                                manager_args=["--topology", "handshake"])
+                                manager_args=["--topology", "handshake"]
+                                + (["--fast-forward"] if fast_forward else []))
     else:
         cluster = start_cluster(workers, threads or 1,
                                 manager_args=["--replicas", str(replicas)])

@@ -134,6 +134,9 @@ def add_parser(sub) -> None:
     b.add_argument("--topology", choices=["ring", "handshake"], default="ring",
                    help="with --workers: PanJoin subwindows over the workers (ring) or a "
                         "handshake chain of N nodes (default: %(default)s)")
+    b.add_argument("--fast-forward", action="store_true",
+                   help="handshake: the low-latency handshake join (every tuple travels the "
+                        "chain at once)")
     b.add_argument("--replicas", type=int, choices=[1, 2], default=2,
                    help="ring cluster: copies of each subwindow (default: %(default)s)")
     b.add_argument("--p99-target", type=float, default=50.0, metavar="MS",
@@ -260,6 +263,9 @@ def rate(text: str) -> float:
 def run_latency(args) -> int:
     from panjoin.bench.latency import latency_sweep, max_sustainable, plot, write_json
 
+    if args.fast_forward and (args.topology != "handshake" or not args.workers):
+        raise SystemExit("panjoin bench latency: error: --fast-forward is a handshake "
+                         "chain's; add --topology handshake --workers N")
     if args.pipeline:
         results = _pipeline_latency(args)
     else:
@@ -271,7 +277,8 @@ def run_latency(args) -> int:
             max_latency_ms=args.max_latency, batch_size=args.batch_size,
             collect_ms=args.collect_ms, subwindow_size=args.subwindow_size,
             threads=args.threads, workers=args.workers, topology=args.topology,
-            replicas=args.replicas, seed=args.seed, label=args.label,
+            replicas=args.replicas, fast_forward=args.fast_forward, seed=args.seed,
+            label=args.label,
             progress=not args.no_progress, echo=print)
     best = max_sustainable(results, args.p99_target)
     print(f"max sustainable rate with p99 <= {args.p99_target:g} ms: {best:,.0f} tuples/s")

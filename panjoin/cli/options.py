@@ -86,10 +86,22 @@ def add_topology(p: argparse.ArgumentParser) -> None:
     p.add_argument("--segment", choices=["nested", "sorted"], default="nested",
                    help="handshake: how a node scans its segments: the paper's nested loop "
                         "(default) or a sorted key index")
+    p.add_argument("--fast-forward", action="store_true",
+                   help="handshake: the low-latency handshake join (Roy et al., VLDB 2014): "
+                        "every arriving tuple is sent along the whole chain at once and "
+                        "joined on the way, so its pairs come out within a few hops, not "
+                        "when it crosses the old tuples")
     p.add_argument("--replicas", type=int, choices=[1, 2], default=2,
                    help="ring: copies of each subwindow. 2: a backup on the next worker logs "
                         "the same inserts and takes over when its worker dies (no loss; "
                         "default); 1: none, so a lost worker ends the join")
+
+
+def check_topology(args, prog: str) -> None:
+    """A handshake-only flag on a ring is an error, not ignored."""
+    if getattr(args, "fast_forward", False) and args.topology != "handshake":
+        raise SystemExit(f"{prog}: error: --fast-forward is a handshake chain's; "
+                         "add --topology handshake")
 
 
 def progress(total, desc, disable, unit="tuples"):

@@ -17,6 +17,7 @@ from panjoin.cli.options import (
     add_common,
     add_join_opts,
     add_topology,
+    check_topology,
     fmt_bytes,
     progress,
     size,
@@ -76,6 +77,7 @@ def run(args) -> int:
                          "part of --predicate")
     if not args.with_payload:
         events.payload = None  # not asked for: the manager need not keep them
+    check_topology(args, "panjoin replay")
     if args.cluster:
         return _replay_on_manager(args, events, window, pred)
     if args.topology == "handshake":
@@ -126,7 +128,8 @@ def _replay_handshake(args, events, window, pred) -> int:
         log.info("handshake chain: %s", " - ".join(nodes.addresses))
         chain = HandshakeChain(nodes.addresses, window, pred, key_dtype=str(events.key.dtype),
                                batch_size=min(args.batch_size or 4096, 4096), node_fifo=args.fifo,
-                               merger_fifo=args.fifo, index=args.segment)
+                               merger_fifo=args.fifo, index=args.segment,
+                               fast_forward=args.fast_forward)
         try:
             rc = _replay_engine(args, events, window, pred, None, len(nodes.workers),
                                 engine=chain)

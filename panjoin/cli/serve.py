@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from panjoin.cli.options import add_common, add_topology
+from panjoin.cli.options import add_common, add_topology, check_topology
 from panjoin.serving import serve_until_stopped
 
 log = logging.getLogger("panjoin")
@@ -86,12 +86,14 @@ def run_cluster(args) -> int:
     from panjoin.launch import start_cluster
     from panjoin.manager.service import serve_manager
 
+    check_topology(args, "panjoin cluster")
     role = "handshake-node" if args.topology == "handshake" else "worker"
     cluster = start_cluster(args.workers, args.threads, manager=False, role=role)
     try:
         server, port = serve_manager(cluster.addresses, args.port, topology=args.topology,
                                      fifo=args.fifo, segment=args.segment,
-                                     replicas=args.replicas, max_latency_ms=args.max_latency)
+                                     replicas=args.replicas, max_latency_ms=args.max_latency,
+                                     fast_forward=args.fast_forward)
     except BaseException:
         cluster.stop()
         raise
@@ -111,12 +113,13 @@ def run_manager(args) -> int:
     from panjoin.launch import MANAGER_READY, wait_healthy
     from panjoin.manager.service import serve_manager
 
+    check_topology(args, "panjoin manager")
     addrs = [a.strip() for a in args.workers.split(",") if a.strip()]
     for a in addrs:
         wait_healthy(a, timeout=30)
     server, port = serve_manager(addrs, args.port, args.host, topology=args.topology,
                                  fifo=args.fifo, segment=args.segment, replicas=args.replicas,
-                                 max_latency_ms=args.max_latency)
+                                 max_latency_ms=args.max_latency, fast_forward=args.fast_forward)
     print(f"{MANAGER_READY}{args.host}:{port}, workers {', '.join(addrs)}", flush=True)
     return serve_until_stopped(lambda: server.stop(grace=2).wait())
 

@@ -47,6 +47,36 @@ pair with it: for count windows an S tuple with ``seq < S_fed - WS``; for time
 windows one with ``ts + TS <= maxts - L`` (every later non-late R tuple has
 ``ts >= maxts - L``). R symmetrically.
 
+Fast forwarding (``fast_forward=True``; Roy, Teubner and Gemulla, "Low-Latency
+Handshake Join", VLDB 2014): in the plain protocol a pair comes out when its two
+tuples cross, which for an old tuple at the far end of the chain is long after the
+new one arrived (up to a window's worth of arrivals). With fast forwarding the entry
+node sends every arriving run on at once as an *express* message (``EXPRESS``), which
+each node scans against its opposite segment and passes on, and the far end drops;
+the stored copies move and balance as before but no longer scan. A pair is then
+found by the express copy of its later tuple (the scan keeps stored tuples with
+``seq < opp`` only), exactly once:
+
+- an express R run moves right like a stored R tuple that is removed as soon as it is
+  sent, and stored S is two-phase (kept until acked), so the crossing argument above
+  holds: express r and stored s meet on exactly one node;
+- for express S moving left, stored R must be two-phase too: a node keeps the R
+  tuples it sent right until the neighbour acknowledges them, and the neighbour
+  acknowledges on receipt, ahead of any express run it sends back;
+- an earlier tuple may still be on its way into the chain (the two ends are fed on
+  different channels) when the express copy reaches the far end, where that tuple
+  enters: the far end keeps the express run and scans each run of the other stream
+  that enters there against it, until that stream's input has caught up with the
+  run's largest ``opp`` (``entered``);
+- the driver expires a tuple only at its far end, after the express copies of every
+  tuple fed before the expiry have passed it.
+
+Example, N = 2, s0 fed, then r0 (opp 1)::
+
+    node 0: R input r0 -> stored; express r0 scans node 0's S (empty) -> to node 1
+    node 1: express r0 scans S (s0 not in yet: nothing) and is kept (opp 1 > 0 entered)
+    node 1: S input s0 enters: it meets the kept r0: pair (r0, s0); r0 is dropped
+
 Pairs are evaluated when tuples cross, so at the end of input the driver sends
 ``drain`` markers: each node passes all its R right (and S left) and then the
 marker; once both markers have reached their ends every pair has crossed.
@@ -70,6 +100,7 @@ DRAIN = "drain"  # pass every tuple of `stream` on, then this marker
 REPORT = "report"  # balancing report only
 ARRIVED = "arrived"  # end node -> driver: n more tuples of `stream` have reached the end
 DRAINED = "drained"  # end node -> driver: the drain marker of `stream` has reached the end
+EXPRESS = "express"  # fast forwarding: a fed run that the receiver scans and passes on
 
 
 @dataclass
@@ -129,6 +160,8 @@ class Node:
     two_phase: bool = True
     #: "nested" (the paper's scan) or "sorted" (a sorted key index per segment)
     index: str = "nested"
+    #: low-latency handshake join: every fed run is sent along the chain at once
+    fast_forward: bool = False
     R: Segment = field(init=False)
     S: Segment = field(init=False)
 
@@ -138,6 +171,14 @@ class Node:
         self.leftmost = self.pos == 0
         self.rightmost = self.pos == self.n_nodes - 1
         self.s_forwarded = 0  # oldest S tuples sent left, kept until acked (two-phase)
+        # fast forwarding makes R two-phase too: oldest R sent right, kept until acked
+        self._two_phase_r = self.fast_forward and self.two_phase
+        self.r_forwarded = 0
+        # fast forwarding: express runs at their far end that tuples of the other stream
+        # still to enter here must meet, and the next seq of the input stream each end
+        # has received from the driver (see the module docstring)
+        self.held: dict[str, list[Tuples]] = {"R": [], "S": []}
+        self.entered = {"R": 0, "S": 0}
         self.s_announced = 0  # leftmost: oldest S tuples announced to the driver
         self.r_announced = 0  # rightmost: oldest R tuples announced to the driver
         self.left = _Neighbour()  # its S size: we forward S to it
@@ -155,7 +196,7 @@ class Node:
         """Tuples of ``stream`` this node owns (balancing load): S tuples in flight to the
         left neighbour are no longer counted; tuples announced to the driver still are."""
         if stream == "R":
-            return len(self.R)
+            return len(self.R) - self.r_forwarded
         return len(self.S) - self.s_forwarded
 
     def _report(self, side: str) -> tuple[int, int]:
@@ -176,6 +217,8 @@ class Node:
     def process(self, side: str, msg: Msg) -> list[tuple[str, Msg]]:
         out: list[tuple[str, Msg]] = []
         self.stats.messages += 1
+        if msg.kind == EXPRESS and not self.fast_forward:
+            raise ValueError(f"node {self.pos}: an express run, but fast forwarding is off")
         if msg.size >= 0:
             nb = self.left if side == LEFT else self.right
             nb.size, nb.received = msg.size, msg.received
@@ -188,11 +231,19 @@ class Node:
     def _process_left(self, msg: Msg, out: list) -> None:
         if msg.kind == TUPLES:  # a new R tuple run: scan S, insert into R (Figure 9, 11-14)
             t = msg.tuples
-            self._join(t, "R", self.S)
+            if not self.fast_forward:
+                self._join(t, "R", self.S)
             self.R.append(t)
             self.recv_r += len(t)
             if self.leftmost:  # the driver is our left neighbour: it counts entry credits
                 out.append((LEFT, Msg(ACK, "R", n=len(t))))
+                if self.fast_forward and len(t):
+                    self._entered("R", t)
+                    self._express("R", t, out)
+            elif self._two_phase_r:  # the sender keeps it until this ack
+                self._send(out, LEFT, Msg(ACK, "R", n=len(t)))
+        elif msg.kind == EXPRESS:
+            self._express("R", msg.tuples, out)
         elif msg.kind == ACK:  # remove the oldest S (Figure 9, line 17)
             if self.leftmost:
                 if msg.n > self.s_announced:
@@ -215,11 +266,23 @@ class Node:
     def _process_right(self, msg: Msg, out: list) -> None:
         if msg.kind == TUPLES:  # a new S tuple run: scan R, insert into S, acknowledge
             t = msg.tuples
-            self._join(t, "S", self.R)
+            if not self.fast_forward:
+                self._join(t, "S", self.R)
             self.S.append(t)
             self.recv_s += len(t)
             # Figure 9, line 25; at the right end the ack goes to the driver (entry credit)
             self._send(out, RIGHT, Msg(ACK, "S", n=len(t)))
+            if self.rightmost and self.fast_forward and len(t):
+                self._entered("S", t)
+                self._express("S", t, out)
+        elif msg.kind == EXPRESS:
+            self._express("S", msg.tuples, out)
+        elif msg.kind == ACK and not self.rightmost and self._two_phase_r:
+            if msg.n > self.r_forwarded:
+                raise AssertionError(f"node {self.pos}: ack for {msg.n} R, only "
+                                     f"{self.r_forwarded} forwarded")
+            self.r_forwarded -= msg.n
+            self.R.pop_oldest(msg.n)
         elif msg.kind == ACK:  # only the driver acks R, at the right end (Figure 13, 25a)
             if not self.rightmost or msg.n > self.r_announced:
                 raise AssertionError(f"node {self.pos}: ack for {msg.n} R, only "
@@ -231,10 +294,42 @@ class Node:
         elif msg.kind != REPORT:
             raise ValueError(f"node {self.pos}: unexpected {msg!r} from the right")
 
-    def _join(self, t: Tuples, stream: str, other: Segment) -> None:
+    # -------------------------------------------------------------- fast forwarding
+
+    def _far_end(self, stream: str) -> bool:
+        return self.rightmost if stream == "R" else self.leftmost
+
+    def _express(self, stream: str, t: Tuples, out: list) -> None:
+        """An express run of ``stream``: scan the opposite segment, then pass it on toward
+        the far end. The far end keeps it while tuples of the other stream that arrived
+        before it are still on their way in (:meth:`_entered`)."""
+        y = "S" if stream == "R" else "R"
+        self._join(t, stream, self.S if stream == "R" else self.R, earlier_only=True)
+        if not self._far_end(stream):
+            self._send(out, RIGHT if stream == "R" else LEFT, Msg(EXPRESS, stream, tuples=t))
+        elif int(t.opp[-1]) > self.entered[y]:
+            self.held[stream].append(t)
+
+    def _entered(self, y: str, t: Tuples) -> None:
+        """A run of ``y`` entered the chain here (its far end for the other stream): the
+        held express runs meet it now, and those it completes are dropped."""
+        self.entered[y] = int(t.seq[-1]) + 1
+        x = "R" if y == "S" else "S"
+        if not self.held[x]:
+            return
+        seg = Segment(self.key_dtype, index=self.index)
+        seg.append(t)
+        keep = []
+        for h in self.held[x]:
+            self._join(h, x, seg, earlier_only=True)
+            if int(h.opp[-1]) > self.entered[y]:
+                keep.append(h)
+        self.held[x] = keep
+
+    def _join(self, t: Tuples, stream: str, other: Segment, earlier_only: bool = False) -> None:
         self.stats.tuples_in += len(t)
         self.stats.scanned_pairs += len(t) * len(other)
-        a, b = scan(t, stream, other, self.window, self.pred)
+        a, b = scan(t, stream, other, self.window, self.pred, earlier_only)
         if a.size:
             self.results.append((a, b) if stream == "R" else (b, a))
             self.stats.results += int(a.size)
@@ -252,7 +347,7 @@ class Node:
             if new > 0:
                 self.s_announced += new
                 out.append((LEFT, Msg(ARRIVED, "S", n=new)))
-            if self.drain["S"]:
+            if self.drain["S"] and not self.held["S"]:  # every express S run scanned
                 self.drain["S"] = False
                 out.append((LEFT, Msg(DRAINED, "S")))
         else:
@@ -279,7 +374,7 @@ class Node:
             if new > 0:
                 self.r_announced += new
                 out.append((RIGHT, Msg(ARRIVED, "R", n=new)))
-            if self.drain["R"]:
+            if self.drain["R"] and not self.held["R"]:
                 self.drain["R"] = False
                 out.append((RIGHT, Msg(DRAINED, "R")))
         else:
@@ -288,7 +383,11 @@ class Node:
             k = min(k, own)
             while k > 0:
                 m = min(k, self.max_batch)
-                t = self.R.pop_oldest(m)  # removed at once (Figure 9, line 34)
+                if self._two_phase_r:  # as S: express S must meet it
+                    t = self.R.view(self.r_forwarded, self.r_forwarded + m)
+                    self.r_forwarded += m
+                else:
+                    t = self.R.pop_oldest(m)  # removed at once (Figure 9, line 34)
                 self.right.sent += m
                 self.stats.forwarded += m
                 self._send(out, RIGHT, Msg(TUPLES, "R", tuples=t))
@@ -303,16 +402,19 @@ class Node:
                 self._send(out, side, Msg(REPORT))
         return out
 
-    def load(self, r: Tuples, s: Tuples, left_s: int, right_r: int) -> list[tuple[str, Msg]]:
+    def load(self, r: Tuples, s: Tuples, left_s: int, right_r: int, fed_r: int = 0,
+             fed_s: int = 0) -> list[tuple[str, Msg]]:
         """Bulk fill before any input: tuples straight into the segments, unscanned, as if
         they had arrived and been balanced (R oldest at node N-1, S oldest at node 0;
-        ``left_s`` / ``right_r``: what the neighbours got). Returns ``forward()``'s messages
-        (the end nodes announce what they hold to the driver)."""
+        ``left_s`` / ``right_r``: what the neighbours got; ``fed_r`` / ``fed_s``: how many
+        the whole chain got, the input the ends have seen). Returns ``forward()``'s
+        messages (the end nodes announce what they hold to the driver)."""
         # (a neighbour, loaded first, may have sent a balancing report already)
         if self.stats.tuples_in or self.recv_r or self.recv_s or len(self.R) or len(self.S):
             raise ValueError(f"node {self.pos}: load only into an empty chain, before any input")
         self.R.append(r)
         self.S.append(s)
+        self.entered = {"R": int(fed_r), "S": int(fed_s)}
         self.left.size, self.right.size = int(left_s), int(right_r)
         self.told = {LEFT: self._report(LEFT), RIGHT: self._report(RIGHT)}
         return self.forward()
@@ -328,6 +430,8 @@ class Node:
     def check(self) -> None:
         """Invariants of one node (called by the tests after every step)."""
         assert 0 <= self.s_forwarded <= len(self.S), "forwarded S beyond the segment"
+        assert 0 <= self.r_forwarded <= len(self.R), "forwarded R beyond the segment"
+        assert self._two_phase_r or self.r_forwarded == 0, "two-phase R without fast forwarding"
         assert self.leftmost or self.s_announced == 0, "only node 0 announces S"
         assert self.rightmost or self.r_announced == 0, "only node N-1 announces R"
         assert self.s_announced <= len(self.S) and self.r_announced <= len(self.R)

@@ -162,8 +162,10 @@ def window_filter(window: Window, probe_stream: str, probe: Tuples):
 
 
 def scan(probe: Tuples, probe_stream: str, stored: Segment, window: Window,
-         pred: Predicate) -> tuple[np.ndarray, np.ndarray]:
-    """Immediate scan: ids ``(probe_ids, stored_ids)`` of every qualifying pair.
+         pred: Predicate, earlier_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Immediate scan: ids ``(probe_ids, stored_ids)`` of every qualifying pair;
+    ``earlier_only``: only with stored tuples that arrived before the probe tuple
+    (``seq < opp``; fast forwarding, where a pair is found by its later tuple).
 
     Example, band:1, time:10,10, stored S keys [5, 9] at ts [0, 0]; probe r key 6 at ts 3:
     bounds [5, 7] -> s with key 5 matches, and 3 - 10 < 0 < 3 + 10 -> one pair.
@@ -176,18 +178,28 @@ def scan(probe: Tuples, probe_stream: str, stored: Segment, window: Window,
     mode, c0, c1, c2 = window_filter(window, probe_stream, probe)
     tscol = stored.col("opp") if window.kind == "count" else stored.col("ts")
     if stored.index == "sorted":
-        return _scan_sorted(probe, stored, lo, hi, mode, c0, c1, c2, tscol, res)
+        pidx, pos = _scan_sorted(probe, stored, lo, hi, mode, c0, c1, c2, tscol, res)
+        return _pairs(probe, stored, pidx, pos, earlier_only)
     lo2, hi2 = res if res is not None else (np.zeros((0, len(probe))), np.zeros((0, len(probe))))
     pidx, pos = scan_segment(stored.col("key"), tscol, stored.col("seq"), lo, hi, mode,
                              np.ascontiguousarray(c0), np.ascontiguousarray(c1),
                              np.ascontiguousarray(c2), stored.col("key2"), lo2, hi2,
                              res is not None)
+    return _pairs(probe, stored, pidx, pos, earlier_only)
+
+
+def _pairs(probe, stored, pidx, pos, earlier_only):
+    """(probe ids, stored ids) of the pairs (probe index, stored position)."""
+    if earlier_only and pidx.size:
+        keep = stored.col("seq")[pos] < probe.opp[pidx]
+        pidx, pos = pidx[keep], pos[keep]
     return probe.id[pidx], stored.col("id")[pos]
 
 
 def _scan_sorted(probe, stored, lo, hi, mode, c0, c1, c2, tscol, res=None):
     """The scan over the sorted key index: candidate ranges by binary search, then the
-    window condition on each candidate (as :meth:`WindowFilter.mask` does)."""
+    window condition on each candidate (as :meth:`WindowFilter.mask` does); returns
+    (probe index, stored position) pairs."""
     pis, poss = [], []
     first = int(stored.col("seq")[0])
     for b in range(lo.shape[0]):
@@ -204,7 +216,7 @@ def _scan_sorted(probe, stored, lo, hi, mode, c0, c1, c2, tscol, res=None):
         poss.append(stored.sseq[j] - first)
     if not pis:
         z = np.zeros(0, np.int64)
-        return z, z
+        return z, z.copy()
     pi, pos = np.concatenate(pis), np.concatenate(poss)
     seq, ts = stored.col("seq")[pos], tscol[pos]
     if mode == W.TIME:
@@ -219,4 +231,4 @@ def _scan_sorted(probe, stored, lo, hi, mode, c0, c1, c2, tscol, res=None):
         for b in range(res[0].shape[0]):
             inside |= (res[0][b, pi] <= k2) & (k2 <= res[1][b, pi])
         ok &= inside
-    return probe.id[pi[ok]], stored.col("id")[pos[ok]]
+    return pi[ok], pos[ok]

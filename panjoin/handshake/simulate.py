@@ -47,11 +47,12 @@ class Simulation:
                  node_fifo: int = 1 << 20, merger_fifo: int = 1 << 20, sink_rate: int = 1 << 30,
                  feed_chunk: int = 64, max_batch: int = 4096, order: str = "fifo",
                  seed: int = 0, check: bool = False, two_phase: bool = True,
-                 index: str = "nested"):
+                 index: str = "nested", fast_forward: bool = False):
         if n_nodes < 1:
             raise ValueError(f"a chain needs at least 1 node, got {n_nodes}")
         self.n = n_nodes
-        self.nodes = [Node(i, n_nodes, window, pred, key_dtype, max_batch, two_phase, index)
+        self.nodes = [Node(i, n_nodes, window, pred, key_dtype, max_batch, two_phase, index,
+                           fast_forward)
                       for i in range(n_nodes)]
         self.driver = Driver(window, pred)
         # channels[(src, dst)]: FIFO of messages; DRIVER is -1

@@ -27,7 +27,8 @@ log = logging.getLogger("panjoin.handshake")
 
 KINDS = {"tuples": handshake_pb2.KIND_TUPLES, "ack": handshake_pb2.KIND_ACK,
          "drain": handshake_pb2.KIND_DRAIN, "report": handshake_pb2.KIND_REPORT,
-         "arrived": handshake_pb2.KIND_ARRIVED, "drained": handshake_pb2.KIND_DRAINED}
+         "arrived": handshake_pb2.KIND_ARRIVED, "drained": handshake_pb2.KIND_DRAINED,
+         "express": handshake_pb2.KIND_EXPRESS}
 KIND_NAMES = {v: k for k, v in KINDS.items()}
 STREAMS = {"R": common_pb2.STREAM_R, "S": common_pb2.STREAM_S, "": common_pb2.STREAM_UNSPECIFIED}
 STREAM_NAMES = {v: k for k, v in STREAMS.items()}
@@ -56,7 +57,7 @@ def from_proto(m: handshake_pb2.ChainMessage, key_dtype: str) -> tuple[str, Msg]
         raise ValueError(f"ChainMessage.kind {m.kind} is not a known kind")
     msg = Msg(KIND_NAMES[m.kind], STREAM_NAMES.get(m.stream, ""), n=int(m.n), size=int(m.size),
               received=int(m.received))
-    if msg.kind == "tuples":
+    if msg.kind in ("tuples", "express"):
         cols = {name: from_array(getattr(m, name), "<i8", name) for name in
                 ("id", "ts", "seq", "opp")}
         key = from_array(m.key, KEY_WIRE[key_dtype], "key")

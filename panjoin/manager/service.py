@@ -52,7 +52,7 @@ class _Join:
 class ManagerServicer(manager_pb2_grpc.ManagerServicer):
     def __init__(self, workers: list[str], threads: int = 1, topology: str = "ring",
                  fifo: int = 1 << 16, segment: str = "nested", replicas: int = 2,
-                 max_latency_ms: float | None = None):
+                 max_latency_ms: float | None = None, fast_forward: bool = False):
         if not workers:
             raise ValueError("the manager needs at least one worker address")
         if topology not in ("ring", "handshake"):
@@ -62,6 +62,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         self.topology = topology  # handshake: `workers` are handshake chain nodes, in order
         self.fifo = fifo
         self.segment = segment
+        self.fast_forward = fast_forward  # handshake: the low-latency handshake join
         self.replicas = replicas  # ring: copies of each subwindow (GrpcBackend)
         if max_latency_ms is not None and not max_latency_ms > 0:
             raise ValueError(f"max latency must be a positive number of ms, got {max_latency_ms}")
@@ -117,7 +118,8 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
 
         chain = HandshakeChain(self.workers, window, pred, key_dtype=request.key_dtype or None,
                                batch_size=min(request.batch_size or 4096, 1 << 16),
-                               node_fifo=self.fifo, merger_fifo=self.fifo, index=self.segment)
+                               node_fifo=self.fifo, merger_fifo=self.fifo, index=self.segment,
+                               fast_forward=self.fast_forward)
         settings = manager_pb2.OpenRequest()
         settings.CopyFrom(request)
         settings.index = self.segment  # how every node scans its segments
@@ -271,12 +273,12 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
 def serve_manager(workers: list[str], port: int = 0, host: str = "127.0.0.1",
                   threads: int = 1, topology: str = "ring",
                   fifo: int = 1 << 16, segment: str = "nested",
-                  replicas: int = 2, max_latency_ms: float | None = None
-                  ) -> tuple[grpc.Server, int]:
+                  replicas: int = 2, max_latency_ms: float | None = None,
+                  fast_forward: bool = False) -> tuple[grpc.Server, int]:
     """Start the manager endpoint; returns the server and its port. ``max_latency_ms``:
     the latency bound of joins opened without one (None: such joins do not stream)."""
     servicer = ManagerServicer(workers, threads, topology, fifo, segment, replicas,
-                               max_latency_ms)
+                               max_latency_ms, fast_forward)
     return start_server(
         lambda srv: manager_pb2_grpc.add_ManagerServicer_to_server(servicer, srv),
         manager_pb2.DESCRIPTOR.services_by_name["Manager"].full_name, port, host)

@@ -26,31 +26,31 @@ _sym_db = _symbol_database.Default()
 from panjoin.proto.panjoin.v1 import common_pb2 as panjoin_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apanjoin/v1/handshake.proto\x12\npanjoin.v1\x1a\x17panjoin/v1/common.proto\"\x8a\x01\n\x0bLoadRequest\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\x12#\n\x01r\x18\x02 \x01(\x0b\x32\x18.panjoin.v1.ChainMessage\x12#\n\x01s\x18\x03 \x01(\x0b\x32\x18.panjoin.v1.ChainMessage\x12\x0e\n\x06left_s\x18\x04 \x01(\x03\x12\x0f\n\x07right_r\x18\x05 \x01(\x03\"\xe6\x01\n\x0b\x43hainConfig\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x05\x12\x0f\n\x07n_nodes\x18\x03 \x01(\x05\x12\r\n\x05right\x18\x04 \x01(\t\x12\x0c\n\x04left\x18\x0c \x01(\t\x12\r\n\x05index\x18\r \x01(\t\x12\x0e\n\x06window\x18\x05 \x01(\t\x12\x11\n\tpredicate\x18\x06 \x01(\t\x12\x18\n\x10\x61llowed_lateness\x18\x07 \x01(\x03\x12\x11\n\tkey_dtype\x18\x08 \x01(\t\x12\x13\n\x0bresult_fifo\x18\t \x01(\x03\x12\x11\n\tmax_batch\x18\n \x01(\x03\"\x1c\n\x08\x43hainRef\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\"\xee\x02\n\x0c\x43hainMessage\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\x12\x1e\n\x04side\x18\x02 \x01(\x0e\x32\x10.panjoin.v1.Side\x12\x1e\n\x04kind\x18\x03 \x01(\x0e\x32\x10.panjoin.v1.Kind\x12\"\n\x06stream\x18\x04 \x01(\x0e\x32\x12.panjoin.v1.Stream\x12\t\n\x01n\x18\x05 \x01(\x03\x12\x0c\n\x04size\x18\x06 \x01(\x03\x12\x10\n\x08received\x18\x07 \x01(\x03\x12\x1d\n\x02id\x18\x08 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1e\n\x03key\x18\t \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1d\n\x02ts\x18\n \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1e\n\x03seq\x18\x0b \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1e\n\x03opp\x18\x0c \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1f\n\x04key2\x18\r \x01(\x0b\x32\x11.panjoin.v1.Array\"\x1f\n\x0bLinkSummary\x12\x10\n\x08messages\x18\x01 \x01(\x03\"O\n\x0bResultBatch\x12\x1f\n\x04r_id\x18\x01 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1f\n\x04s_id\x18\x02 \x01(\x0b\x32\x11.panjoin.v1.Array\"\xd5\x01\n\nNodeStatus\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x05\x12\x11\n\tsegment_r\x18\x03 \x01(\x03\x12\x11\n\tsegment_s\x18\x04 \x01(\x03\x12\x11\n\ttuples_in\x18\x05 \x01(\x03\x12\x0f\n\x07results\x18\x06 \x01(\x03\x12\x11\n\tforwarded\x18\x07 \x01(\x03\x12\x10\n\x08messages\x18\x08 \x01(\x03\x12\x15\n\rscanned_pairs\x18\t \x01(\x03\x12\x0e\n\x06stalls\x18\n \x01(\x03\x12\r\n\x05\x65rror\x18\x0b \x01(\t*;\n\x04Side\x12\x14\n\x10SIDE_UNSPECIFIED\x10\x00\x12\r\n\tSIDE_LEFT\x10\x01\x12\x0e\n\nSIDE_RIGHT\x10\x02*\x80\x01\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0f\n\x0bKIND_TUPLES\x10\x01\x12\x0c\n\x08KIND_ACK\x10\x02\x12\x0e\n\nKIND_DRAIN\x10\x03\x12\x0f\n\x0bKIND_REPORT\x10\x04\x12\x10\n\x0cKIND_ARRIVED\x10\x05\x12\x10\n\x0cKIND_DRAINED\x10\x06\x32\xac\x03\n\rHandshakeNode\x12<\n\tConfigure\x12\x17.panjoin.v1.ChainConfig\x1a\x16.panjoin.v1.NodeStatus\x12;\n\x04Link\x12\x18.panjoin.v1.ChainMessage\x1a\x17.panjoin.v1.LinkSummary(\x01\x12:\n\x06Outbox\x12\x14.panjoin.v1.ChainRef\x1a\x18.panjoin.v1.ChainMessage0\x01\x12:\n\x07Results\x12\x14.panjoin.v1.ChainRef\x1a\x17.panjoin.v1.ResultBatch0\x01\x12\x36\n\x06Status\x12\x14.panjoin.v1.ChainRef\x1a\x16.panjoin.v1.NodeStatus\x12\x37\n\x07Release\x12\x14.panjoin.v1.ChainRef\x1a\x16.panjoin.v1.NodeStatus\x12\x37\n\x04Load\x12\x17.panjoin.v1.LoadRequest\x1a\x16.panjoin.v1.NodeStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1apanjoin/v1/handshake.proto\x12\npanjoin.v1\x1a\x17panjoin/v1/common.proto\"\xa8\x01\n\x0bLoadRequest\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\x12#\n\x01r\x18\x02 \x01(\x0b\x32\x18.panjoin.v1.ChainMessage\x12#\n\x01s\x18\x03 \x01(\x0b\x32\x18.panjoin.v1.ChainMessage\x12\x0e\n\x06left_s\x18\x04 \x01(\x03\x12\x0f\n\x07right_r\x18\x05 \x01(\x03\x12\r\n\x05\x66\x65\x64_r\x18\x06 \x01(\x03\x12\r\n\x05\x66\x65\x64_s\x18\x07 \x01(\x03\"\xfc\x01\n\x0b\x43hainConfig\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x05\x12\x0f\n\x07n_nodes\x18\x03 \x01(\x05\x12\r\n\x05right\x18\x04 \x01(\t\x12\x0c\n\x04left\x18\x0c \x01(\t\x12\r\n\x05index\x18\r \x01(\t\x12\x0e\n\x06window\x18\x05 \x01(\t\x12\x11\n\tpredicate\x18\x06 \x01(\t\x12\x18\n\x10\x61llowed_lateness\x18\x07 \x01(\x03\x12\x11\n\tkey_dtype\x18\x08 \x01(\t\x12\x13\n\x0bresult_fifo\x18\t \x01(\x03\x12\x11\n\tmax_batch\x18\n \x01(\x03\x12\x14\n\x0c\x66\x61st_forward\x18\x0e \x01(\x08\"\x1c\n\x08\x43hainRef\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\"\xee\x02\n\x0c\x43hainMessage\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\x12\x1e\n\x04side\x18\x02 \x01(\x0e\x32\x10.panjoin.v1.Side\x12\x1e\n\x04kind\x18\x03 \x01(\x0e\x32\x10.panjoin.v1.Kind\x12\"\n\x06stream\x18\x04 \x01(\x0e\x32\x12.panjoin.v1.Stream\x12\t\n\x01n\x18\x05 \x01(\x03\x12\x0c\n\x04size\x18\x06 \x01(\x03\x12\x10\n\x08received\x18\x07 \x01(\x03\x12\x1d\n\x02id\x18\x08 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1e\n\x03key\x18\t \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1d\n\x02ts\x18\n \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1e\n\x03seq\x18\x0b \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1e\n\x03opp\x18\x0c \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1f\n\x04key2\x18\r \x01(\x0b\x32\x11.panjoin.v1.Array\"\x1f\n\x0bLinkSummary\x12\x10\n\x08messages\x18\x01 \x01(\x03\"O\n\x0bResultBatch\x12\x1f\n\x04r_id\x18\x01 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1f\n\x04s_id\x18\x02 \x01(\x0b\x32\x11.panjoin.v1.Array\"\xd5\x01\n\nNodeStatus\x12\x10\n\x08\x63hain_id\x18\x01 \x01(\t\x12\x10\n\x08position\x18\x02 \x01(\x05\x12\x11\n\tsegment_r\x18\x03 \x01(\x03\x12\x11\n\tsegment_s\x18\x04 \x01(\x03\x12\x11\n\ttuples_in\x18\x05 \x01(\x03\x12\x0f\n\x07results\x18\x06 \x01(\x03\x12\x11\n\tforwarded\x18\x07 \x01(\x03\x12\x10\n\x08messages\x18\x08 \x01(\x03\x12\x15\n\rscanned_pairs\x18\t \x01(\x03\x12\x0e\n\x06stalls\x18\n \x01(\x03\x12\r\n\x05\x65rror\x18\x0b \x01(\t*;\n\x04Side\x12\x14\n\x10SIDE_UNSPECIFIED\x10\x00\x12\r\n\tSIDE_LEFT\x10\x01\x12\x0e\n\nSIDE_RIGHT\x10\x02*\x92\x01\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0f\n\x0bKIND_TUPLES\x10\x01\x12\x0c\n\x08KIND_ACK\x10\x02\x12\x0e\n\nKIND_DRAIN\x10\x03\x12\x0f\n\x0bKIND_REPORT\x10\x04\x12\x10\n\x0cKIND_ARRIVED\x10\x05\x12\x10\n\x0cKIND_DRAINED\x10\x06\x12\x10\n\x0cKIND_EXPRESS\x10\x07\x32\xac\x03\n\rHandshakeNode\x12<\n\tConfigure\x12\x17.panjoin.v1.ChainConfig\x1a\x16.panjoin.v1.NodeStatus\x12;\n\x04Link\x12\x18.panjoin.v1.ChainMessage\x1a\x17.panjoin.v1.LinkSummary(\x01\x12:\n\x06Outbox\x12\x14.panjoin.v1.ChainRef\x1a\x18.panjoin.v1.ChainMessage0\x01\x12:\n\x07Results\x12\x14.panjoin.v1.ChainRef\x1a\x17.panjoin.v1.ResultBatch0\x01\x12\x36\n\x06Status\x12\x14.panjoin.v1.ChainRef\x1a\x16.panjoin.v1.NodeStatus\x12\x37\n\x07Release\x12\x14.panjoin.v1.ChainRef\x1a\x16.panjoin.v1.NodeStatus\x12\x37\n\x04Load\x12\x17.panjoin.v1.LoadRequest\x1a\x16.panjoin.v1.NodeStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'panjoin.v1.handshake_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SIDE']._serialized_start=1170
-  _globals['_SIDE']._serialized_end=1229
-  _globals['_KIND']._serialized_start=1232
-  _globals['_KIND']._serialized_end=1360
+  _globals['_SIDE']._serialized_start=1222
+  _globals['_SIDE']._serialized_end=1281
+  _globals['_KIND']._serialized_start=1284
+  _globals['_KIND']._serialized_end=1430
   _globals['_LOADREQUEST']._serialized_start=68
-  _globals['_LOADREQUEST']._serialized_end=206
-  _globals['_CHAINCONFIG']._serialized_start=209
-  _globals['_CHAINCONFIG']._serialized_end=439
-  _globals['_CHAINREF']._serialized_start=441
-  _globals['_CHAINREF']._serialized_end=469
-  _globals['_CHAINMESSAGE']._serialized_start=472
-  _globals['_CHAINMESSAGE']._serialized_end=838
-  _globals['_LINKSUMMARY']._serialized_start=840
-  _globals['_LINKSUMMARY']._serialized_end=871
-  _globals['_RESULTBATCH']._serialized_start=873
-  _globals['_RESULTBATCH']._serialized_end=952
-  _globals['_NODESTATUS']._serialized_start=955
-  _globals['_NODESTATUS']._serialized_end=1168
-  _globals['_HANDSHAKENODE']._serialized_start=1363
-  _globals['_HANDSHAKENODE']._serialized_end=1791
+  _globals['_LOADREQUEST']._serialized_end=236
+  _globals['_CHAINCONFIG']._serialized_start=239
+  _globals['_CHAINCONFIG']._serialized_end=491
+  _globals['_CHAINREF']._serialized_start=493
+  _globals['_CHAINREF']._serialized_end=521
+  _globals['_CHAINMESSAGE']._serialized_start=524
+  _globals['_CHAINMESSAGE']._serialized_end=890
+  _globals['_LINKSUMMARY']._serialized_start=892
+  _globals['_LINKSUMMARY']._serialized_end=923
+  _globals['_RESULTBATCH']._serialized_start=925
+  _globals['_RESULTBATCH']._serialized_end=1004
+  _globals['_NODESTATUS']._serialized_start=1007
+  _globals['_NODESTATUS']._serialized_end=1220
+  _globals['_HANDSHAKENODE']._serialized_start=1433
+  _globals['_HANDSHAKENODE']._serialized_end=1861
 # @@protoc_insertion_point(module_scope)

@@ -23,6 +23,7 @@ class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     KIND_REPORT: _ClassVar[Kind]
     KIND_ARRIVED: _ClassVar[Kind]
     KIND_DRAINED: _ClassVar[Kind]
+    KIND_EXPRESS: _ClassVar[Kind]
 SIDE_UNSPECIFIED: Side
 SIDE_LEFT: Side
 SIDE_RIGHT: Side
@@ -33,23 +34,28 @@ KIND_DRAIN: Kind
 KIND_REPORT: Kind
 KIND_ARRIVED: Kind
 KIND_DRAINED: Kind
+KIND_EXPRESS: Kind
 
 class LoadRequest(_message.Message):
-    __slots__ = ("chain_id", "r", "s", "left_s", "right_r")
+    __slots__ = ("chain_id", "r", "s", "left_s", "right_r", "fed_r", "fed_s")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     R_FIELD_NUMBER: _ClassVar[int]
     S_FIELD_NUMBER: _ClassVar[int]
     LEFT_S_FIELD_NUMBER: _ClassVar[int]
     RIGHT_R_FIELD_NUMBER: _ClassVar[int]
+    FED_R_FIELD_NUMBER: _ClassVar[int]
+    FED_S_FIELD_NUMBER: _ClassVar[int]
     chain_id: str
     r: ChainMessage
     s: ChainMessage
     left_s: int
     right_r: int
-    def __init__(self, chain_id: _Optional[str] = ..., r: _Optional[_Union[ChainMessage, _Mapping]] = ..., s: _Optional[_Union[ChainMessage, _Mapping]] = ..., left_s: _Optional[int] = ..., right_r: _Optional[int] = ...) -> None: ...
+    fed_r: int
+    fed_s: int
+    def __init__(self, chain_id: _Optional[str] = ..., r: _Optional[_Union[ChainMessage, _Mapping]] = ..., s: _Optional[_Union[ChainMessage, _Mapping]] = ..., left_s: _Optional[int] = ..., right_r: _Optional[int] = ..., fed_r: _Optional[int] = ..., fed_s: _Optional[int] = ...) -> None: ...
 
 class ChainConfig(_message.Message):
-    __slots__ = ("chain_id", "position", "n_nodes", "right", "left", "index", "window", "predicate", "allowed_lateness", "key_dtype", "result_fifo", "max_batch")
+    __slots__ = ("chain_id", "position", "n_nodes", "right", "left", "index", "window", "predicate", "allowed_lateness", "key_dtype", "result_fifo", "max_batch", "fast_forward")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     N_NODES_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +68,7 @@ class ChainConfig(_message.Message):
     KEY_DTYPE_FIELD_NUMBER: _ClassVar[int]
     RESULT_FIFO_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    FAST_FORWARD_FIELD_NUMBER: _ClassVar[int]
     chain_id: str
     position: int
     n_nodes: int
@@ -74,7 +81,8 @@ class ChainConfig(_message.Message):
     key_dtype: str
     result_fifo: int
     max_batch: int
-    def __init__(self, chain_id: _Optional[str] = ..., position: _Optional[int] = ..., n_nodes: _Optional[int] = ..., right: _Optional[str] = ..., left: _Optional[str] = ..., index: _Optional[str] = ..., window: _Optional[str] = ..., predicate: _Optional[str] = ..., allowed_lateness: _Optional[int] = ..., key_dtype: _Optional[str] = ..., result_fifo: _Optional[int] = ..., max_batch: _Optional[int] = ...) -> None: ...
+    fast_forward: bool
+    def __init__(self, chain_id: _Optional[str] = ..., position: _Optional[int] = ..., n_nodes: _Optional[int] = ..., right: _Optional[str] = ..., left: _Optional[str] = ..., index: _Optional[str] = ..., window: _Optional[str] = ..., predicate: _Optional[str] = ..., allowed_lateness: _Optional[int] = ..., key_dtype: _Optional[str] = ..., result_fifo: _Optional[int] = ..., max_batch: _Optional[int] = ..., fast_forward: _Optional[bool] = ...) -> None: ...
 
 class ChainRef(_message.Message):
     __slots__ = ("chain_id",)
