@@ -205,25 +205,46 @@ def test_the_managers_default_bound_and_opting_out(workers, events):
         server.stop(grace=1).wait()
 
 
-def test_a_handshake_chain_streams_its_pairs():
+@pytest.mark.parametrize("fast_forward", [False, True])
+def test_a_handshake_chain_streams_its_pairs(fast_forward):
     t = generate(2000, "uniform", key_min=0, key_max=80, rate=1000, seed=8)
     nodes = start_workers(2, role="handshake-node")
+
+    def wait_pairs(live, since=0):
+        """The next poll with a pair of a tuple pushed at ``since`` or later."""
+        deadline = time.monotonic() + 20  # the nodes' kernels may load first
+        while time.monotonic() < deadline:
+            out = live.poll()
+            if out.r_id.size and max(new_r(out.r_id).max(), new_s(out.s_id).max()) >= since:
+                return out
+            got.append(out)
+            time.sleep(0.005)
+        raise AssertionError(f"no pair of a tuple from {since} on pushed without a flush")
+
+    pos = [np.flatnonzero(t.stream == x) for x in (0, 1)]  # arrival positions by id
+
+    def new_r(ids):
+        return pos[0][ids]
+
+    def new_s(ids):
+        return pos[1][ids]
+
+    got = []
     try:
-        server, port = serve_manager([n.address for n in nodes], 0, topology="handshake")
+        server, port = serve_manager([n.address for n in nodes], 0, topology="handshake",
+                                     fast_forward=fast_forward)
         try:
             with Client(f"127.0.0.1:{port}") as c:
                 jid = c.open("count:300,200", "band:1", max_latency_ms=5, batch_size=100)
                 with c.live(jid) as live:
-                    live.push(t.slice(0, 1000))
-                    deadline = time.monotonic() + 20  # the nodes' kernels may load first
-                    first = live.poll()
-                    while not first.r_id.size and time.monotonic() < deadline:
-                        time.sleep(0.005)
-                        first = live.poll()
-                    assert first.r_id.size > 0, "no pair pushed without another input"
-                    live.push(t.slice(1000, 2000))
+                    live.push(t.slice(0, 1000))  # fed at once: batch_size is reached
+                    got.append(wait_pairs(live))
+                    # fewer than batch_size tuples: fed when the collect deadline passes
+                    live.push(t.slice(1000, 1040))
+                    got.append(wait_pairs(live, since=1000))
+                    live.push(t.slice(1040, 2000))
                     live.flush()
-                    outs = [first, live.poll()]
+                    got.append(live.poll())
         finally:
             server.stop(grace=1).wait()
     finally:
@@ -231,7 +252,7 @@ def test_a_handshake_chain_streams_its_pairs():
             n.stop()
     ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:300,200"),
                          parse_predicate("band:1"))
-    assert np.array_equal(_pairs(outs), ref.pairs)
+    assert np.array_equal(_pairs(got), ref.pairs)
     _wait_no_input_threads()
 
 

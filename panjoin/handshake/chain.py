@@ -57,7 +57,7 @@ class HandshakeChain:
                  batch_size: int = 4096, node_fifo: int = 1 << 16, merger_fifo: int = 1 << 16,
                  max_batch: int = 4096, max_in_flight: int | None = None,
                  index: str = "nested", fast_forward: bool = False,
-                 timeout: float = 300.0):
+                 max_collect_ms: float | None = None, timeout: float = 300.0):
         if not addresses:
             raise ValueError("a handshake chain needs at least one node address")
         self.addresses = list(addresses)
@@ -73,6 +73,16 @@ class HandshakeChain:
             raise ValueError(f"segment index {index!r}: choose one of {', '.join(SEGMENT_KINDS)}")
         self.index = index
         self.fast_forward = bool(fast_forward)  # the low-latency handshake join
+        # a collect deadline (a streaming join): pushed tuples wait up to this long, or
+        # until batch_size of them are here, and go in as one run per stream; every
+        # message costs each node its handling, so a chain fed a few tuples at a time
+        # falls behind on messages long before it does on tuples
+        if max_collect_ms is not None and not max_collect_ms > 0:
+            raise ValueError(f"max_collect_ms must be positive, got {max_collect_ms}")
+        self.max_collect_ms = max_collect_ms
+        self._buf: list[tuple] = []  # (stream, ids, keys, ts, key2) waiting to be fed
+        self._buf_n = 0
+        self._buf_since: float | None = None  # monotonic time of the oldest buffered
         #: fed tuples the entry nodes may have not processed yet (beyond it the driver waits)
         self.max_in_flight = int(max_in_flight or 4 * self.batch_size)
         self.credit_waits = 0
@@ -211,6 +221,37 @@ class HandshakeChain:
         if not self.started:
             self._start()
         self._check()
+        if self.max_collect_ms is None:
+            self._feed(stream, ids, keys, ts, k2)
+            return
+        self._buf.append((np.asarray(stream), np.asarray(ids), keys, np.asarray(ts), k2))
+        self._buf_n += keys.shape[0]
+        if self._buf_since is None:
+            self._buf_since = time.monotonic()
+        if self._buf_n >= self.batch_size:
+            self._feed_buffered()
+
+    def tick(self, now: float | None = None) -> None:
+        """Feed what is buffered once its oldest tuple has waited the collect deadline."""
+        due = self.next_tick()
+        if due is not None and (time.monotonic() if now is None else now) >= due:
+            self._feed_buffered()
+
+    def next_tick(self) -> float | None:
+        """Monotonic time at which :meth:`tick` will feed the buffer (None: empty)."""
+        if self._buf_since is None:
+            return None
+        return self._buf_since + self.max_collect_ms / 1000.0
+
+    def _feed_buffered(self) -> None:
+        if not self._buf:
+            return
+        parts, self._buf, self._buf_n, self._buf_since = self._buf, [], 0, None
+        cols = [np.concatenate([p[i] for p in parts]) for i in range(4)]
+        k2 = np.concatenate([p[4] for p in parts]) if parts[0][4] is not None else None
+        self._feed(*cols, k2)
+
+    def _feed(self, stream, ids, keys, ts, k2) -> None:
         n = keys.shape[0]
         for a in range(0, n, self.batch_size):
             b = min(n, a + self.batch_size)
@@ -289,6 +330,7 @@ class HandshakeChain:
         if not self.started:
             return
         self._check()
+        self._feed_buffered()
         deadline = time.monotonic() + self.timeout
         with self.lock:
             self._send(self.driver.drain())

@@ -34,6 +34,9 @@ from panjoin.wire import WireError, from_array, from_payloads, to_array, to_payl
 
 log = logging.getLogger("panjoin.manager")
 
+#: a handshake chain under a latency bound L collects its input for L / COLLECT_SHARE
+COLLECT_SHARE = 4
+
 
 @dataclass
 class _Join:
@@ -119,12 +122,14 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         chain = HandshakeChain(self.workers, window, pred, key_dtype=request.key_dtype or None,
                                batch_size=min(request.batch_size or 4096, 1 << 16),
                                node_fifo=self.fifo, merger_fifo=self.fifo, index=self.segment,
-                               fast_forward=self.fast_forward)
+                               fast_forward=self.fast_forward,
+                               max_collect_ms=bound / COLLECT_SHARE if bound else None)
         settings = manager_pb2.OpenRequest()
         settings.CopyFrom(request)
         settings.index = self.segment  # how every node scans its segments
         settings.batch_size = chain.batch_size
-        # the chain cuts no batches: a bound only streams its pairs out as they merge
+        # under a bound the chain collects its input for a share of it (a run per stream
+        # and deadline, not a message per client chunk) and streams its pairs out
         settings.max_latency_ms = bound or 0.0
         join_id = uuid.uuid4().hex[:12]
         with self.lock:

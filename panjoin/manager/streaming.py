@@ -8,7 +8,8 @@ wakes on whichever comes first:
   the loop never blocks on the client);
 - an answer from a worker (``GrpcBackend.set_wake``: the feedback reader wakes the
   loop; on a handshake chain, pairs reaching the merging network's root do);
-- the engine's next collect deadline (:meth:`JoinEngine.next_tick`).
+- the engine's next collect deadline (:meth:`JoinEngine.next_tick`; a handshake
+  chain collects its input under a deadline too, :meth:`HandshakeChain.next_tick`).
 
 Each time, under the join's lock (the engine is not thread-safe; Status and Close take
 the same lock), it applies the inputs (each answered as before: one JoinOutput with
@@ -61,7 +62,7 @@ def _timeout(j) -> float:
     """How long the loop may sleep: until the next collect deadline, a short while when
     probe rounds are in flight, else IDLE_S."""
     wait = IN_FLIGHT_S if getattr(j.backend, "rounds_in_flight", 0) else IDLE_S
-    due = j.engine.next_tick() if hasattr(j.engine, "next_tick") else None
+    due = j.engine.next_tick()
     if due is not None:
         wait = min(wait, max(0.0, due - time.monotonic()))
     return wait
@@ -81,7 +82,6 @@ def stream_join(j, first, requests, context, apply, take, gone):
     j.reader = reader
     j.wake = lambda: inbox.put(_WAKE)
     j.backend.set_wake(j.wake)
-    tick = getattr(j.engine, "tick", None)  # a handshake chain cuts no batches
     reader.start()
     try:
         end = False
@@ -104,8 +104,7 @@ def stream_join(j, first, requests, context, apply, take, gone):
                         break
                     if it is not _WAKE:
                         outs.append(apply(it))
-                if tick is not None:
-                    tick()
+                j.engine.tick()
                 pushed = take()
                 wait = _timeout(j)
             yield from outs
