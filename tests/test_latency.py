@@ -216,6 +216,40 @@ def test_a_target_that_falls_behind_is_told_apart():
     assert not r.kept_up and r.achieved < 0.95 * 5000 and r.behind_ms > 1000
 
 
+class _Queueing(EngineTarget):
+    """A target that takes its input without waiting (as a remote join does) but hands
+    out each chunk's pairs later and later: its internal queue grows."""
+
+    mode = "queueing"
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.t0 = time.perf_counter()
+        self.held = []  # (release time, pairs)
+
+    def poll(self):
+        now = time.perf_counter()
+        r, s = super().poll()
+        if r.size:  # delayed by half the time since the start: 1 s behind after 2 s
+            self.held.append((now + 0.5 * (now - self.t0), r, s))
+        out = [(a, b) for t, a, b in self.held if t <= now]
+        self.held = [h for h in self.held if h[0] > now]
+        z = np.zeros(0, np.int64)
+        return (np.concatenate([a for a, _ in out]) if out else z,
+                np.concatenate([b for _, b in out]) if out else z)
+
+    def pending(self):
+        return bool(self.held) or super().pending()
+
+
+def test_a_target_that_queues_inside_did_not_keep_up():
+    # the source never waits for it, so only the pairs' growing latency tells
+    ev = generate(20_000, seed=1)
+    eng = JoinEngine("count:2K,2K", "eq", index="bisort", max_latency_ms=20)
+    r = run_open_loop(ev, fill=4096, rate=8000, target=_Queueing(eng))
+    assert r.behind_ms < 200 and r.growth_ms > 300 and not r.kept_up
+
+
 class _Later:
     """Answers that arrive ``delay`` s after the round was sent (a worker's round trip)."""
 

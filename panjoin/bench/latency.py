@@ -15,9 +15,12 @@ Each run first fills both windows closed-loop (untimed; pairs discarded), so wha
 measured is the steady state with full windows, subwindows expiring as they would
 in production. The source then runs ``TAIL_S`` past the measured tuples, whose pairs
 alone are counted: the end of the input (a last partial batch, a flush) is not part of
-a stream's steady state. The source *kept up* when, at the end of the run, it was less than
-``KEPT_UP_MS`` behind its schedule (a target that cannot keep up falls behind more
-and more; its backlog at the end of a run of a few seconds is hundreds of ms).
+a stream's steady state. The target *kept up* when the source's backlog behind its
+schedule grew by less than ``KEPT_UP_MS`` over the run, and so did the pairs' median
+latency from the first quarter of the run to the last (a target that takes its input
+without waiting, as a remote join does, queues it inside instead of holding the
+source back; either way a target that cannot keep up falls behind more and more, by
+hundreds of ms over a run of a few seconds).
 
 A target is anything with ``push(chunk)`` (an :class:`~panjoin.events.EventTable`
 slice), ``poll() -> (r_id, s_id)`` (the pairs it hands out now, never blocking),
@@ -50,7 +53,8 @@ import numpy as np
 
 from panjoin.manager.engine import JoinEngine
 
-#: a run kept up when its source's backlog grew by at most this much over the run
+#: a run kept up when its source's backlog, and its pairs' median latency, grew by at
+#: most this much over the run
 KEPT_UP_MS = 50.0
 #: at most this long between two polls while nothing is due (a busy target is polled
 #: as soon as it returns)
@@ -76,6 +80,7 @@ class LatencyResult:
     behind_ms: float  # the source's largest backlog behind schedule
     end_behind_ms: float  # its backlog at the last push
     kept_up: bool
+    growth_ms: float = 0.0  # median latency, last quarter of the run minus first
     batches: int = 0  # batches the target cut during the measured part (if it says)
     mean_batch: float = 0.0  # tuples per batch
     settings: dict = field(default_factory=dict)
@@ -185,6 +190,7 @@ def run_open_loop(events, fill: int, rate: float, target, *, tail_s: float = TAI
     n = max(1, total - int(tail_s * rate))  # the measured tuples; the rest is the tail
     b0 = target.batches() if hasattr(target, "batches") else 0
     lat: list[np.ndarray] = []
+    dues: list[np.ndarray] = []  # the due time of each pair's later tuple
     pairs = 0
     due_r, due_s = _due_lookup(events, fill, rate)
     horizon = (n - 0.5) / rate  # pairs whose later tuple is due after it: the tail's
@@ -197,6 +203,7 @@ def run_open_loop(events, fill: int, rate: float, target, *, tail_s: float = TAI
             d = np.maximum(due_r(r), due_s(s))
             ok = np.isfinite(d) & (d < horizon)  # a pair of two fill tuples: no due time
             lat.append(now - t0 - d[ok])
+            dues.append(d[ok])
             pairs += int(ok.sum())
 
     pushed = 0
@@ -235,12 +242,21 @@ def run_open_loop(events, fill: int, rate: float, target, *, tail_s: float = TAI
     first = max((b for p, b in backlog if p < n // 4), default=0.0)
     # the last push counts too: a target far behind pushes the whole last quarter at once
     last = max([b for p, b in backlog if p >= n - n // 4] + [end_behind])
+    # a target that takes its input without waiting (a remote join) queues it inside
+    # instead: then the pairs' latency grows over the run
+    growth = 0.0
+    if lat:
+        lt, du = np.concatenate(lat), np.concatenate(dues)
+        early, late = lt[du < horizon / 4], lt[du >= horizon * 3 / 4]
+        if early.size and late.size:
+            growth = float(np.median(late) - np.median(early))
     return LatencyResult(
         mode=getattr(target, "mode", type(target).__name__), rate=rate,
         achieved=min(rate, n / max(last_push - t0, 1e-9)), tuples=n, pairs=pairs,
         p50_ms=float(q[0]), p99_ms=float(q[1]), p999_ms=float(q[2]), max_ms=float(ms.max()),
         behind_ms=behind * 1000.0, end_behind_ms=end_behind * 1000.0,
-        kept_up=(last - first) * 1000.0 <= KEPT_UP_MS, batches=batches,
+        kept_up=max(last - first, growth) * 1000.0 <= KEPT_UP_MS,
+        growth_ms=growth * 1000.0, batches=batches,
         mean_batch=n / batches if batches else 0.0)
 
 
@@ -290,14 +306,15 @@ def latency_sweep(rates, *, window: str = "count:1M,1M", predicate: str = "eq",
                   batch_size: int | None = None, collect_ms: float | None = None,
                   subwindow_size: int | None = None, threads: int | None = None,
                   workers: int = 0, topology: str = "ring", replicas: int = 2,
-                  fast_forward: bool = False,
+                  fast_forward: bool = False, segment: str = "nested",
                   seed: int = 1, label: str | None = None, progress: bool = False,
                   echo=None) -> list[LatencyResult]:
     """One open-loop run per rate, each on a fresh join over the same data (a count
     window's fill, then ``seconds`` at the highest rate plus the tail): in-process by
     default; with ``workers`` on a local cluster started once for the sweep (``topology``
     ring: that many workers with ``replicas``, or a handshake chain of that many
-    nodes, with ``fast_forward`` the low-latency one), its manager in its own process,
+    nodes, with ``fast_forward`` the low-latency one, ``segment`` its nodes' scan), its
+    manager in its own process,
     each rate a streaming join on it."""
     from panjoin.cli.options import progress as bar
     from panjoin.generate import generate
@@ -321,9 +338,10 @@ def latency_sweep(rates, *, window: str = "count:1M,1M", predicate: str = "eq",
     if workers:
         settings.update(workers=workers, topology=topology,
                         replicas=replicas if topology == "ring" else None,
-                        fast_forward=fast_forward if topology == "handshake" else None)
+                        fast_forward=fast_forward if topology == "handshake" else None,
+                        segment=segment if topology == "handshake" else None)
         cluster = _start_cluster(workers, topology, replicas, index, predicate, threads,
-                                 fast_forward)
+                                 fast_forward, segment)
     else:
         cluster = None
         warm_up(index)
@@ -360,7 +378,7 @@ def latency_sweep(rates, *, window: str = "count:1M,1M", predicate: str = "eq",
 
 
 def _start_cluster(workers: int, topology: str, replicas: int, index: str, predicate: str,
-                   threads: int | None, fast_forward: bool = False):
+                   threads: int | None, fast_forward: bool = False, segment: str = "nested"):
     """(client, LocalCluster): worker processes (or handshake nodes) and ``panjoin
     manager`` over them, warmed up: the workers' index kernels, then a small streaming
     join through the manager (its own kernels, and the whole path)."""
@@ -370,7 +388,7 @@ def _start_cluster(workers: int, topology: str, replicas: int, index: str, predi
 
     if topology == "handshake":
         cluster = start_cluster(workers, threads or 1, role="handshake-node",
-                                manager_args=["--topology", "handshake"]
+                                manager_args=["--topology", "handshake", "--segment", segment]
                                 + (["--fast-forward"] if fast_forward else []))
     else:
         cluster = start_cluster(workers, threads or 1,

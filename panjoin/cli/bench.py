@@ -137,6 +137,8 @@ def add_parser(sub) -> None:
     b.add_argument("--fast-forward", action="store_true",
                    help="handshake: the low-latency handshake join (every tuple travels the "
                         "chain at once)")
+    b.add_argument("--segment", choices=["nested", "sorted"], default="nested",
+                   help="handshake: how a node scans its segments (default: %(default)s)")
     b.add_argument("--replicas", type=int, choices=[1, 2], default=2,
                    help="ring cluster: copies of each subwindow (default: %(default)s)")
     b.add_argument("--p99-target", type=float, default=50.0, metavar="MS",
@@ -263,9 +265,10 @@ def rate(text: str) -> float:
 def run_latency(args) -> int:
     from panjoin.bench.latency import latency_sweep, max_sustainable, plot, write_json
 
-    if args.fast_forward and (args.topology != "handshake" or not args.workers):
-        raise SystemExit("panjoin bench latency: error: --fast-forward is a handshake "
-                         "chain's; add --topology handshake --workers N")
+    if (args.fast_forward or args.segment != "nested") and (
+            args.topology != "handshake" or not args.workers):
+        raise SystemExit("panjoin bench latency: error: --fast-forward and --segment are a "
+                         "handshake chain's; add --topology handshake --workers N")
     if args.pipeline:
         results = _pipeline_latency(args)
     else:
@@ -277,7 +280,8 @@ def run_latency(args) -> int:
             max_latency_ms=args.max_latency, batch_size=args.batch_size,
             collect_ms=args.collect_ms, subwindow_size=args.subwindow_size,
             threads=args.threads, workers=args.workers, topology=args.topology,
-            replicas=args.replicas, fast_forward=args.fast_forward, seed=args.seed,
+            replicas=args.replicas, fast_forward=args.fast_forward, segment=args.segment,
+            seed=args.seed,
             label=args.label,
             progress=not args.no_progress, echo=print)
     best = max_sustainable(results, args.p99_target)
