@@ -75,22 +75,27 @@ ROLES = ("worker", "handshake-node")
 
 def start_workers(n: int, threads: int = 1, timeout: float = 120.0, role: str = "worker",
                   worker_args: list[list[str]] | None = None,
-                  cpus: set[int] | None = None) -> list[WorkerProcess]:
+                  cpus: set[int] | None = None, hosts: list | None = None
+                  ) -> list[WorkerProcess]:
     """Start ``n`` worker processes on 127.0.0.1; stops the started ones if one fails.
 
     ``role="handshake-node"`` starts handshake chain nodes instead of ring workers.
     ``worker_args``: extra arguments, one list per process (e.g.
     ``[[], ["--index-backend", "opencl"]]``). ``cpus``: pin them to these cores
-    (as ``taskset`` would: every thread they start inherits it).
+    (as ``taskset`` would: every thread they start inherits it). ``hosts``: one
+    emulated host per process (:class:`panjoin.bench.hosts.Host`, cgroups).
     """
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; choose one of {', '.join(ROLES)}")
     extra = worker_args or [[] for _ in range(n)]
     if len(extra) != n:
         raise ValueError(f"worker_args has {len(extra)} lists for {n} workers")
+    if hosts is not None and len(hosts) != n:
+        raise ValueError(f"{len(hosts)} hosts for {n} workers")
     started: list[WorkerProcess] = []
     try:
-        procs = [_spawn([role, "--port", "0", "--threads", str(threads), *extra[w]], cpus)
+        procs = [_spawn([role, "--port", "0", "--threads", str(threads), *extra[w]], cpus,
+                        hosts[w] if hosts is not None else None)
                  for w in range(n)]
         for p in procs:
             started.append(WorkerProcess(p, _address(p, READY, role)))
@@ -104,12 +109,14 @@ def start_workers(n: int, threads: int = 1, timeout: float = 120.0, role: str = 
 
 
 def start_manager(workers: list[str], timeout: float = 120.0,
-                  args: list[str] | None = None, cpus: set[int] | None = None) -> WorkerProcess:
+                  args: list[str] | None = None, cpus: set[int] | None = None,
+                  host=None) -> WorkerProcess:
     """Start ``panjoin manager`` over running workers in its own process (its own
     interpreter: the join's bookkeeping shares no GIL with the caller); returns when
     its gRPC endpoint is healthy. ``args``: extra flags, e.g. ``["--topology",
-    "handshake"]``; ``cpus``: pin it to these cores."""
-    p = _spawn(["manager", "--port", "0", "--workers", ",".join(workers), *(args or [])], cpus)
+    "handshake"]``; ``cpus``: pin it to these cores; ``host``: its emulated host."""
+    p = _spawn(["manager", "--port", "0", "--workers", ",".join(workers), *(args or [])], cpus,
+               host)
     m = WorkerProcess(p, "")
     try:
         m.address = _address(p, MANAGER_READY, "manager").split(",")[0].strip()
@@ -167,15 +174,16 @@ class LocalCluster:
 
 def start_cluster(n: int, threads: int = 1, *, manager: bool = True, role: str = "worker",
                   worker_args: list[list[str]] | None = None, manager_args: list[str] | None = None,
-                  cpus: set[int] | None = None, manager_cpus: set[int] | None = None
-                  ) -> LocalCluster:
-    """``n`` workers (:func:`start_workers`, with ``role``, ``worker_args``, ``cpus``)
-    and, with ``manager``, ``panjoin manager`` over them (:func:`start_manager`, with
-    ``manager_args`` on ``manager_cpus``); a failed start stops what did start."""
-    ws = start_workers(n, threads, role=role, worker_args=worker_args, cpus=cpus)
+                  cpus: set[int] | None = None, manager_cpus: set[int] | None = None,
+                  hosts: list | None = None, manager_host=None) -> LocalCluster:
+    """``n`` workers (:func:`start_workers`, with ``role``, ``worker_args``, ``cpus``,
+    ``hosts``) and, with ``manager``, ``panjoin manager`` over them
+    (:func:`start_manager`, with ``manager_args`` on ``manager_cpus`` or in
+    ``manager_host``); a failed start stops what did start."""
+    ws = start_workers(n, threads, role=role, worker_args=worker_args, cpus=cpus, hosts=hosts)
     try:
-        m = (start_manager([w.address for w in ws], args=manager_args, cpus=manager_cpus)
-             if manager else None)
+        m = (start_manager([w.address for w in ws], args=manager_args, cpus=manager_cpus,
+                           host=manager_host) if manager else None)
     except BaseException:
         for w in ws:
             w.stop()
@@ -193,9 +201,16 @@ def pinned(cmd: list[str], cpus: set[int] | None) -> list[str]:
     return ["taskset", "-c", ",".join(str(c) for c in sorted(cpus)), *cmd]
 
 
-def _spawn(args: list[str], cpus: set[int] | None = None) -> subprocess.Popen:
-    return subprocess.Popen(pinned([sys.executable, "-m", "panjoin.cli", *args], cpus),
-                            stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+def command(args: list[str], cpus: set[int] | None = None, host=None) -> list[str]:
+    """``python -m panjoin.cli ARGS`` as the launcher runs it: pinned to ``cpus``,
+    inside the emulated ``host`` (anything with ``wrap(cmd)``)."""
+    cmd = pinned([sys.executable, "-m", "panjoin.cli", *args], cpus)
+    return host.wrap(cmd) if host is not None else cmd
+
+
+def _spawn(args: list[str], cpus: set[int] | None = None, host=None) -> subprocess.Popen:
+    return subprocess.Popen(command(args, cpus, host), stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ))
 
 
 def _address(p: subprocess.Popen, ready: str, role: str) -> str:

@@ -1,0 +1,116 @@
+"""Emulated hosts (cgroup CPU quota and memory limit per process) and the scale-out
+benchmark's quick run (issue 28): real processes, real gRPC, the same pairs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from panjoin.bench.hosts import CONTROLLERS, Hosts, unsupported
+
+WHY = unsupported()
+needs_hosts = pytest.mark.skipif(WHY is not None, reason=f"no emulated hosts here: {WHY}")
+
+BUSY = "import time\nt = time.time()\nwhile time.time() - t < 1.0: pass"
+
+
+def _left(parent: str) -> list[str]:
+    return [c for c in CONTROLLERS if os.path.exists(f"/sys/fs/cgroup/{c}/{parent}")]
+
+
+@needs_hosts
+def test_a_host_gets_its_cpu_quota_and_is_removed_after():
+    with Hosts(quota=0.2) as hs:
+        h = hs.new("busy")
+        free = hs.new("free", quota=2.0)
+        subprocess.run(h.wrap([sys.executable, "-c", BUSY]), check=True)
+        subprocess.run(free.wrap([sys.executable, "-c", BUSY]), check=True)
+        slow, fast = h.usage(), free.usage()
+        parent = hs.parent
+        assert _left(parent) == list(CONTROLLERS)
+    # one second of wall time at 0.2 core: about 0.2 CPU-s, the rest throttled
+    assert 0.1 < slow["cpu_s"] < 0.4 and slow["throttled_s"] > 0.3
+    assert fast["cpu_s"] > 0.7 and fast["throttled_s"] < 0.1
+    assert _left(parent) == []
+
+
+@needs_hosts
+def test_a_memory_limit_kills_inside_the_host_only():
+    with Hosts(memory_mib=96) as hs:
+        h = hs.new("small")
+        p = subprocess.run(h.wrap([sys.executable, "-c",
+                                   "b = bytearray(400 << 20); b[::4096] = b'x' * (100 << 8)"]))
+        assert p.returncode != 0 and h.oom_kills() >= 1
+        ok = subprocess.run(h.wrap([sys.executable, "-c", "b = bytearray(16 << 20)"]))
+        assert ok.returncode == 0
+
+
+@needs_hosts
+def test_processes_left_in_a_host_are_moved_out_not_lost():
+    with Hosts(quota=1.0) as hs:
+        h = hs.new("sleeper")
+        p = subprocess.Popen(h.wrap(["sleep", "30"]))
+        try:
+            for _ in range(100):
+                if h.pids():
+                    break
+                import time
+                time.sleep(0.02)
+            assert h.pids() == [p.pid]
+            parent = hs.parent
+        finally:
+            hs.close()
+            assert _left(parent) == []
+            p.kill()
+            p.wait()
+
+
+def test_without_cgroups_it_says_why(tmp_path):
+    why = unsupported(str(tmp_path))
+    assert why is not None and ("root" in why or "cgroup v1" in why)
+    if os.geteuid() == 0:
+        with pytest.raises(RuntimeError, match="cgroup v1 'cpu' controller"):
+            Hosts(0.5, root=str(tmp_path))
+    with pytest.raises((ValueError, RuntimeError)):
+        Hosts(quota=0)
+
+
+@needs_hosts
+def test_the_quick_benchmark_gives_the_same_pairs(tmp_path):
+    out, png = tmp_path / "so.json", tmp_path / "so.png"
+    p = subprocess.run([sys.executable, "-m", "benchmarks.scale_out", "--quick", "--out",
+                        str(out), "--plot", str(png)], capture_output=True, text=True,
+                       timeout=900)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    recs = json.loads(out.read_text())
+    assert [r["n"] for r in recs[0]["cluster"]] == [1, 2]
+    for r in recs[0]["cluster"]:
+        assert r["same_pairs"] and r["speedup"] > 0 and r["wire_b_per_tuple"] > 10
+        assert set(r["hosts"]) == {"manager", "client", *(f"worker{i}" for i in range(r["n"]))}
+        assert r["bottleneck"] in r["hosts"]
+    assert recs[0]["pairs"] > 1000 and png.stat().st_size > 1000
+    assert not [d for d in os.listdir("/sys/fs/cgroup/cpu") if d.startswith("panjoin-hosts")]
+
+
+def test_the_pairs_digest_is_order_free_and_sees_a_changed_pair(tmp_path):
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks.scale_out import pairs_digest
+
+    r, s = np.arange(1000), np.arange(1000)[::-1].copy()
+    perm = np.random.default_rng(1).permutation(1000)
+    s2 = s.copy()
+    s2[5] += 1
+    for name, (a, b, rg) in {"a": (r, s, 100), "b": (r[perm], s[perm], 300),
+                             "c": (r, s2, 1000)}.items():
+        pq.write_table(pa.table({"r_id": a, "s_id": b}), tmp_path / f"{name}.parquet",
+                       row_group_size=rg)
+    d = {k: pairs_digest(str(tmp_path / f"{k}.parquet")) for k in "abc"}
+    assert d["a"] == d["b"] and d["a"][0] == 1000
+    assert d["a"] != d["c"]
