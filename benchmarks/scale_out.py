@@ -200,7 +200,12 @@ def run_workload(wl: Workload, ns: list[int], quota: float, memory_mib: float | 
     ref = pairs_digest(os.path.join(work, "local.parquet"))
     runs = []
     for n in ns:
-        r = run_cluster(wl, n, events, work, quota, memory_mib)
+        try:
+            r = run_cluster(wl, n, events, work, quota, memory_mib)
+        except Exception as e:  # reported, and the sweep goes on
+            echo(f"{wl.name}: N={n} FAILED: {str(e)[-800:]}")
+            runs.append({"n": n, "error": str(e)[-3000:], "same_pairs": False})
+            continue
         r["speedup"] = local["time_s"] / r["time_s"]
         got = os.path.join(work, f"cluster{n}.parquet")
         r["same_pairs"] = pairs_digest(got) == ref
@@ -226,6 +231,10 @@ def report(recs: list[dict]) -> str:
                      f"{h['cpu_s']:.1f} | {h['peak_mib']:.0f} | {loc['wire_b_per_tuple']:.0f} "
                      f"| |")
         for r in rec["cluster"]:
+            if "error" in r:
+                lines.append(f"| {rec['workload']['name']} | {r['n']} | failed: "
+                             f"{r['error'].splitlines()[-1][:120]} |" + " |" * 8)
+                continue
             hs = r["hosts"]
             ws = [v for k, v in hs.items() if k.startswith("worker")]
             lines.append(
@@ -250,8 +259,9 @@ def plot(recs: list[dict], path: str) -> None:
     ax.plot([0, top], [0, top], ":", color="gray", label="ideal (N x)")
     ax.plot([0, top], [0, 0.75 * top], "--", color="gray", alpha=0.6, label="target 0.75 N")
     for rec in recs:
-        xs = [r["n"] for r in rec["cluster"]]
-        ax.plot(xs, [r["speedup"] for r in rec["cluster"]], "o-", label=rec["workload"]["name"])
+        ok = [r for r in rec["cluster"] if "error" not in r]
+        ax.plot([r["n"] for r in ok], [r["speedup"] for r in ok], "o-",
+                label=rec["workload"]["name"])
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xlabel("worker hosts N")
     ax.set_ylabel("speedup over one in-process host")

@@ -391,6 +391,50 @@ def test_payloads_travel_through_the_manager_and_status_has_the_feedback_bits(ma
     assert st.memory_bytes >= sum(w.nbytes for w in st.workers)
 
 
+def test_an_answer_too_big_for_one_message_comes_in_parts(manager, monkeypatch):
+    # a 1M-tuple input of a band join with 64 partners a tuple answered 1.3 GB in one
+    # message; the parts are capped by pairs and by payload bytes
+    import pyarrow as pa
+
+    from panjoin.client import Client, join_input
+    from panjoin.manager import service
+    from panjoin.proto.panjoin.v1 import manager_pb2
+
+    monkeypatch.setattr(service, "OUTPUT_PAIRS", 500)
+    monkeypatch.setattr(service, "OUTPUT_BYTES", 4000)
+    t = generate(900, "uniform", key_min=0, key_max=30, rate=1000, seed=21)
+    t.payload = pa.array([f"{'RS'[s]}{i}|{'x' * (i % 50)}" for s, i in zip(t.stream, t.id,
+                                                                           strict=True)])
+    with Client(manager) as c:
+        res = c.join(t, "count:120,120", "band:1", "bisort", chunk=900)
+        jid = c.open("count:120,120", "band:1", "bisort")
+        outs = list(c.stub.Join(iter([join_input(jid, 1, t, flush=True)])))
+        c.stub.Close(manager_pb2.JoinRef(join_id=jid))
+    ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:120,120"),
+                         parse_predicate("band:1"))
+    assert np.array_equal(sort_pairs(np.stack([res.r_id, res.s_id], axis=1)), ref.pairs)
+    assert res.r_payload.to_pylist() == [f"R{i}|{'x' * (i % 50)}".encode() for i in res.r_id]
+    assert len(outs) > len(ref.pairs) // 500  # cut by bytes too, not only by pairs
+    assert [o.pushed for o in outs] == [True] * (len(outs) - 1) + [False]
+    assert [o.batch_id for o in outs] == [0] * (len(outs) - 1) + [1]
+    sizes = [len(from_array(o.r_id, "<i8")) for o in outs]
+    assert max(sizes) <= 500 and sum(sizes) == len(ref.pairs)
+    assert all(isinstance(o, manager_pb2.JoinOutput) for o in outs)
+
+
+def test_output_parts_cut_by_pairs_and_bytes():
+    import pyarrow as pa
+
+    from panjoin.manager.service import output_parts
+
+    assert output_parts(0) == [(0, 0)]
+    assert output_parts(5, max_pairs=2) == [(0, 2), (2, 4), (4, 5)]
+    big = pa.array([b"x" * 10, b"y" * 100, b"z" * 10, b"w" * 10], pa.large_binary())
+    # 25 bytes a part at most, but never an empty part: the 100-byte row goes alone
+    assert output_parts(4, (big, None), max_pairs=10, max_bytes=25) == [(0, 1), (1, 2),
+                                                                         (2, 4)]
+
+
 def test_feedback_carries_the_status_bits(workers):
     from panjoin.backend import CreateSpec, SortedBatch
 

@@ -36,6 +36,39 @@ log = logging.getLogger("panjoin.manager")
 
 #: a handshake chain under a latency bound L collects its input for L / COLLECT_SHARE
 COLLECT_SHARE = 4
+#: one JoinOutput carries at most this many pairs and payload bytes; more go out first
+#: as pushed outputs (a band join of 64 partners a tuple made a 1.3 GB answer to one
+#: 1M-tuple input, beyond any message limit)
+OUTPUT_PAIRS = 2 << 20
+OUTPUT_BYTES = 32 << 20
+
+
+def output_parts(n: int, payloads=(), max_pairs: int | None = None,
+                 max_bytes: int | None = None) -> list[tuple[int, int]]:
+    """Cut ``n`` pairs into runs ``[a, b)`` of at most ``max_pairs`` pairs and (with
+    payloads, Arrow binary arrays of n rows) about ``max_bytes`` payload bytes, at least
+    one pair each; ``[(0, 0)]`` when there is none.
+
+    >>> output_parts(5, max_pairs=2)
+    [(0, 2), (2, 4), (4, 5)]
+    """
+    max_pairs = max_pairs or OUTPUT_PAIRS
+    max_bytes = max_bytes or OUTPUT_BYTES
+    if n == 0:
+        return [(0, 0)]
+    cum = np.zeros(n + 1, np.int64)
+    for arr in payloads:
+        if arr is not None:
+            offs = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset:arr.offset + n + 1]
+            cum += offs - offs[0]
+    parts, a = [], 0
+    while a < n:
+        b = min(n, a + max_pairs)
+        if cum[-1]:
+            b = min(b, max(a + 1, int(np.searchsorted(cum, cum[a] + max_bytes, "right")) - 1))
+        parts.append((a, b))
+        a = b
+    return parts
 
 
 @dataclass
@@ -162,17 +195,17 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                 with j.lock:  # not held across the yield: a slow reader blocks no one
                     if j.closed:
                         context.abort(grpc.StatusCode.NOT_FOUND, f"join {join_id!r} is closed")
-                    out = self._apply(j, msg, context)
-                yield out
+                    outs = self._apply(j, msg, context)
+                yield from outs
         finally:
             if join_id is not None and not context.is_active():
                 self._close(join_id)  # the client went away: release the join
 
-    def _apply(self, j: _Join, msg, context) -> manager_pb2.JoinOutput:
-        out = manager_pb2.JoinOutput(batch_id=msg.batch_id)
+    def _apply(self, j: _Join, msg, context) -> list[manager_pb2.JoinOutput]:
+        """The answer to one input, last; pushed outputs before it when its pairs are too
+        many for one message (:func:`output_parts`)."""
         if j.applied and msg.batch_id <= j.last_batch_id:
-            out.duplicate = True
-            return out
+            return [manager_pb2.JoinOutput(batch_id=msg.batch_id, duplicate=True)]
         try:
             stream = from_array(msg.stream, "|u1", "stream")
             ids = from_array(msg.id, "<i8", "id")
@@ -203,30 +236,38 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         j.applied = True
         j.last_batch_id = msg.batch_id
         # without flush, rounds still on the workers stay there: they answer meanwhile
-        self._fill(j, out, wait=msg.flush)
-        return out
+        return self._outputs(j, msg.flush, msg.batch_id)
 
-    def _pushed(self, j: _Join) -> manager_pb2.JoinOutput | None:
-        """A streaming join's pushed output: what completed since the last output (None
+    def _pushed(self, j: _Join) -> list[manager_pb2.JoinOutput]:
+        """A streaming join's pushed outputs: what completed since the last output (none
         if nothing did)."""
-        out = manager_pb2.JoinOutput(batch_id=0, pushed=True)
-        if not self._fill(j, out, wait=False):
-            return None
-        return out
+        return self._outputs(j, False, None)
 
-    def _fill(self, j: _Join, out: manager_pb2.JoinOutput, wait: bool) -> int:
-        """Put the pairs and late ids completed so far into ``out`` (``wait``: every
-        probe round in flight, else the answered ones); returns how many there are."""
+    def _outputs(self, j: _Join, wait: bool, batch_id: int | None
+                 ) -> list[manager_pb2.JoinOutput]:
+        """The pairs and late ids completed so far (``wait``: every probe round in
+        flight, else the answered ones) as JoinOutputs of a bounded size: pushed ones
+        (batch id 0), then, for an input (``batch_id``), its answer with the late ids.
+        For no input and nothing completed: none."""
         r, s, rp, sp = j.engine.take_results(payloads=True, wait=wait)
-        out.r_id.CopyFrom(to_array(r))
-        out.s_id.CopyFrom(to_array(s))
-        to_payloads(rp, out.r_payload)
-        to_payloads(sp, out.s_payload)
         late = j.engine.take_late()
         ls = np.concatenate([np.zeros(len(late["R"]), np.uint8), np.ones(len(late["S"]), np.uint8)])
-        out.late_stream.CopyFrom(to_array(ls))
-        out.late_id.CopyFrom(to_array(np.concatenate([late["R"], late["S"]])))
-        return int(r.size + ls.size)
+        if batch_id is None and not (r.size or ls.size):
+            return []
+        outs = []
+        for a, b in output_parts(int(r.size), (rp, sp)):
+            out = manager_pb2.JoinOutput(batch_id=0, pushed=True)
+            out.r_id.CopyFrom(to_array(r[a:b]))
+            out.s_id.CopyFrom(to_array(s[a:b]))
+            to_payloads(rp.slice(a, b - a) if rp is not None else None, out.r_payload)
+            to_payloads(sp.slice(a, b - a) if sp is not None else None, out.s_payload)
+            outs.append(out)
+        last = outs[-1]
+        last.late_stream.CopyFrom(to_array(ls))
+        last.late_id.CopyFrom(to_array(np.concatenate([late["R"], late["S"]])))
+        if batch_id is not None:
+            last.batch_id, last.pushed = batch_id, False
+        return outs
 
     def _status(self, join_id: str, j: _Join) -> manager_pb2.JoinStatus:
         e = j.engine

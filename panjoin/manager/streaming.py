@@ -71,10 +71,10 @@ def _timeout(j) -> float:
 def stream_join(j, first, requests, context, apply, take, gone):
     """Run the streaming loop of join ``j`` (a ``service._Join``) whose first input is
     ``first`` and the rest come from ``requests``; yields JoinOutputs. ``apply(msg)``
-    answers one input, ``take()`` the pushed output of what completed (None if
-    nothing), both called under ``j.lock``; ``gone()`` releases the join when the
-    client goes away. The loop ends at the end of the client's input, when the client
-    goes away, or when the join is closed (``j.closed``)."""
+    answers one input (its outputs, the answer last), ``take()`` the pushed outputs of
+    what completed (none if nothing), both called under ``j.lock``; ``gone()`` releases
+    the join when the client goes away. The loop ends at the end of the client's input,
+    when the client goes away, or when the join is closed (``j.closed``)."""
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     inbox.put(first)
     reader = threading.Thread(target=_read, args=(requests, inbox, gone), daemon=True,
@@ -103,13 +103,12 @@ def stream_join(j, first, requests, context, apply, take, gone):
                         end = True
                         break
                     if it is not _WAKE:
-                        outs.append(apply(it))
+                        outs.extend(apply(it))
                 j.engine.tick()
                 pushed = take()
                 wait = _timeout(j)
             yield from outs
-            if pushed is not None:
-                yield pushed
+            yield from pushed
             if not context.is_active():
                 return
     finally:
