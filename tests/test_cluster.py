@@ -345,6 +345,30 @@ def test_a_hung_worker_is_detected_by_its_deadline(events):
     assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
 
 
+def test_a_busy_worker_answers_its_heartbeat_and_is_not_declared_dead(workers, caplog):
+    # nested-loop probes of 16K tuples over a 40K window take longer than the deadline:
+    # without the heartbeat both workers would be declared dead mid-join
+    t = generate(100_000, "uniform", key_min=0, key_max=1 << 20, rate=1000, seed=3)
+    backend = GrpcBackend([w.address for w in workers[:2]], deadline=0.05)
+    try:
+        eng = JoinEngine("count:40K,40K", "band:2", index="nested", batch_size=16384,
+                         backend=backend, n_workers=2)
+        with caplog.at_level("WARNING", logger="panjoin.manager"):
+            eng.push(t)
+            eng.flush()
+            r, s = eng.take_results()
+        assert backend.failovers == 0 and backend.alive_workers() == [0, 1]
+        assert "answers its heartbeat" in caplog.text  # the deadline did pass
+    finally:
+        backend.close()
+    # the same pairs as in-process (the reference itself would take an hour here)
+    local = JoinEngine("count:40K,40K", "band:2", index="nested", batch_size=16384)
+    local.push(t)
+    local.flush()
+    assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)),
+                          sort_pairs(np.stack(local.take_results(), axis=1)))
+
+
 @pytest.mark.parametrize("window", ["count:150,110", "time:160,120"])
 def test_bisort_range_results_through_the_managers_mirror(workers, events, window):
     backend = GrpcBackend([w.address for w in workers[:2]], result_format="ranges")

@@ -91,6 +91,10 @@ def add_topology(p: argparse.ArgumentParser) -> None:
                         "every arriving tuple is sent along the whole chain at once and "
                         "joined on the way, so its pairs come out within a few hops, not "
                         "when it crosses the old tuples")
+    p.add_argument("--worker-timeout", type=float, default=60.0, metavar="S",
+                   help="ring: a worker that leaves a command unanswered S seconds gets a "
+                        "heartbeat; one that answers neither is declared dead and its "
+                        "backups take over (default: %(default)s)")
     p.add_argument("--replicas", type=int, choices=[1, 2], default=2,
                    help="ring: copies of each subwindow. 2: a backup on the next worker logs "
                         "the same inserts and takes over when its worker dies (no loss; "

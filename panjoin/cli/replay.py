@@ -109,7 +109,8 @@ def run(args) -> int:
         log.info("local cluster: %s", ", ".join(cluster.addresses))
         if args.warm_up:
             cluster.warm_up(args.index)
-        with GrpcBackend(cluster.addresses, result_format=args.result_format,
+        with GrpcBackend(cluster.addresses, deadline=args.worker_timeout,
+                         result_format=args.result_format,
                          replicas=args.replicas) as backend:
             return _replay_engine(args, events, window, pred, backend, args.workers)
 

@@ -93,7 +93,8 @@ def run_cluster(args) -> int:
         server, port = serve_manager(cluster.addresses, args.port, topology=args.topology,
                                      fifo=args.fifo, segment=args.segment,
                                      replicas=args.replicas, max_latency_ms=args.max_latency,
-                                     fast_forward=args.fast_forward)
+                                     fast_forward=args.fast_forward,
+                                     worker_timeout=args.worker_timeout)
     except BaseException:
         cluster.stop()
         raise
@@ -119,7 +120,8 @@ def run_manager(args) -> int:
         wait_healthy(a, timeout=30)
     server, port = serve_manager(addrs, args.port, args.host, topology=args.topology,
                                  fifo=args.fifo, segment=args.segment, replicas=args.replicas,
-                                 max_latency_ms=args.max_latency, fast_forward=args.fast_forward)
+                                 max_latency_ms=args.max_latency, fast_forward=args.fast_forward,
+                                 worker_timeout=args.worker_timeout)
     print(f"{MANAGER_READY}{args.host}:{port}, workers {', '.join(addrs)}", flush=True)
     return serve_until_stopped(lambda: server.stop(grace=2).wait())
 

@@ -30,7 +30,10 @@ more workers): each subwindow has a primary on one worker and a *backup* on the
 next, which receives the same create, batches, inserts and expire but only logs
 the inserts (a memcpy per batch, no index: about 40 bytes a tuple, no probe work).
 A worker that breaks its stream, or leaves a command unanswered for
-``deadline`` seconds, is declared dead; each of its primaries' backups is
+``deadline`` seconds and then does not answer a heartbeat either (its gRPC health
+service, served on another thread: a worker busy with a long command, or loading
+and compiling its kernels on a loaded machine, answers it and gets another
+``deadline``), is declared dead; each of its primaries' backups is
 promoted (its index built from the log, once) and the dead worker's
 unanswered probes are sent again to the new primaries. Every probe carries,
 per subwindow, the seq limit it was first sent with, so a replay that finds
@@ -57,6 +60,7 @@ from collections import deque
 
 import grpc
 import numpy as np
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from panjoin import codec
 from panjoin.backend import BackendStats, CreateSpec, SortedBatch
@@ -66,6 +70,10 @@ from panjoin.subwindow.store import SubwindowStore
 from panjoin.wire import Encoded, from_array
 
 log = logging.getLogger("panjoin.manager")
+
+#: how long a heartbeat may take: a busy worker's health thread waits for the GIL and
+#: for a core, but a stopped or vanished one never answers
+HEARTBEAT_S = 10.0
 
 # fire-and-forget commands allowed in flight before the manager waits for the oldest:
 # bounds how far the manager runs ahead of slow workers
@@ -107,7 +115,12 @@ class _Call:
         s.flush()  # the command may still wait in the outbox
         while not self.done.wait(max(0.0, s.last_heard + s.deadline - time.monotonic())):
             if time.monotonic() >= s.last_heard + s.deadline:
-                s.down(f"no answer within {s.deadline:g} s")
+                if s.heartbeat():  # busy, not gone: the deadline starts again
+                    log.warning("worker %s: no answer for %g s, but it answers its "
+                                "heartbeat: waiting on", s.address, s.deadline)
+                    s.last_heard = time.monotonic()
+                    continue
+                s.down(f"no answer within {s.deadline:g} s, nor to a heartbeat")
         if self.feedback is None:
             raise _Down(s.why)
         return self.feedback
@@ -171,6 +184,18 @@ class _Session:
         except grpc.RpcError as e:
             why = f"{e.code().name}: {e.details()}"
         self.down(why)
+
+    def heartbeat(self) -> bool:
+        """Does the worker's process answer at all? Its health service runs on another
+        gRPC thread than the session, so it answers while a command computes."""
+        if not self.alive:
+            return False
+        try:
+            r = health_pb2_grpc.HealthStub(self.channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=HEARTBEAT_S)
+        except grpc.RpcError:
+            return False
+        return r.status == health_pb2.HealthCheckResponse.SERVING
 
     def send(self, order: int, kind: str, msg, again=None) -> _Call:
         """Send ``msg`` (a generated message, or an :class:`Encoded` one) as the

@@ -88,7 +88,8 @@ class _Join:
 class ManagerServicer(manager_pb2_grpc.ManagerServicer):
     def __init__(self, workers: list[str], threads: int = 1, topology: str = "ring",
                  fifo: int = 1 << 16, segment: str = "nested", replicas: int = 2,
-                 max_latency_ms: float | None = None, fast_forward: bool = False):
+                 max_latency_ms: float | None = None, fast_forward: bool = False,
+                 worker_timeout: float = 60.0):
         if not workers:
             raise ValueError("the manager needs at least one worker address")
         if topology not in ("ring", "handshake"):
@@ -99,6 +100,10 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         self.fifo = fifo
         self.segment = segment
         self.fast_forward = fast_forward  # handshake: the low-latency handshake join
+        if not worker_timeout > 0:
+            raise ValueError(f"worker timeout must be a positive number of s, got "
+                             f"{worker_timeout}")
+        self.worker_timeout = worker_timeout  # ring: the heartbeat deadline (GrpcBackend)
         self.replicas = replicas  # ring: copies of each subwindow (GrpcBackend)
         if max_latency_ms is not None and not max_latency_ms > 0:
             raise ValueError(f"max latency must be a positive number of ms, got {max_latency_ms}")
@@ -114,7 +119,8 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             bound = self._bound(request)
             if self.topology == "handshake":
                 return self._open_handshake(request, window, pred, bound)
-            backend = GrpcBackend(self.workers, result_format=fmt, replicas=self.replicas)
+            backend = GrpcBackend(self.workers, deadline=self.worker_timeout,
+                                  result_format=fmt, replicas=self.replicas)
             engine = JoinEngine(
                 window, pred, index=request.index or "bisort",
                 key_dtype=request.key_dtype or None,
@@ -320,11 +326,12 @@ def serve_manager(workers: list[str], port: int = 0, host: str = "127.0.0.1",
                   threads: int = 1, topology: str = "ring",
                   fifo: int = 1 << 16, segment: str = "nested",
                   replicas: int = 2, max_latency_ms: float | None = None,
-                  fast_forward: bool = False) -> tuple[grpc.Server, int]:
+                  fast_forward: bool = False, worker_timeout: float = 60.0
+                  ) -> tuple[grpc.Server, int]:
     """Start the manager endpoint; returns the server and its port. ``max_latency_ms``:
     the latency bound of joins opened without one (None: such joins do not stream)."""
     servicer = ManagerServicer(workers, threads, topology, fifo, segment, replicas,
-                               max_latency_ms, fast_forward)
+                               max_latency_ms, fast_forward, worker_timeout)
     return start_server(
         lambda srv: manager_pb2_grpc.add_ManagerServicer_to_server(servicer, srv),
         manager_pb2.DESCRIPTOR.services_by_name["Manager"].full_name, port, host)
