@@ -24,7 +24,7 @@ def _left(parent: str) -> list[str]:
 
 @needs_hosts
 def test_a_host_gets_its_cpu_quota_and_is_removed_after():
-    with Hosts(quota=0.2) as hs:
+    with Hosts(quota=0.05) as hs:
         h = hs.new("busy")
         free = hs.new("free", quota=2.0)
         subprocess.run(h.wrap([sys.executable, "-c", BUSY]), check=True)
@@ -32,9 +32,11 @@ def test_a_host_gets_its_cpu_quota_and_is_removed_after():
         slow, fast = h.usage(), free.usage()
         parent = hs.parent
         assert _left(parent) == list(CONTROLLERS)
-    # one second of wall time at 0.2 core: about 0.2 CPU-s, the rest throttled
-    assert 0.1 < slow["cpu_s"] < 0.4 and slow["throttled_s"] > 0.3
-    assert fast["cpu_s"] > 0.7 and fast["throttled_s"] < 0.1
+    # one second of wall time at 0.05 core: about 0.05 CPU-s, most of it throttled; the
+    # same loop without a quota gets what the machine gives it (at least a few times
+    # more, even beside other tests on 2 cores)
+    assert 0.01 < slow["cpu_s"] < 0.15 and slow["throttled_s"] > 0.5
+    assert fast["cpu_s"] > 2 * slow["cpu_s"] and fast["throttled_s"] < 0.1
     assert _left(parent) == []
 
 
@@ -42,8 +44,7 @@ def test_a_host_gets_its_cpu_quota_and_is_removed_after():
 def test_a_memory_limit_kills_inside_the_host_only():
     with Hosts(memory_mib=96) as hs:
         h = hs.new("small")
-        p = subprocess.run(h.wrap([sys.executable, "-c",
-                                   "b = bytearray(400 << 20); b[::4096] = b'x' * (100 << 8)"]))
+        p = subprocess.run(h.wrap([sys.executable, "-c", "b = b'x' * (400 << 20)"]))
         assert p.returncode != 0 and h.oom_kills() >= 1
         ok = subprocess.run(h.wrap([sys.executable, "-c", "b = bytearray(16 << 20)"]))
         assert ok.returncode == 0
