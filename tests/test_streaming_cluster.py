@@ -212,7 +212,8 @@ def test_a_handshake_chain_streams_its_pairs(fast_forward):
 
     def wait_pairs(live, since=0):
         """The next poll with a pair of a tuple pushed at ``since`` or later."""
-        deadline = time.monotonic() + 20  # the nodes' kernels may load first
+        # the nodes' kernels may compile first (a cold cache on a busy machine)
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             out = live.poll()
             if out.r_id.size and max(new_r(out.r_id).max(), new_s(out.s_id).max()) >= since:
