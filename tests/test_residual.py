@@ -280,14 +280,6 @@ def test_peers_refuse_a_residual():
 # --------------------------------------------------------------------------- the cluster
 
 
-@pytest.fixture(scope="module")
-def workers():
-    ws = start_workers(2)
-    yield ws
-    for w in ws:
-        w.stop()
-
-
 @pytest.mark.parametrize("index,fmt", [("bisort", "pairs"), ("bisort", "ranges"),
                                        ("rap", "pairs"), ("wib", "pairs")])
 @pytest.mark.parametrize("wkind", ["count", "time"])
@@ -295,7 +287,7 @@ def test_cluster_matches_reference(workers, index, fmt, wkind):
     t = stream("zipf", disorder_ms=30)
     pred = "bands:-3,-1;2,5&band2:1"
     lateness = 10 if wkind == "time" else 0
-    backend = GrpcBackend([w.address for w in workers], result_format=fmt)
+    backend = GrpcBackend([w.address for w in workers[:2]], result_format=fmt)
     try:
         got = run_engine(t, WINDOWS[wkind], pred, index, lateness, backend=backend,
                          n_workers=2, subwindow_size=30, partitions=8, batch_size=64)
