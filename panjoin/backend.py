@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -42,8 +42,18 @@ from panjoin.subwindow import Residual, WindowFilter
 from panjoin.subwindow.kernels import window as W
 from panjoin.subwindow.store import SubwindowStore
 
-#: one answer per probed subwindow: (probe_index, stored_id, stored_seq)
-Answer = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+class IdPairs(NamedTuple):
+    """An answer already mapped to ids by the worker that probed (the probe batch's ids
+    are there too), in pieces ``[(r_id, s_id)]``: the manager passes them on without
+    touching them."""
+
+    pieces: list
+
+
+#: one answer per probed subwindow: (probe_index, stored_id, stored_seq), or the pairs'
+#: ids (:class:`IdPairs`) from a worker asked for them
+Answer = tuple[np.ndarray, np.ndarray, np.ndarray] | IdPairs
 
 
 @dataclass(eq=False)

@@ -148,6 +148,7 @@ class ProbeRequest:
     targets: list  # [(sub_id, WindowFilter, seq_limit or None)]
     ranges: bool
     want_seq: bool
+    id_pairs: bool = False  # answer (r_id, s_id): the ids themselves, oriented
 
 
 def decode_probe(c: worker_pb2.Probe, batch: SortedBatch) -> ProbeRequest:
@@ -157,6 +158,9 @@ def decode_probe(c: worker_pb2.Probe, batch: SortedBatch) -> ProbeRequest:
     if len(c.seq_limit) not in (0, len(c.sub_ids)):
         raise ValueError("seq_limit must be empty or one limit per sub_id")
     ranges = c.format == worker_pb2.RESULT_FORMAT_RANGES
+    id_pairs = c.format == worker_pb2.RESULT_FORMAT_ID_PAIRS
+    if id_pairs and c.want_seq:
+        raise ValueError("RESULT_FORMAT_ID_PAIRS answers ids only: want_seq needs PAIRS")
     if ranges and batch.predicate.residual is not None:
         raise ValueError("a residual condition needs RESULT_FORMAT_PAIRS: ranges would "
                          "return candidates the residual rejects")
@@ -167,7 +171,7 @@ def decode_probe(c: worker_pb2.Probe, batch: SortedBatch) -> ProbeRequest:
         filtered = c.filtered[i] if c.filtered else True
         targets.append((sub_id, full if filtered else none,
                         int(c.seq_limit[i]) if c.seq_limit else None))
-    return ProbeRequest(targets, ranges, c.want_seq)
+    return ProbeRequest(targets, ranges, c.want_seq, id_pairs)
 
 
 def encode_answer(sub_id: int, pidx, ids, seq=None) -> worker_pb2.ProbeResult:
@@ -175,6 +179,29 @@ def encode_answer(sub_id: int, pidx, ids, seq=None) -> worker_pb2.ProbeResult:
     if seq is not None:
         r.seq.CopyFrom(to_array(seq))
     return r
+
+
+#: an ID_PAIRS answer goes out in ProbeResults of at most this many pairs (2 MB)
+ID_PAIRS_PIECE = 128 << 10
+
+
+def encode_id_pairs(sub_id: int, r_id, s_id) -> list[worker_pb2.ProbeResult]:
+    """An ID_PAIRS answer: each pair's R id and S id, as the manager passes them on, in
+    pieces of :data:`ID_PAIRS_PIECE` (``more`` on all but the last; one if empty)."""
+    n = int(r_id.shape[0])
+    cuts = list(range(0, n, ID_PAIRS_PIECE)) or [0]
+    return [worker_pb2.ProbeResult(sub_id=sub_id, r_id=to_array(r_id[a:a + ID_PAIRS_PIECE]),
+                                   s_id=to_array(s_id[a:a + ID_PAIRS_PIECE]),
+                                   more=a + ID_PAIRS_PIECE < n)
+            for a in cuts]
+
+
+def decode_id_pairs(r: worker_pb2.ProbeResult):
+    return from_array(r.r_id, "<i8", "r_id"), from_array(r.s_id, "<i8", "s_id")
+
+
+def is_id_pairs(r: worker_pb2.ProbeResult) -> bool:
+    return r.HasField("r_id")  # set, if empty, on every ID_PAIRS answer
 
 
 def encode_ranges(sub_id: int, rr) -> worker_pb2.ProbeResult:

@@ -187,6 +187,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     sub_id, backend.store(sub_id).probe_ranges(lo, hi, flt)))
                 continue
             pidx, ids, seq = backend.probe(sub_id, lo, hi, flt, res, limit)
+            if req.id_pairs:  # the probe tuples' ids here, not on the manager
+                xs = batch.ids[pidx]
+                r_id, s_id = (ids, xs) if backend.streams[sub_id] == "R" else (xs, ids)
+                fb.results.extend(codec.encode_id_pairs(sub_id, r_id, s_id))
+                continue
             fb.results.append(codec.encode_answer(sub_id, pidx, ids,
                                                   seq if req.want_seq else None))
 

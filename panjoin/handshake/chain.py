@@ -353,15 +353,21 @@ class HandshakeChain:
         """The (r_id, s_id) pairs merged so far; ``payloads=True`` adds (None, None), as
         the chain carries no payloads (the engine's interface; ``wait`` is the engine's
         too: the chain's results arrive by themselves)."""
-        with self._collected_lock:
-            parts, self._collected = self._collected, []
+        parts = self.take_result_pieces()
         if not parts:
             r, s = np.zeros(0, np.int64), np.zeros(0, np.int64)
         else:
-            r = np.concatenate([a for a, _ in parts])
-            s = np.concatenate([b for _, b in parts])
-        self.stats.results += r.shape[0]
+            r = np.concatenate([a for a, _, _, _ in parts])
+            s = np.concatenate([b for _, b, _, _ in parts])
         return (r, s, None, None) if payloads else (r, s)
+
+    def take_result_pieces(self, payloads: bool = False, wait: bool = True) -> list[tuple]:
+        """:meth:`take_results` as the pieces merged, ``[(r_id, s_id, None, None)]``
+        (the engine's interface)."""
+        with self._collected_lock:
+            parts, self._collected = self._collected, []
+        self.stats.results += sum(int(a.shape[0]) for a, _ in parts)
+        return [(a, b, None, None) for a, b in parts if a.shape[0]]
 
     # the backend's interface, for the manager's Status
     failovers = 0

@@ -60,7 +60,7 @@ import numba
 import numpy as np
 import pyarrow as pa
 
-from panjoin.backend import CreateSpec, LocalBackend, SortedBatch
+from panjoin.backend import CreateSpec, IdPairs, LocalBackend, SortedBatch
 from panjoin.config import DEFAULT_BATCH, advise_heap_hugepages, default_threads, tune_allocator
 from panjoin.manager.kernels import pack_rows, split_streams, unpack_rows
 from panjoin.manager.latency import CAP_MAX, LatencyBound
@@ -605,7 +605,14 @@ class JoinEngine:
         if f.timed is not None and self.bound is not None:
             self._observe(*f.timed)
         t1 = time.perf_counter()
-        for (start, pays), (pidx, ys, sseq) in zip(f.stores, answers, strict=True):
+        for (start, pays), ans in zip(f.stores, answers, strict=True):
+            if isinstance(ans, IdPairs):  # mapped on the worker: passed on as they are
+                for r, s in ans.pieces:
+                    if r.size:
+                        self._results.append((r, s, None, None))
+                        self.stats.results += int(r.size)
+                continue
+            pidx, ys, sseq = ans
             if pidx.size == 0:
                 continue
             xs = f.ids[pidx]
@@ -677,23 +684,38 @@ class JoinEngine:
         when strings were pushed, else large_binary; None when the join has none).
         ``wait=False`` takes only the probe rounds already answered and leaves the
         rest in flight, so the workers stay busy while the caller ships the results."""
-        if wait:
-            self.collect()
-        else:
-            while self._inflight and self._inflight[0].answers.done():
-                self._collect_one()
-        res, self._results = self._results, []
+        res = self.take_result_pieces(payloads, wait)
         r = np.concatenate([t[0] for t in res]) if res else np.zeros(0, _I64)
         s = np.concatenate([t[1] for t in res]) if res else np.zeros(0, _I64)
         if not payloads:
             return r, s
         if not self.with_payload:
             return r, s, None, None
-        rp = pa.concat_arrays([t[2] for t in res]) if res else pa.array([], PAYLOAD_TYPE)
-        sp = pa.concat_arrays([t[3] for t in res]) if res else pa.array([], PAYLOAD_TYPE)
-        if self.payload_text:
-            rp, sp = rp.cast(pa.large_string()), sp.cast(pa.large_string())
+        rp = pa.concat_arrays([t[2] for t in res]) if res else self._no_payloads()
+        sp = pa.concat_arrays([t[3] for t in res]) if res else self._no_payloads()
         return r, s, rp, sp
+
+    def take_result_pieces(self, payloads: bool = False, wait: bool = True) -> list[tuple]:
+        """:meth:`take_results` as the pieces the probes answered, ``[(r_id, s_id,
+        r_payload, s_payload)]`` (payloads None without ``payloads`` or without payloads
+        in the join), not joined into one array: a caller that ships them in messages of
+        its own size copies each pair once (a band join's millions of pairs in one fresh
+        array cost more in page faults than in copying)."""
+        if wait:
+            self.collect()
+        else:
+            while self._inflight and self._inflight[0].answers.done():
+                self._collect_one()
+        res, self._results = self._results, []
+        if not (payloads and self.with_payload):
+            return [(r, s, None, None) for r, s, _, _ in res]
+        if self.payload_text:
+            return [(r, s, rp.cast(pa.large_string()), sp.cast(pa.large_string()))
+                    for r, s, rp, sp in res]
+        return res
+
+    def _no_payloads(self) -> pa.Array:
+        return pa.array([], pa.large_string() if self.payload_text else PAYLOAD_TYPE)
 
     def take_late(self) -> dict[str, np.ndarray]:
         out = {k: (np.concatenate(v) if v else np.zeros(0, _I64)) for k, v in self.late_ids.items()}

@@ -63,7 +63,7 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from panjoin import codec
-from panjoin.backend import BackendStats, CreateSpec, SortedBatch
+from panjoin.backend import BackendStats, CreateSpec, IdPairs, SortedBatch
 from panjoin.proto.panjoin.v1 import worker_pb2
 from panjoin.serving import OPTIONS
 from panjoin.subwindow.store import SubwindowStore
@@ -289,8 +289,10 @@ class ProbeRound:
                 except _Down:
                     todo.extend(self.backend._failover_probe(call, idxs))
                     continue
-                for i, r in zip(idxs, fb.results, strict=True):
-                    out[i] = self.backend._answer(r, self.targets[i][1], self.batch)
+                results = iter(fb.results)
+                for i in idxs:
+                    out[i] = self.backend._answer(next(results), self.targets[i][1],
+                                                  self.batch, results)
             self._out = out
             self.backend.rounds_in_flight -= 1
         return self._out
@@ -566,6 +568,8 @@ class GrpcBackend:
             if batch.predicate.residual is None and all(targets[i][0] in self.mirrors
                                                         for i in mine):
                 msg.format = worker_pb2.RESULT_FORMAT_RANGES
+            elif not self.want_seq:  # the pairs' bytes pass through here unmapped
+                msg.format = worker_pb2.RESULT_FORMAT_ID_PAIRS
             try:
                 self._send_batch(w, batch, order)
                 parts.append((mine, self.sessions[w].send(order, "probe", msg,
@@ -574,7 +578,15 @@ class GrpcBackend:
                 self._failover(w)
                 self._send_probe(batch, targets, mine, order, parts)
 
-    def _answer(self, r, filtered: bool, batch: SortedBatch):
+    def _answer(self, r, filtered: bool, batch: SortedBatch, results):
+        """One target's answer from its ProbeResult ``r`` (and, for ID_PAIRS pieces, the
+        ones after it in ``results``)."""
+        if codec.is_id_pairs(r):
+            pieces = [codec.decode_id_pairs(r)]
+            while r.more:
+                r = next(results)
+                pieces.append(codec.decode_id_pairs(r))
+            return IdPairs(pieces)
         if not codec.is_ranges(r):
             return codec.decode_answer(r)
         # main-array ranges -> (probe_idx, seq) on the mirror, filtered, plus buffer pairs

@@ -13,8 +13,10 @@ class ResultFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     RESULT_FORMAT_PAIRS: _ClassVar[ResultFormat]
     RESULT_FORMAT_RANGES: _ClassVar[ResultFormat]
+    RESULT_FORMAT_ID_PAIRS: _ClassVar[ResultFormat]
 RESULT_FORMAT_PAIRS: ResultFormat
 RESULT_FORMAT_RANGES: ResultFormat
+RESULT_FORMAT_ID_PAIRS: ResultFormat
 
 class Commands(_message.Message):
     __slots__ = ("commands",)
@@ -140,7 +142,7 @@ class Expire(_message.Message):
     def __init__(self, sub_id: _Optional[int] = ...) -> None: ...
 
 class ProbeResult(_message.Message):
-    __slots__ = ("sub_id", "probe_idx", "seq", "start", "end", "range_probe_idx", "ids")
+    __slots__ = ("sub_id", "probe_idx", "seq", "start", "end", "range_probe_idx", "ids", "r_id", "s_id", "more")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     PROBE_IDX_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +150,9 @@ class ProbeResult(_message.Message):
     END_FIELD_NUMBER: _ClassVar[int]
     RANGE_PROBE_IDX_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
+    R_ID_FIELD_NUMBER: _ClassVar[int]
+    S_ID_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     sub_id: int
     probe_idx: _common_pb2.Array
     seq: _common_pb2.Array
@@ -155,7 +160,10 @@ class ProbeResult(_message.Message):
     end: _common_pb2.Array
     range_probe_idx: _common_pb2.Array
     ids: _common_pb2.Array
-    def __init__(self, sub_id: _Optional[int] = ..., probe_idx: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., start: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., end: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., range_probe_idx: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ids: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
+    r_id: _common_pb2.Array
+    s_id: _common_pb2.Array
+    more: bool
+    def __init__(self, sub_id: _Optional[int] = ..., probe_idx: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., start: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., end: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., range_probe_idx: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ids: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., r_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., s_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class SubwindowStatus(_message.Message):
     __slots__ = ("sub_id", "count", "full", "nbytes", "successor_splitters", "empty")
