@@ -432,7 +432,7 @@ def test_an_answer_too_big_for_one_message_comes_in_parts(manager, monkeypatch):
     with Client(manager) as c:
         res = c.join(t, "count:120,120", "band:1", "bisort", chunk=900)
         jid = c.open("count:120,120", "band:1", "bisort")
-        outs = list(c.stub.Join(iter([join_input(jid, 1, t, flush=True)])))
+        outs = list(c.stub.Join(iter([join_input(jid, 1, t, flush=True, token=c.token(jid))])))
         c.stub.Close(c.ref(jid))
     ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:120,120"),
                          parse_predicate("band:1"))

@@ -106,7 +106,7 @@ def test_pairs_are_pushed_without_another_input(manager):
         jid = c.open("count:1K,1K", "eq", "bisort", max_latency_ms=5)
 
         def inputs():
-            yield join_input(jid, 1, t)
+            yield join_input(jid, 1, t, token=c.token(jid))
             hold.wait(30)  # the client's stream stays open, with nothing more on it
 
         call = c.stub.Join(inputs())

@@ -37,7 +37,7 @@ import numba
 from panjoin import codec
 from panjoin.backend import LocalBackend, NullBackend, SortedBatch
 from panjoin.config import tune_allocator
-from panjoin.limits import default_memory_limit, fmt, subwindow_bytes
+from panjoin.limits import MAX_PARTITIONS, default_memory_limit, fmt, subwindow_bytes
 from panjoin.proto.panjoin.v1 import worker_pb2, worker_pb2_grpc
 from panjoin.serving import start_server
 from panjoin.wire import WireError, to_array
@@ -260,9 +260,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         spec = codec.decode_create(c)
         if spec.sub_id in backend.subs:
             raise ValueError(f"subwindow id {spec.sub_id} exists")
-        if spec.partitions > spec.capacity:
-            raise ValueError(f"partitions {spec.partitions} exceed the capacity "
-                             f"{spec.capacity}: a partition holds at least one tuple")
+        if spec.partitions > MAX_PARTITIONS:
+            raise ValueError(f"partitions {spec.partitions} is above {MAX_PARTITIONS}")
         self._reserve(sess, spec.sub_id, subwindow_bytes(spec.kind, spec.capacity,
                                                          spec.partitions, spec.backup))
         if self.index_backend == "opencl" and spec.kind == "bisort":

@@ -47,6 +47,13 @@ failover, half the worker memory and insert traffic).
 Example: subwindow #0 on A (primary) and B (backup); commands 1 insert(#0) to
 both, 2 probe(#0, seq < 64) to A; A dies with 2 unanswered. B promotes #0 and
 answers probe 2 with the tuples of seq < 64.
+
+Session life cycle: a worker accepts a session by sending its initial metadata (its
+idle timeout and free memory budget, read by :meth:`GrpcBackend.connect`) or refuses
+it (RESOURCE_EXHAUSTED: at its session cap); it ends a session that sends nothing for
+its idle timeout, so an idle join's sessions get an empty message every third of it
+(:meth:`GrpcBackend.keepalive`). :meth:`GrpcBackend.close` ends every session, which
+releases all it holds on its worker.
 """
 
 from __future__ import annotations
