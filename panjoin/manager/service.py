@@ -291,7 +291,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                 if j.streaming:  # the loop takes the stream over, inputs and all
                     yield from stream_join(j, msg, request_iterator, context,
                                            lambda m, j=j: self._apply(j, m, context),
-                                           lambda j=j: self._pushed(j),
+                                           lambda j=j: self._pushed(j, context),
                                            lambda jid=join_id: self._close(jid))
                     return
                 with j.lock:  # not held across the yield: a slow reader blocks no one
@@ -346,19 +346,29 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         except (WireError, ValueError, TypeError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except (WorkerError, ChainError) as e:
-            # the join cannot go on: release its sessions on every worker now
-            self._close_after(j)
-            code = getattr(grpc.StatusCode, getattr(e, "code", ""), grpc.StatusCode.UNAVAILABLE)
-            context.abort(code, str(e))
+            self._fail(j, e, context)
         j.applied = True
         j.last_batch_id = msg.batch_id
         # without flush, rounds still on the workers stay there: they answer meanwhile
-        return self._outputs(j, msg.flush, msg.batch_id)
+        try:
+            return self._outputs(j, msg.flush, msg.batch_id)
+        except (WorkerError, ChainError) as e:
+            self._fail(j, e, context)
 
-    def _pushed(self, j: _Join) -> list[manager_pb2.JoinOutput]:
+    def _fail(self, j: _Join, e: Exception, context) -> None:
+        """A worker (or chain) error the join cannot go on from: release its sessions on
+        every worker now, and end the call with the error's code (UNAVAILABLE if none)."""
+        self._close_after(j)
+        code = getattr(grpc.StatusCode, getattr(e, "code", ""), grpc.StatusCode.UNAVAILABLE)
+        context.abort(code, str(e))
+
+    def _pushed(self, j: _Join, context) -> list[manager_pb2.JoinOutput]:
         """A streaming join's pushed outputs: what completed since the last output (none
         if nothing did)."""
-        return self._outputs(j, False, None)
+        try:
+            return self._outputs(j, False, None)
+        except (WorkerError, ChainError) as e:
+            self._fail(j, e, context)
 
     def _outputs(self, j: _Join, wait: bool, batch_id: int | None
                  ) -> list[manager_pb2.JoinOutput]:
