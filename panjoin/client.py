@@ -6,6 +6,10 @@
     ...     res = c.join(events, window="count:1M,1M", predicate="eq")   # with payloads
     ...     res.r_payload, res.s_payload   # the pairs' payloads
 
+A join belongs to the client that opened it: :meth:`Client.open` keeps the token the
+manager returned with the join id and sends it with every later call on that id (a
+Join stream, Status, Close); :meth:`Client.ref` is the JoinRef to pass to the stub.
+
 ``join`` keeps the events' payloads here and joins them onto the pairs by id, so the
 manager and the workers never hold them (a client of ``stream`` may still send
 payloads in its JoinInputs; the manager then keeps them for it).
@@ -71,11 +75,13 @@ class Result(NamedTuple):
 
 
 def join_input(join_id: str, batch_id: int, chunk, flush: bool = False,
-               watermark: int | None = None) -> manager_pb2.JoinInput:
+               watermark: int | None = None, token: str = "") -> manager_pb2.JoinInput:
     """The JoinInput of one chunk (anything with stream/id/key/ts arrays and optionally
-    ``payload`` and ``key2``); ``watermark``: the client's event-time watermark."""
+    ``payload`` and ``key2``); ``watermark``: the client's event-time watermark;
+    ``token``: the join's (OpenReply.token)."""
     msg = manager_pb2.JoinInput(
-        join_id=join_id, batch_id=batch_id, stream=to_array(np.asarray(chunk.stream, np.uint8)),
+        join_id=join_id, token=token, batch_id=batch_id,
+        stream=to_array(np.asarray(chunk.stream, np.uint8)),
         id=to_array(np.asarray(chunk.id, np.int64)), key=to_array(np.asarray(chunk.key)),
         ts=to_array(np.asarray(chunk.ts, np.int64)), flush=flush)
     to_payloads(getattr(chunk, "payload", None), msg.payload)
@@ -127,7 +133,8 @@ class JoinSession:
              watermark: int | None = None) -> Output:
         """The answer to this batch; on a streaming join, with the pairs the manager
         pushed before it folded in (:func:`fold`)."""
-        self._q.put(join_input(self.join_id, batch_id, chunk, flush, watermark))
+        self._q.put(join_input(self.join_id, batch_id, chunk, flush, watermark,
+                               self.client.token(self.join_id)))
         pushed = []
         while (out := output_of(next(self._out))).pushed:
             pushed.append(out)
@@ -139,7 +146,7 @@ class JoinSession:
         """End the stream and close the join (which the stream's end may have done)."""
         self._q.put(None)
         try:
-            self.client.stub.Close(manager_pb2.JoinRef(join_id=self.join_id), timeout=30)
+            self.client.stub.Close(self.client.ref(self.join_id), timeout=30)
         except grpc.RpcError:
             pass
 
@@ -223,10 +230,12 @@ class LiveJoin:
                 if flush:
                     self._flush_id = bid
                 self._last_sent = time.monotonic()
+            token = self.client.token(self.join_id)
             if chunks:
-                msg = join_input(self.join_id, bid, _concat(chunks), flush)
+                msg = join_input(self.join_id, bid, _concat(chunks), flush, token=token)
             else:
-                msg = manager_pb2.JoinInput(join_id=self.join_id, batch_id=bid, flush=flush)
+                msg = manager_pb2.JoinInput(join_id=self.join_id, token=token, batch_id=bid,
+                                            flush=flush)
             yield msg
 
     def _read(self) -> None:
@@ -293,7 +302,7 @@ class LiveJoin:
             self._ended = True
             self._cond.notify_all()
         try:
-            self.client.stub.Close(manager_pb2.JoinRef(join_id=self.join_id), timeout=30)
+            self.client.stub.Close(self.client.ref(self.join_id), timeout=30)
         except grpc.RpcError:
             pass
         self._reader.join(30)
@@ -325,6 +334,7 @@ class Client:
         self.address = address
         self.channel = grpc.insecure_channel(address, options=OPTIONS)
         self.stub = manager_pb2_grpc.ManagerStub(self.channel)
+        self.tokens: dict[str, str] = {}  # join id -> its token (OpenReply.token)
 
     def __enter__(self):
         return self
@@ -336,10 +346,30 @@ class Client:
         self.channel.close()
 
     def open(self, window: str, predicate: str, index: str = "bisort", **settings) -> str:
-        """Open a join; settings are OpenRequest fields (batch_size, subwindow_size, ...)."""
-        reply = self.stub.Open(manager_pb2.OpenRequest(window=window, predicate=predicate,
-                                                       index=index, **settings))
+        """Open a join; settings are OpenRequest fields (batch_size, subwindow_size, ...).
+        Returns its id; its token stays here (:meth:`token`)."""
+        return self.adopt(self.stub.Open(manager_pb2.OpenRequest(
+            window=window, predicate=predicate, index=index, **settings)))
+
+    def adopt(self, reply: manager_pb2.OpenReply) -> str:
+        """Keep the token of a join opened through the stub; returns its id."""
+        self.tokens[reply.join_id] = reply.token
         return reply.join_id
+
+    def token(self, join_id: str) -> str:
+        """The token of a join this client opened ("" for another's: the manager then
+        refuses the call with PERMISSION_DENIED)."""
+        return self.tokens.get(join_id, "")
+
+    def ref(self, join_id: str) -> manager_pb2.JoinRef:
+        """The JoinRef of ``join_id`` with its token, for Status and Close."""
+        return manager_pb2.JoinRef(join_id=join_id, token=self.token(join_id))
+
+    def close_join(self, join_id: str, timeout: float | None = None):
+        """Flush and close a join; its final JoinStatus."""
+        st = self.stub.Close(self.ref(join_id), timeout=timeout)
+        self.tokens.pop(join_id, None)
+        return st
 
     def stream(self, join_id: str, chunks, first_batch_id: int = 1, flush_last: bool = True):
         """Send arrival-ordered chunks (EventTables, or anything with stream/id/key/ts
@@ -350,8 +380,9 @@ class Client:
         after a crash is safe. The chunks stream without waiting for answers (see
         :meth:`session` for one at a time, :meth:`live` to push and poll)."""
         chunks = list(chunks)
+        token = self.token(join_id)
         inputs = (join_input(join_id, first_batch_id + i, ch,
-                             flush=flush_last and i == len(chunks) - 1)
+                             flush=flush_last and i == len(chunks) - 1, token=token)
                   for i, ch in enumerate(chunks))
         for out in self.stub.Join(inputs):
             yield output_of(out)
@@ -377,8 +408,15 @@ class Client:
                                   key2=None if getattr(events, "key2", None) is None
                                   else events.key2[a:a + chunk])
                   for a in range(0, max(1, n), chunk)]  # no payloads: they stay here
-        outs = list(self.stream(join_id, chunks))
-        self.stub.Close(manager_pb2.JoinRef(join_id=join_id))
+        try:
+            outs = list(self.stream(join_id, chunks))
+            self.close_join(join_id)
+        except BaseException:
+            try:  # a join that failed is released now, not at the manager's idle timeout
+                self.close_join(join_id, timeout=30)
+            except grpc.RpcError:
+                pass
+            raise
         ls = np.concatenate([o.late_stream for o in outs])
         li = np.concatenate([o.late_id for o in outs])
         r = np.concatenate([o.r_id for o in outs])
@@ -390,4 +428,4 @@ class Client:
                       pays[0] if pays else None, pays[1] if pays else None)
 
     def status(self, join_id: str):
-        return self.stub.Status(manager_pb2.JoinRef(join_id=join_id))
+        return self.stub.Status(self.ref(join_id))

@@ -200,7 +200,6 @@ def test_manager_in_its_own_process_gives_the_reference(events):
 
 def test_manager_rejects_bad_specs_and_replays_are_not_applied_twice(manager, events):
     from panjoin.client import Client
-    from panjoin.proto.panjoin.v1 import manager_pb2
 
     with Client(manager) as c:
         with pytest.raises(grpc.RpcError) as err:
@@ -212,7 +211,7 @@ def test_manager_rejects_bad_specs_and_replays_are_not_applied_twice(manager, ev
         first = list(c.stream(jid, [chunk], first_batch_id=5))
         again = list(c.stream(jid, [chunk], first_batch_id=5))  # a replay of batch 5
         assert len(first[0][1]) > 0 and len(again[0][1]) == 0
-        st = c.stub.Close(manager_pb2.JoinRef(join_id=jid))
+        st = c.stub.Close(c.ref(jid))
         assert st.tuples_in == 300 and st.last_batch_id == 5
 
 
@@ -296,17 +295,18 @@ def test_system_benchmark_command_prints_the_rate():
 def test_a_client_that_disconnects_releases_its_join(manager, events):
 
     from panjoin.client import Client
-    from panjoin.proto.panjoin.v1 import manager_pb2
 
     with Client(manager) as c:
         jid = c.open("count:100,100", "eq", "bisort", batch_size=32)
         gen = c.stream(jid, [events.slice(0, 200), events.slice(200, 400)])
         next(gen)  # one answer, then the client goes away mid-stream
         gen.close()
+        token = c.token(jid)
     with Client(manager) as c:
+        c.tokens[jid] = token  # the owner, on a new connection
         wait_join_released(c, jid)
         with pytest.raises(grpc.RpcError):
-            c.stub.Close(manager_pb2.JoinRef(join_id=jid))
+            c.stub.Close(c.ref(jid))
 
 
 def test_a_hung_worker_is_detected_by_its_deadline(events):
@@ -432,8 +432,8 @@ def test_an_answer_too_big_for_one_message_comes_in_parts(manager, monkeypatch):
     with Client(manager) as c:
         res = c.join(t, "count:120,120", "band:1", "bisort", chunk=900)
         jid = c.open("count:120,120", "band:1", "bisort")
-        outs = list(c.stub.Join(iter([join_input(jid, 1, t, flush=True)])))
-        c.stub.Close(manager_pb2.JoinRef(join_id=jid))
+        outs = list(c.stub.Join(iter([join_input(jid, 1, t, flush=True, token=c.token(jid))])))
+        c.stub.Close(c.ref(jid))
     ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:120,120"),
                          parse_predicate("band:1"))
     assert np.array_equal(sort_pairs(np.stack([res.r_id, res.s_id], axis=1)), ref.pairs)

@@ -106,7 +106,7 @@ def test_pairs_are_pushed_without_another_input(manager):
         jid = c.open("count:1K,1K", "eq", "bisort", max_latency_ms=5)
 
         def inputs():
-            yield join_input(jid, 1, t)
+            yield join_input(jid, 1, t, token=c.token(jid))
             hold.wait(30)  # the client's stream stays open, with nothing more on it
 
         call = c.stub.Join(inputs())
@@ -156,7 +156,7 @@ def test_without_a_bound_each_input_gets_one_output(manager, events):
     with Client(manager) as c:
         jid = c.open("count:300,300", "eq", "bisort", batch_size=64)
         outs = list(c.stream(jid, [events.slice(a, a + 300) for a in range(0, 1500, 300)]))
-        st = c.stub.Close(manager_pb2.JoinRef(join_id=jid))
+        st = c.stub.Close(c.ref(jid))
     # an answer of more pairs than one message holds goes out as full pushed parts
     # first (this zipf join's later inputs find over 100K pairs): no other pushes
     assert [o.batch_id for o in outs if not o.pushed] == [1, 2, 3, 4, 5]
@@ -174,7 +174,7 @@ def test_close_and_disconnect_end_the_streaming_loop(manager, events):
         live.flush()
         assert _input_threads()
         with Client(manager) as other:
-            other.stub.Close(manager_pb2.JoinRef(join_id=jid))
+            other.stub.Close(c.ref(jid))
         _wait_no_input_threads()
         live.close()
         # the client goes away mid-stream (its call cancelled): the join is released
@@ -196,13 +196,13 @@ def test_the_managers_default_bound_and_opting_out(workers, events):
             off = c.stub.Open(manager_pb2.OpenRequest(window="count:300,300", predicate="eq",
                                                       max_latency_ms=-1))
             assert on.settings.max_latency_ms == 7 and off.settings.max_latency_ms == 0
-            with c.live(on.join_id) as live:
+            with c.live(c.adopt(on)) as live:
                 live.push(events.slice(0, 900))
                 deadline = time.monotonic() + 2
                 while not (out := live.poll()).r_id.size and time.monotonic() < deadline:
                     time.sleep(0.005)
             assert out.r_id.size > 0  # pushed, never flushed
-            outs = list(c.stream(off.join_id, [events.slice(0, 500), events.slice(500, 900)]))
+            outs = list(c.stream(c.adopt(off), [events.slice(0, 500), events.slice(500, 900)]))
             # pushed only as full parts of an answer too big for one message
             assert [o.batch_id for o in outs if not o.pushed] == [1, 2]
             assert all(len(o.r_id) == OUTPUT_PAIRS for o in outs if o.pushed)

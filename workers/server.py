@@ -9,6 +9,16 @@ command; each session owns its subwindows (and the batches its commands name),
 and closing it releases them. A bad command gets a Feedback with ``code =
 INVALID_ARGUMENT`` (or ``NOT_FOUND``) and the reason, and changes nothing.
 
+Sessions are bounded, so that no number of idle or abandoned streams starves the
+joins (each session holds one of the server's threads while it lives): at most
+``max_sessions`` at once (one more is refused with RESOURCE_EXHAUSTED at once, and its
+join fails fast with that), the thread pool has room for all of them plus Status and
+health, and a session that sends no message for ``idle_timeout`` seconds is ended
+(DEADLINE_EXCEEDED) and releases what it held. A manager keeps its idle joins'
+sessions alive with empty messages. Each session's subwindows reserve their estimated
+bytes (:func:`panjoin.limits.subwindow_bytes`) against the worker's ``memory_limit``;
+a Create beyond it is refused with RESOURCE_EXHAUSTED.
+
     panjoin worker --port 50051 --threads 2
     panjoin worker --port 50052 --index-backend opencl --device pocl
     panjoin worker --port 50053 --null      # holds nothing: the manager's ceiling
@@ -17,6 +27,7 @@ INVALID_ARGUMENT`` (or ``NOT_FOUND``) and the reason, and changes nothing.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 
@@ -26,68 +37,167 @@ import numba
 from panjoin import codec
 from panjoin.backend import LocalBackend, NullBackend, SortedBatch
 from panjoin.config import tune_allocator
+from panjoin.limits import MAX_PARTITIONS, default_memory_limit, fmt, subwindow_bytes
 from panjoin.proto.panjoin.v1 import worker_pb2, worker_pb2_grpc
 from panjoin.serving import start_server
 from panjoin.wire import WireError, to_array
 
 log = logging.getLogger("panjoin.worker")
 
+#: sessions a worker holds at once by default (a join holds one on each worker)
+MAX_SESSIONS = 64
+#: seconds a session may send nothing before the worker ends it, by default
+IDLE_TIMEOUT_S = 600.0
+#: server threads besides the sessions' (Status, health checks, reflection, refusals)
+SPARE_THREADS = 8
+
+
+class ResourceExhausted(Exception):
+    """A command that would take the worker past its memory budget."""
+
+
+class _Session:
+    """What one session holds: its backend, the batches its commands name, and the
+    bytes each of its subwindows reserves."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.batches: dict[int, SortedBatch] = {}
+        self.reserved: dict[int, int] = {}  # sub_id -> bytes
+
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def __init__(self, threads: int = 1, index_backend: str = "numba", device: str | None = None,
-                 null: bool = False):
+                 null: bool = False, max_sessions: int = MAX_SESSIONS,
+                 idle_timeout: float = IDLE_TIMEOUT_S, memory_limit: int | None = None):
+        if max_sessions < 1:
+            raise ValueError(f"max sessions must be >= 1, got {max_sessions}")
+        if not idle_timeout > 0:
+            raise ValueError(f"idle timeout must be a positive number of s, got {idle_timeout}")
+        self.max_sessions = max_sessions
+        self.idle_timeout = idle_timeout
+        self.memory_limit = int(memory_limit) if memory_limit else default_memory_limit()
         self.threads = threads
         # "opencl": the manager's "bisort" subwindows become OpenCL ones (opencl/) on device
         self.index_backend = index_backend
         self.device = device
         self.null = null
         self.lock = threading.Lock()
-        self.sessions: dict[int, LocalBackend] = {}
+        self.sessions: dict[int, _Session] = {}
+        self.reserved = 0  # bytes reserved by every session's subwindows
         self.commands = 0
         self._next = 0
 
     # ------------------------------------------------------------------ rpcs
 
     def Session(self, request_iterator, context):
-        # Numba's thread count is per calling thread: without this a session's parallel
-        # kernels would use every core, and idle team threads spin
-        numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
-        backend = (NullBackend if self.null else LocalBackend)(self.threads)
-        batches: dict[int, SortedBatch] = {}  # the batches later commands may name
         with self.lock:
-            sid = self._next
-            self._next += 1
-            self.sessions[sid] = backend
-        log.info("session %d opened by %s", sid, context.peer())
+            if len(self.sessions) >= self.max_sessions:
+                full = True
+            else:
+                full = False
+                sid = self._next
+                self._next += 1
+                sess = self.sessions[sid] = _Session(None)
+        if full:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"worker holds {self.max_sessions} sessions, its --max-sessions: "
+                          "close joins (idle ones end after its --idle-timeout of "
+                          f"{self.idle_timeout:g} s) or raise --max-sessions")
         try:
-            for cmds in request_iterator:
-                out = worker_pb2.Feedbacks()
-                for cmd in cmds.commands:
-                    self.handle(backend, cmd, batches, out.feedback.add())
-                if out.feedback:  # the session's status once per message, after the last
-                    out.feedback[-1].load.CopyFrom(self._load(backend))
-                yield out
+            # Numba's thread count is per calling thread: without this a session's parallel
+            # kernels would use every core, and idle team threads spin
+            numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
+            sess.backend = (NullBackend if self.null else LocalBackend)(self.threads)
+            context.send_initial_metadata((
+                ("panjoin-idle-timeout", f"{self.idle_timeout:g}"),
+                ("panjoin-memory-free", str(max(0, self.memory_limit - self.reserved)))))
+            log.info("session %d opened by %s", sid, context.peer())
+            yield from self._serve(sess, request_iterator, context)
         finally:
             with self.lock:
                 self.sessions.pop(sid, None)
-            backend.close()
+                self.reserved -= sum(sess.reserved.values())
+            if sess.backend is not None:
+                sess.backend.close()
             log.info("session %d closed", sid)
+
+    def _serve(self, sess: _Session, request_iterator, context):
+        """Answer the session's messages until it ends or sends none for idle_timeout.
+        The messages come through a reader thread: a server thread blocked on the
+        stream could not otherwise notice idleness."""
+        inbox: queue.SimpleQueue = queue.SimpleQueue()
+        end = object()
+
+        def read():
+            try:
+                for m in request_iterator:
+                    inbox.put(m)
+            except Exception:  # grpc.RpcError: the manager went away
+                pass
+            inbox.put(end)
+
+        threading.Thread(target=read, daemon=True, name="session-reader").start()
+        while True:
+            try:
+                cmds = inbox.get(timeout=self.idle_timeout)
+            except queue.Empty:
+                log.warning("session idle for %g s: ending it", self.idle_timeout)
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                              f"session sent nothing for {self.idle_timeout:g} s (the "
+                              "worker's --idle-timeout): ended, its subwindows released")
+            if cmds is end:
+                return
+            out = worker_pb2.Feedbacks()
+            for cmd in cmds.commands:
+                self.handle(sess.backend, cmd, sess.batches, out.feedback.add(), sess)
+            if out.feedback:  # the session's status once per message, after the last
+                out.feedback[-1].load.CopyFrom(self._load(sess.backend))
+            yield out
 
     def Status(self, request, context):
         with self.lock:
-            backends = list(self.sessions.values())
-        subs = [st for b in backends for st in b.subs.values()]
+            backends = [s.backend for s in self.sessions.values() if s.backend is not None]
+            n, reserved = len(self.sessions), self.reserved
+        subs = [st for b in backends for st in list(b.subs.values())]
         return worker_pb2.WorkerStatus(subwindows=len(subs), tuples=sum(len(s) for s in subs),
                                        nbytes=sum(s.nbytes for s in subs),
-                                       sessions=len(backends), commands=self.commands,
-                                       threads=self.threads)
+                                       sessions=n, commands=self.commands,
+                                       threads=self.threads, memory_limit=self.memory_limit,
+                                       memory_reserved=reserved)
+
+    # ------------------------------------------------------------------ memory
+
+    def _reserve(self, sess: _Session | None, sub_id: int, nbytes: int) -> None:
+        """Reserve ``nbytes`` for subwindow ``sub_id`` of ``sess`` (replacing what it had),
+        or raise ResourceExhausted, naming the numbers."""
+        if sess is None:
+            return
+        with self.lock:
+            old = sess.reserved.get(sub_id, 0)
+            if self.reserved - old + nbytes > self.memory_limit:
+                raise ResourceExhausted(
+                    f"subwindow {sub_id} needs about {fmt(nbytes)}, and this worker has "
+                    f"{fmt(self.memory_limit - self.reserved + old)} of its "
+                    f"{fmt(self.memory_limit)} budget left (--memory-limit): use a smaller "
+                    "window or subwindow_size, more workers, or raise --memory-limit")
+            sess.reserved[sub_id] = nbytes
+            self.reserved += nbytes - old
+
+    def _release(self, sess: _Session | None, sub_id: int) -> None:
+        if sess is None:
+            return
+        with self.lock:
+            self.reserved -= sess.reserved.pop(sub_id, 0)
 
     # ------------------------------------------------------------------ commands
 
     def handle(self, backend: LocalBackend, cmd: worker_pb2.Command,
                batches: dict[int, SortedBatch] | None = None,
-               fb: worker_pb2.Feedback | None = None) -> worker_pb2.Feedback:
-        """Carry out one command; its answer goes into ``fb`` (a new Feedback if None)."""
+               fb: worker_pb2.Feedback | None = None,
+               sess: _Session | None = None) -> worker_pb2.Feedback:
+        """Carry out one command; its answer goes into ``fb`` (a new Feedback if None).
+        ``sess``: the session whose memory reservations it changes (None: no budget)."""
         t0 = time.thread_time()
         self.commands += 1
         fb = worker_pb2.Feedback() if fb is None else fb
@@ -97,7 +207,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if kind is None:
                 raise ValueError("empty command: set create, insert, probe, expire or promote")
             getattr(self, "_" + kind)(backend, getattr(cmd, kind), fb,
-                                      batches if batches is not None else {})
+                                      batches if batches is not None else {}, sess)
+        except ResourceExhausted as e:
+            fb.error, fb.code = str(e), "RESOURCE_EXHAUSTED"
+        except MemoryError as e:
+            fb.error, fb.code = f"out of memory: {e}", "RESOURCE_EXHAUSTED"
         except codec.NotFound as e:
             fb.error, fb.code = str(e), "NOT_FOUND"
         except (WireError, ValueError, TypeError) as e:
@@ -142,24 +256,32 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                  "commands that name it")
         return b
 
-    def _create(self, backend: LocalBackend, c: worker_pb2.Create, fb, batches) -> None:
+    def _create(self, backend: LocalBackend, c: worker_pb2.Create, fb, batches, sess) -> None:
         spec = codec.decode_create(c)
         if spec.sub_id in backend.subs:
             raise ValueError(f"subwindow id {spec.sub_id} exists")
+        if spec.partitions > MAX_PARTITIONS:
+            raise ValueError(f"partitions {spec.partitions} is above {MAX_PARTITIONS}")
+        self._reserve(sess, spec.sub_id, subwindow_bytes(spec.kind, spec.capacity,
+                                                         spec.partitions, spec.backup))
         if self.index_backend == "opencl" and spec.kind == "bisort":
             spec.kind = "bisort-opencl"  # same layout and results: the manager cannot tell
             if self.device:
                 spec.opts.setdefault("device", self.device)
-        backend.create(spec)
+        try:
+            backend.create(spec)
+        except BaseException:
+            self._release(sess, spec.sub_id)
+            raise
         fb.status.CopyFrom(worker_pb2.SubwindowStatus(sub_id=c.sub_id, empty=True))
 
-    def _batch(self, backend: LocalBackend, c: worker_pb2.Batch, fb, batches) -> None:
+    def _batch(self, backend: LocalBackend, c: worker_pb2.Batch, fb, batches, sess) -> None:
         batch = codec.decode_batch(c)
         for old in [b for b in batches if b < c.release_below]:
             del batches[old]
         batches[batch.batch_id] = batch
 
-    def _insert(self, backend: LocalBackend, c: worker_pb2.Insert, fb, batches) -> None:
+    def _insert(self, backend: LocalBackend, c: worker_pb2.Insert, fb, batches, sess) -> None:
         st = self._store(backend, c.sub_id)
         batch = self._batch_of(batches, c.batch_id)
         codec.check_batch_for(batch, backend.streams[c.sub_id], backend.key_dtype(c.sub_id),
@@ -171,7 +293,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if spl is not None:
             fb.status.successor_splitters.CopyFrom(to_array(spl))
 
-    def _probe(self, backend: LocalBackend, c: worker_pb2.Probe, fb, batches) -> None:
+    def _probe(self, backend: LocalBackend, c: worker_pb2.Probe, fb, batches, sess) -> None:
         batch = self._batch_of(batches, c.batch_id)
         for sub_id in c.sub_ids:
             self._store(backend, sub_id)
@@ -195,25 +317,33 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             fb.results.append(codec.encode_answer(sub_id, pidx, ids,
                                                   seq if req.want_seq else None))
 
-    def _expire(self, backend: LocalBackend, c: worker_pb2.Expire, fb, batches) -> None:
+    def _expire(self, backend: LocalBackend, c: worker_pb2.Expire, fb, batches, sess) -> None:
         self._store(backend, c.sub_id)
         backend.expire(c.sub_id)
+        self._release(sess, c.sub_id)
         fb.status.CopyFrom(worker_pb2.SubwindowStatus(sub_id=c.sub_id, empty=True))
 
-    def _promote(self, backend: LocalBackend, c: worker_pb2.Promote, fb, batches) -> None:
+    def _promote(self, backend: LocalBackend, c: worker_pb2.Promote, fb, batches, sess
+                 ) -> None:
         st = self._store(backend, c.sub_id)
+        self._reserve(sess, c.sub_id, subwindow_bytes(st.kind, st.capacity, st.partitions))
         backend.promote(c.sub_id)
         fb.status.CopyFrom(worker_pb2.SubwindowStatus(sub_id=c.sub_id, count=len(st),
                                                       full=st.full, nbytes=st.nbytes))
 
 
 def serve(port: int = 0, threads: int = 1, host: str = "127.0.0.1", index_backend: str = "numba",
-          device: str | None = None, null: bool = False) -> tuple[grpc.Server, int]:
+          device: str | None = None, null: bool = False, max_sessions: int = MAX_SESSIONS,
+          idle_timeout: float = IDLE_TIMEOUT_S, memory_limit: int | None = None
+          ) -> tuple[grpc.Server, int]:
     """Start a worker server; returns it and the bound port (``port=0`` picks a free one).
     ``index_backend="opencl"`` serves BI-Sort subwindows from an OpenCL ``device``;
-    ``null`` holds nothing and answers every probe empty (the manager's ceiling)."""
+    ``null`` holds nothing and answers every probe empty (the manager's ceiling).
+    ``max_sessions``, ``idle_timeout`` (s), ``memory_limit`` (bytes; None: the default
+    share of the host's memory) bound what sessions may hold (see the module doc)."""
     tune_allocator()
-    servicer = WorkerServicer(threads, index_backend, device, null)
+    servicer = WorkerServicer(threads, index_backend, device, null, max_sessions, idle_timeout,
+                              memory_limit)
     return start_server(lambda srv: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, srv),
                         worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name, port, host,
-                        max_workers=8)
+                        max_workers=max_sessions + SPARE_THREADS)

@@ -418,7 +418,7 @@ def _live_target(cluster, topology, window, predicate, index, max_latency_ms, ba
         window=window, predicate=predicate, index=index,
         max_latency_ms=max_latency_ms or 0.0, **opts))
     st = reply.settings
-    target = LiveTarget(client, reply.join_id,
+    target = LiveTarget(client, client.adopt(reply),
                         "handshake" if topology == "handshake" else "cluster")
     return target, dict(nsub=st.subwindow_size, partitions=st.partitions,
                         nbat=st.batch_size)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from panjoin.cli.options import add_common, add_topology, check_topology
+from panjoin.cli.options import add_common, add_topology, check_topology, size
 from panjoin.serving import serve_until_stopped
 
 log = logging.getLogger("panjoin")
@@ -26,6 +26,7 @@ def add_parser(sub) -> None:
     p.add_argument("--port", type=int, default=50050, help="manager port, 0 for any free one")
     p.add_argument("--threads", type=int, default=1, help="probe threads per worker")
     add_max_latency(p)
+    add_idle_timeout(p)
     add_topology(p)
     add_common(p)
     p.set_defaults(run=run_cluster)
@@ -38,6 +39,7 @@ def add_parser(sub) -> None:
     p.add_argument("--port", type=int, default=50050, help="port, 0 for any free one")
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     add_max_latency(p)
+    add_idle_timeout(p)
     add_topology(p)
     add_common(p)
     p.set_defaults(run=run_manager)
@@ -60,6 +62,17 @@ def add_parser(sub) -> None:
     p.add_argument("--null", action="store_true",
                    help="hold nothing and answer every probe empty: a cluster of null workers "
                         "measures the manager's own ceiling")
+    p.add_argument("--max-sessions", type=int, default=64, metavar="N",
+                   help="sessions (one per join and manager) held at once; one more is "
+                        "refused with RESOURCE_EXHAUSTED (default: %(default)s)")
+    p.add_argument("--idle-timeout", type=float, default=600.0, metavar="S",
+                   help="end a session that sends nothing for S seconds, releasing what it "
+                        "holds (a manager keeps its joins' sessions alive; default: "
+                        "%(default)s)")
+    p.add_argument("--memory-limit", type=size, metavar="BYTES",
+                   help="memory budget for subwindows (K/M/G suffixes); a join or subwindow "
+                        "beyond it is refused with RESOURCE_EXHAUSTED (default: 80%% of the "
+                        "host's MemAvailable at start)")
     add_common(p)
     p.set_defaults(run=run_worker)
 
@@ -72,6 +85,12 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=1, help="scan threads (default: %(default)s)")
     add_common(p)
     p.set_defaults(run=run_handshake_node)
+
+
+def add_idle_timeout(p) -> None:
+    p.add_argument("--idle-timeout", type=float, default=300.0, metavar="S",
+                   help="close a join that has had no Join stream and no call for S seconds "
+                        "(a client that opened it and vanished; default: %(default)s)")
 
 
 def add_max_latency(p) -> None:
@@ -94,7 +113,8 @@ def run_cluster(args) -> int:
                                      fifo=args.fifo, segment=args.segment,
                                      replicas=args.replicas, max_latency_ms=args.max_latency,
                                      fast_forward=args.fast_forward,
-                                     worker_timeout=args.worker_timeout)
+                                     worker_timeout=args.worker_timeout,
+                                     idle_timeout=args.idle_timeout)
     except BaseException:
         cluster.stop()
         raise
@@ -121,7 +141,8 @@ def run_manager(args) -> int:
     server, port = serve_manager(addrs, args.port, args.host, topology=args.topology,
                                  fifo=args.fifo, segment=args.segment, replicas=args.replicas,
                                  max_latency_ms=args.max_latency, fast_forward=args.fast_forward,
-                                 worker_timeout=args.worker_timeout)
+                                 worker_timeout=args.worker_timeout,
+                                 idle_timeout=args.idle_timeout)
     print(f"{MANAGER_READY}{args.host}:{port}, workers {', '.join(addrs)}", flush=True)
     return serve_until_stopped(lambda: server.stop(grace=2).wait())
 
@@ -140,8 +161,14 @@ def run_worker(args) -> int:
             print(f"panjoin worker: {e}", file=sys.stderr)
             return 2
         log.info("BI-Sort subwindows on OpenCL device %s", rt.name)
-    server, port = serve(args.port, args.threads, args.host, index_backend=args.index_backend,
-                         device=args.device, null=args.null)
+    try:
+        server, port = serve(args.port, args.threads, args.host,
+                             index_backend=args.index_backend, device=args.device,
+                             null=args.null, max_sessions=args.max_sessions,
+                             idle_timeout=args.idle_timeout, memory_limit=args.memory_limit)
+    except ValueError as e:
+        print(f"panjoin worker: {e}", file=sys.stderr)
+        return 2
     print(f"{READY}{args.host}:{port}", flush=True)
     log.info("worker serving on %s:%d with %d threads", args.host, port, args.threads)
     return serve_until_stopped(lambda: server.stop(grace=2).wait())

@@ -47,6 +47,13 @@ failover, half the worker memory and insert traffic).
 Example: subwindow #0 on A (primary) and B (backup); commands 1 insert(#0) to
 both, 2 probe(#0, seq < 64) to A; A dies with 2 unanswered. B promotes #0 and
 answers probe 2 with the tuples of seq < 64.
+
+Session life cycle: a worker accepts a session by sending its initial metadata (its
+idle timeout and free memory budget, read by :meth:`GrpcBackend.connect`) or refuses
+it (RESOURCE_EXHAUSTED: at its session cap); it ends a session that sends nothing for
+its idle timeout, so an idle join's sessions get an empty message every third of it
+(:meth:`GrpcBackend.keepalive`). :meth:`GrpcBackend.close` ends every session, which
+releases all it holds on its worker.
 """
 
 from __future__ import annotations
@@ -141,6 +148,12 @@ class _Session:
         self.deadline = deadline
         self.alive = True
         self.why = ""
+        self.code = ""  # the status code name of a stream that ended (e.g. refused)
+        # set once the worker accepted the session (its initial metadata: idle timeout,
+        # free memory) or the stream ended
+        self.accepted = threading.Event()
+        self.meta: dict[str, str] = {}
+        self.last_sent = time.monotonic()
         self.load = worker_pb2.WorkerLoad()
         self.channel = grpc.insecure_channel(address, options=OPTIONS)
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
@@ -165,6 +178,9 @@ class _Session:
     def _read(self) -> None:
         """Match each feedback to its call (the worker answers in order)."""
         try:
+            self.meta = dict(self.responses.initial_metadata() or ())
+            if "panjoin-idle-timeout" in self.meta:  # else it refused: the loop raises
+                self.accepted.set()
             for fbs in self.responses:
                 with self.lock:
                     if not self.alive:  # declared dead (deadline): its calls are replayed
@@ -183,7 +199,17 @@ class _Session:
             why = "the worker closed its stream"
         except grpc.RpcError as e:
             why = f"{e.code().name}: {e.details()}"
+            self.code = e.code().name
         self.down(why)
+        self.accepted.set()
+
+    def keepalive(self) -> None:
+        """Send an empty message if the session sent nothing for a third of the worker's
+        idle timeout (the worker ends a session idle that long)."""
+        idle = float(self.meta.get("panjoin-idle-timeout", 0) or 0)
+        if self.alive and idle and time.monotonic() - self.last_sent > idle / 3:
+            self.last_sent = time.monotonic()
+            self.requests.put(b"")
 
     def heartbeat(self) -> bool:
         """Does the worker's process answer at all? Its health service runs on another
@@ -224,6 +250,7 @@ class _Session:
             if not self.outbox.nbytes:
                 return
             out, self.outbox = self.outbox, Encoded(worker_pb2.Commands)
+            self.last_sent = time.monotonic()
         self.requests.put(out.tobytes())
 
     def down(self, why: str) -> None:
@@ -619,6 +646,29 @@ class GrpcBackend:
         for s in self.sessions:
             if s.alive:
                 s.flush()
+
+    def connect(self, timeout: float) -> int:
+        """Wait (at most ``timeout`` s) until every worker accepted its session; returns
+        the least memory free on one of them (bytes; -1 if none said). A worker that
+        refused the session (RESOURCE_EXHAUSTED: at its --max-sessions) fails the join
+        now; one that is down only if none is up (the join goes on without it)."""
+        end = time.monotonic() + timeout
+        for s in self.sessions:
+            s.accepted.wait(max(0.0, end - time.monotonic()))
+        for s in self.sessions:
+            if s.code == "RESOURCE_EXHAUSTED":
+                raise WorkerError(s.why, s.code)
+        if not self.alive_workers():
+            raise WorkerError("every worker is down: " + "; ".join(s.why for s in self.sessions),
+                              "UNAVAILABLE")
+        free = [int(s.meta["panjoin-memory-free"]) for s in self.sessions
+                if s.alive and "panjoin-memory-free" in s.meta]
+        return min(free) if free else -1
+
+    def keepalive(self) -> None:
+        """Keep idle sessions open (see :meth:`_Session.keepalive`)."""
+        for s in self.sessions:
+            s.keepalive()
 
     def nbytes(self) -> int:
         """Bytes the workers hold for this join (backups included), as of their last

@@ -10,20 +10,36 @@ A join with a latency bound (``OpenRequest.max_latency_ms``, or the manager's
 the answers (:mod:`panjoin.manager.streaming`); without one, each input gets exactly
 one output.
 
+A join belongs to the client that opened it: Open returns an unguessable token
+(``secrets.token_urlsafe``) that Join's first message, Status and Close must carry;
+another caller gets PERMISSION_DENIED and touches nothing. Every join ends: Close; a
+client that goes away during a Join stream (cancels, disconnects); an error the join
+cannot go on from (a worker's); or ``idle_timeout`` seconds with no Join stream
+attached and no call (a client that opened it and vanished, or half-closed its stream
+and never came back: a client may legitimately open another Join stream, e.g. to
+replay after a crash). A background reaper closes idle joins and keeps the worker
+sessions of the others alive. Open checks every number (:mod:`panjoin.limits`) and
+the join's memory estimate against the workers' budgets before it keeps anything;
+whatever fails after the workers were asked releases their sessions.
+
     panjoin manager --workers 127.0.0.1:50051,127.0.0.1:50052 --port 50050
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
+import secrets
 import threading
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 import pyarrow as pa
 
+from panjoin import limits
 from panjoin.handshake.chain import ChainError
 from panjoin.manager.engine import JoinEngine
 from panjoin.manager.grpc_backend import GrpcBackend, WorkerError
@@ -109,12 +125,24 @@ def _joined(run):
     return (np.concatenate([p[0] for p in run]), np.concatenate([p[1] for p in run]), *pays)
 
 
+#: seconds a join may have no Join stream and no call before the manager closes it
+IDLE_TIMEOUT_S = 300.0
+
+
+class _Unconnected:
+    """The engine's backend until Open has checked everything: no worker is asked
+    before that."""
+
+
 @dataclass
 class _Join:
     engine: JoinEngine
     backend: GrpcBackend
     settings: manager_pb2.OpenRequest
     lock: threading.Lock
+    token: str = ""
+    attached: int = 0  # Join streams of its owner in progress
+    last_used: float = field(default_factory=time.monotonic)  # end of its last call
     last_batch_id: int = 0
     applied: bool = False
     closed: bool = False
@@ -127,7 +155,8 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
     def __init__(self, workers: list[str], threads: int = 1, topology: str = "ring",
                  fifo: int = 1 << 16, segment: str = "nested", replicas: int = 2,
                  max_latency_ms: float | None = None, fast_forward: bool = False,
-                 worker_timeout: float = 60.0):
+                 worker_timeout: float = 60.0, idle_timeout: float = IDLE_TIMEOUT_S,
+                 max_input_tuples: int = limits.MAX_INPUT_TUPLES):
         if not workers:
             raise ValueError("the manager needs at least one worker address")
         if topology not in ("ring", "handshake"):
@@ -146,19 +175,44 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         if max_latency_ms is not None and not max_latency_ms > 0:
             raise ValueError(f"max latency must be a positive number of ms, got {max_latency_ms}")
         self.max_latency_ms = max_latency_ms  # for joins opened without one
+        if not idle_timeout > 0:
+            raise ValueError(f"idle timeout must be a positive number of s, got {idle_timeout}")
+        self.idle_timeout = idle_timeout
+        self.max_input_tuples = max_input_tuples
         self.joins: dict[str, _Join] = {}
         self.lock = threading.Lock()
+        self._reaper = threading.Thread(target=self._reap, daemon=True, name="join-reaper")
+        self._reaper.start()
+
+    # ------------------------------------------------------------------ life cycle
+
+    def _reap(self) -> None:
+        """Close joins idle for idle_timeout (no stream attached, no call); keep the
+        worker sessions of the others open (their workers end idle sessions)."""
+        tick = min(1.0, self.idle_timeout / 4)
+        while True:
+            time.sleep(tick)
+            now = time.monotonic()
+            with self.lock:
+                joins = list(self.joins.items())
+            for jid, j in joins:
+                if j.attached == 0 and now - j.last_used > self.idle_timeout:
+                    log.warning("join %s idle for %g s (no Join stream, no call): closing it",
+                                jid, self.idle_timeout)
+                    self._close(jid)
+                elif hasattr(j.backend, "keepalive"):
+                    j.backend.keepalive()
 
     def Open(self, request, context):
         try:
+            limits.check_open(request)
             window = parse_window(request.window, request.allowed_lateness)
+            limits.check_window(window)
             pred = parse_predicate(request.predicate)
             fmt = "ranges" if request.result_format == 1 else "pairs"
             bound = self._bound(request)
             if self.topology == "handshake":
                 return self._open_handshake(request, window, pred, bound)
-            backend = GrpcBackend(self.workers, deadline=self.worker_timeout,
-                                  result_format=fmt, replicas=self.replicas)
             engine = JoinEngine(
                 window, pred, index=request.index or "bisort",
                 key_dtype=request.key_dtype or None,
@@ -168,9 +222,22 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                 batch_size=request.batch_size or (None if bound else 32768),
                 max_lag=request.max_lag or None,
                 max_collect_ms=request.max_collect_ms or None, max_latency_ms=bound,
-                threads=self.threads, backend=backend, n_workers=len(self.workers))
-        except (SpecError, ValueError, TypeError) as e:
+                threads=self.threads, backend=_Unconnected(), n_workers=len(self.workers))
+            limits.check_sizes(engine.nsub, engine.partitions)
+        except (SpecError, ValueError, TypeError, OverflowError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        # everything checked: now the workers are asked, and released on any failure
+        backend = GrpcBackend(self.workers, deadline=self.worker_timeout,
+                              result_format=fmt, replicas=self.replicas)
+        try:
+            self._check_memory(backend, engine, window)
+        except WorkerError as e:
+            backend.close()
+            context.abort(getattr(grpc.StatusCode, e.code, grpc.StatusCode.UNAVAILABLE), str(e))
+        except BaseException:
+            backend.close()
+            raise
+        engine.backend = backend
         settings = manager_pb2.OpenRequest()
         settings.CopyFrom(request)
         settings.index = engine.index
@@ -179,13 +246,36 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         settings.batch_size = engine.batch_size
         settings.max_lag = engine.max_lag
         settings.max_latency_ms = bound or 0.0
+        return self._register(_Join(engine, backend, settings, threading.RLock(),
+                                    streaming=bound is not None),
+                              f"{window} on {pred}, index {engine.index}"
+                              + (f", max latency {bound:g} ms" if bound else ""))
+
+    def _register(self, j: _Join, what: str) -> manager_pb2.OpenReply:
+        """Keep an opened join under a new id and token; its OpenReply."""
         join_id = uuid.uuid4().hex[:12]
+        j.token = secrets.token_urlsafe(24)
+        j.last_used = time.monotonic()
         with self.lock:
-            self.joins[join_id] = _Join(engine, backend, settings, threading.RLock(),
-                                        streaming=bound is not None)
-        log.info("join %s opened: %s on %s, index %s%s", join_id, window, pred, engine.index,
-                 f", max latency {bound:g} ms" if bound else "")
-        return manager_pb2.OpenReply(join_id=join_id, settings=settings)
+            self.joins[join_id] = j
+        log.info("join %s opened: %s", join_id, what)
+        return manager_pb2.OpenReply(join_id=join_id, token=j.token, settings=j.settings)
+
+    def _check_memory(self, backend: GrpcBackend, engine: JoinEngine, window) -> None:
+        """Connect the join's worker sessions and check its estimate against the least
+        memory free on a worker; raises WorkerError (RESOURCE_EXHAUSTED) naming both."""
+        free = backend.connect(self.worker_timeout)
+        alive = len(backend.alive_workers())
+        need = limits.join_bytes_per_worker(window, engine.nsub, engine.partitions,
+                                            engine.index, alive, backend.replicas)
+        if free >= 0 and need > free:
+            raise WorkerError(
+                f"the join needs about {limits.fmt(need)} on each of {alive} workers (window "
+                f"{window}, subwindow_size {engine.nsub}, partitions {engine.partitions}, "
+                f"index {engine.index}, replicas {backend.replicas}), but a worker has "
+                f"{limits.fmt(free)} of its memory budget free: use a smaller window or "
+                "subwindow_size, more workers, or raise their --memory-limit",
+                "RESOURCE_EXHAUSTED")
 
     def _bound(self, request) -> float | None:
         """The join's latency bound: its own, else the manager's default; none if negative."""
@@ -208,32 +298,38 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         # under a bound the chain collects its input for a share of it (a run per stream
         # and deadline, not a message per client chunk) and streams its pairs out
         settings.max_latency_ms = bound or 0.0
-        join_id = uuid.uuid4().hex[:12]
-        with self.lock:
-            self.joins[join_id] = _Join(chain, chain, settings, threading.RLock(),
-                                        streaming=bound is not None)
-        log.info("join %s opened on a %d-node handshake chain: %s on %s", join_id,
-                 len(self.workers), window, pred)
-        return manager_pb2.OpenReply(join_id=join_id, settings=settings)
+        return self._register(_Join(chain, chain, settings, threading.RLock(),
+                                    streaming=bound is not None),
+                              f"{window} on {pred}, a {len(self.workers)}-node handshake chain")
 
-    def _get(self, join_id: str, context) -> _Join:
+    def _get(self, join_id: str, token: str, context) -> _Join:
+        """The join, if ``token`` is its own (NOT_FOUND, PERMISSION_DENIED otherwise)."""
         with self.lock:
             j = self.joins.get(join_id)
         if j is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown join {join_id!r}; Open one first")
+        if not hmac.compare_digest(token.encode(), j.token.encode()):
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"join {join_id!r} belongs to the client that opened it: send the "
+                          "token its Open returned")
         return j
 
     def Join(self, request_iterator, context):
-        join_id = None
+        join_id = None  # set once the stream proved it is the owner's
+        j = None
         try:
             for msg in request_iterator:
                 if join_id is None:
+                    j = self._get(msg.join_id, msg.token, context)
                     join_id = msg.join_id
-                j = self._get(join_id, context)
+                    with self.lock:
+                        j.attached += 1
+                elif j.closed:
+                    context.abort(grpc.StatusCode.NOT_FOUND, f"join {join_id!r} is closed")
                 if j.streaming:  # the loop takes the stream over, inputs and all
                     yield from stream_join(j, msg, request_iterator, context,
                                            lambda m, j=j: self._apply(j, m, context),
-                                           lambda j=j: self._pushed(j),
+                                           lambda j=j: self._pushed(j, context),
                                            lambda jid=join_id: self._close(jid))
                     return
                 with j.lock:  # not held across the yield: a slow reader blocks no one
@@ -242,6 +338,10 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                     outs = self._apply(j, msg, context)
                 yield from outs
         finally:
+            if j is not None:
+                with self.lock:
+                    j.attached -= 1
+                    j.last_used = time.monotonic()
             if join_id is not None and not context.is_active():
                 self._close(join_id)  # the client went away: release the join
 
@@ -250,6 +350,14 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         many for one message (:func:`output_parts`)."""
         if j.applied and msg.batch_id <= j.last_batch_id:
             return [manager_pb2.JoinOutput(batch_id=msg.batch_id, duplicate=True)]
+        if not context.is_active():  # the client's deadline passed, or it went away
+            context.abort(grpc.StatusCode.CANCELLED, "the client is gone; the input was "
+                          "not applied")
+        n = max(len(msg.stream.data), len(msg.id.data) // 8)  # before decoding any
+        if n > self.max_input_tuples:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"{n} tuples in one JoinInput; send at most "
+                          f"{self.max_input_tuples} a message (split the batch)")
         try:
             stream = from_array(msg.stream, "|u1", "stream")
             ids = from_array(msg.id, "<i8", "id")
@@ -276,16 +384,29 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         except (WireError, ValueError, TypeError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except (WorkerError, ChainError) as e:
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+            self._fail(j, e, context)
         j.applied = True
         j.last_batch_id = msg.batch_id
         # without flush, rounds still on the workers stay there: they answer meanwhile
-        return self._outputs(j, msg.flush, msg.batch_id)
+        try:
+            return self._outputs(j, msg.flush, msg.batch_id)
+        except (WorkerError, ChainError) as e:
+            self._fail(j, e, context)
 
-    def _pushed(self, j: _Join) -> list[manager_pb2.JoinOutput]:
+    def _fail(self, j: _Join, e: Exception, context) -> None:
+        """A worker (or chain) error the join cannot go on from: release its sessions on
+        every worker now, and end the call with the error's code (UNAVAILABLE if none)."""
+        self._close_after(j)
+        code = getattr(grpc.StatusCode, getattr(e, "code", ""), grpc.StatusCode.UNAVAILABLE)
+        context.abort(code, str(e))
+
+    def _pushed(self, j: _Join, context) -> list[manager_pb2.JoinOutput]:
         """A streaming join's pushed outputs: what completed since the last output (none
         if nothing did)."""
-        return self._outputs(j, False, None)
+        try:
+            return self._outputs(j, False, None)
+        except (WorkerError, ChainError) as e:
+            self._fail(j, e, context)
 
     def _outputs(self, j: _Join, wait: bool, batch_id: int | None
                  ) -> list[manager_pb2.JoinOutput]:
@@ -340,16 +461,26 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
     def Status(self, request, context):
-        j = self._get(request.join_id, context)
+        j = self._get(request.join_id, request.token, context)
+        j.last_used = time.monotonic()
         with j.lock:
             return self._status_or_abort(request.join_id, j, context)
 
     def Close(self, request, context):
-        j = self._get(request.join_id, context)
+        j = self._get(request.join_id, request.token, context)
         with j.lock:
-            st = self._status_or_abort(request.join_id, j, context)
-            self._close(request.join_id)
+            try:
+                st = self._status_or_abort(request.join_id, j, context)
+            finally:  # a status that fails (a worker lost) still closes
+                self._close(request.join_id)
         return st
+
+    def _close_after(self, j: _Join) -> None:
+        """Close join ``j`` (its caller may hold its lock: the reentrant lock allows it)."""
+        with self.lock:
+            ids = [jid for jid, x in self.joins.items() if x is j]
+        for jid in ids:
+            self._close(jid)
 
     def _close(self, join_id: str) -> None:
         with self.lock:
@@ -367,12 +498,16 @@ def serve_manager(workers: list[str], port: int = 0, host: str = "127.0.0.1",
                   threads: int = 1, topology: str = "ring",
                   fifo: int = 1 << 16, segment: str = "nested",
                   replicas: int = 2, max_latency_ms: float | None = None,
-                  fast_forward: bool = False, worker_timeout: float = 60.0
-                  ) -> tuple[grpc.Server, int]:
+                  fast_forward: bool = False, worker_timeout: float = 60.0,
+                  idle_timeout: float = IDLE_TIMEOUT_S,
+                  max_input_tuples: int = limits.MAX_INPUT_TUPLES) -> tuple[grpc.Server, int]:
     """Start the manager endpoint; returns the server and its port. ``max_latency_ms``:
-    the latency bound of joins opened without one (None: such joins do not stream)."""
+    the latency bound of joins opened without one (None: such joins do not stream);
+    ``idle_timeout``: close a join with no Join stream and no call for this many s;
+    ``max_input_tuples``: most tuples in one JoinInput."""
     servicer = ManagerServicer(workers, threads, topology, fifo, segment, replicas,
-                               max_latency_ms, fast_forward, worker_timeout)
+                               max_latency_ms, fast_forward, worker_timeout, idle_timeout,
+                               max_input_tuples)
     return start_server(
         lambda srv: manager_pb2_grpc.add_ManagerServicer_to_server(servicer, srv),
         manager_pb2.DESCRIPTOR.services_by_name["Manager"].full_name, port, host)

@@ -38,18 +38,22 @@ class OpenRequest(_message.Message):
     def __init__(self, window: _Optional[str] = ..., predicate: _Optional[str] = ..., index: _Optional[str] = ..., allowed_lateness: _Optional[int] = ..., subwindow_size: _Optional[int] = ..., partitions: _Optional[int] = ..., batch_size: _Optional[int] = ..., max_lag: _Optional[int] = ..., max_collect_ms: _Optional[float] = ..., key_dtype: _Optional[str] = ..., result_format: _Optional[_Union[_worker_pb2.ResultFormat, str]] = ..., max_latency_ms: _Optional[float] = ...) -> None: ...
 
 class OpenReply(_message.Message):
-    __slots__ = ("join_id", "settings")
+    __slots__ = ("join_id", "token", "settings")
     JOIN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
     join_id: str
+    token: str
     settings: OpenRequest
-    def __init__(self, join_id: _Optional[str] = ..., settings: _Optional[_Union[OpenRequest, _Mapping]] = ...) -> None: ...
+    def __init__(self, join_id: _Optional[str] = ..., token: _Optional[str] = ..., settings: _Optional[_Union[OpenRequest, _Mapping]] = ...) -> None: ...
 
 class JoinRef(_message.Message):
-    __slots__ = ("join_id",)
+    __slots__ = ("join_id", "token")
     JOIN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     join_id: str
-    def __init__(self, join_id: _Optional[str] = ...) -> None: ...
+    token: str
+    def __init__(self, join_id: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class Payloads(_message.Message):
     __slots__ = ("offsets", "data")
@@ -60,8 +64,9 @@ class Payloads(_message.Message):
     def __init__(self, offsets: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class JoinInput(_message.Message):
-    __slots__ = ("join_id", "batch_id", "stream", "id", "key", "ts", "payload", "flush", "key2", "watermark")
+    __slots__ = ("join_id", "token", "batch_id", "stream", "id", "key", "ts", "payload", "flush", "key2", "watermark")
     JOIN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     ID_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +77,7 @@ class JoinInput(_message.Message):
     KEY2_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
     join_id: str
+    token: str
     batch_id: int
     stream: _common_pb2.Array
     id: _common_pb2.Array
@@ -81,7 +87,7 @@ class JoinInput(_message.Message):
     flush: bool
     key2: _common_pb2.Array
     watermark: int
-    def __init__(self, join_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., payload: _Optional[_Union[Payloads, _Mapping]] = ..., flush: _Optional[bool] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., watermark: _Optional[int] = ...) -> None: ...
+    def __init__(self, join_id: _Optional[str] = ..., token: _Optional[str] = ..., batch_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., payload: _Optional[_Union[Payloads, _Mapping]] = ..., flush: _Optional[bool] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., watermark: _Optional[int] = ...) -> None: ...
 
 class JoinOutput(_message.Message):
     __slots__ = ("batch_id", "r_id", "s_id", "r_payload", "s_payload", "late_stream", "late_id", "duplicate", "pushed")

@@ -61,7 +61,11 @@ class ManagerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Open(self, request, context):
-        """Open a join; returns its id. INVALID_ARGUMENT for a bad window, predicate or index.
+        """Open a join; returns its id and token. INVALID_ARGUMENT for a bad window, predicate,
+        index or any number out of range (checked before any worker is asked);
+        RESOURCE_EXHAUSTED when the join does not fit a worker's memory budget or a worker
+        has no session left. A join that has no Join stream attached and no call for the
+        manager's --idle-timeout seconds is closed (so is one never joined).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -74,7 +78,11 @@ class ManagerServicer:
         outputs between the answers, sent by the manager on its own (pushed = true,
         batch_id = 0): each probe round's pairs as soon as the workers answer it, and
         batches cut by the collect deadline, without waiting for the next input.
-        Disconnecting closes the join.
+        A client that goes away (cancels or disconnects) closes the join. A stream the
+        client ends (half-closes) leaves it open: another Join stream may go on (a replay
+        after a crash) until Close, or until --idle-timeout seconds with no stream.
+        The first message must carry the join's token (else PERMISSION_DENIED, and the
+        join is not touched); the stream is the owner's from then on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -222,17 +222,21 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("subwindows", "tuples", "nbytes", "sessions", "commands", "threads")
+    __slots__ = ("subwindows", "tuples", "nbytes", "sessions", "commands", "threads", "memory_limit", "memory_reserved")
     SUBWINDOWS_FIELD_NUMBER: _ClassVar[int]
     TUPLES_FIELD_NUMBER: _ClassVar[int]
     NBYTES_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     COMMANDS_FIELD_NUMBER: _ClassVar[int]
     THREADS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_RESERVED_FIELD_NUMBER: _ClassVar[int]
     subwindows: int
     tuples: int
     nbytes: int
     sessions: int
     commands: int
     threads: int
-    def __init__(self, subwindows: _Optional[int] = ..., tuples: _Optional[int] = ..., nbytes: _Optional[int] = ..., sessions: _Optional[int] = ..., commands: _Optional[int] = ..., threads: _Optional[int] = ...) -> None: ...
+    memory_limit: int
+    memory_reserved: int
+    def __init__(self, subwindows: _Optional[int] = ..., tuples: _Optional[int] = ..., nbytes: _Optional[int] = ..., sessions: _Optional[int] = ..., commands: _Optional[int] = ..., threads: _Optional[int] = ..., memory_limit: _Optional[int] = ..., memory_reserved: _Optional[int] = ...) -> None: ...

@@ -52,7 +52,12 @@ class WorkerServicer:
 
     def Session(self, request_iterator, context):
         """Commands in, feedback out, in order. Closing the stream releases every
-        subwindow the session created.
+        subwindow the session created. The worker accepts a session by sending its
+        initial metadata at once: "panjoin-idle-timeout" (s) and "panjoin-memory-free"
+        (bytes of its budget not reserved). It holds at most --max-sessions sessions
+        (RESOURCE_EXHAUSTED beyond), and ends one that sends no message for its idle
+        timeout (DEADLINE_EXCEEDED): a manager keeps an idle join's sessions open with
+        empty Commands (answered by empty Feedbacks).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,142 @@
+"""The limits a join must fit in, checked before anything is allocated (issue 29).
+
+Two kinds, both asked at ``Open`` by the manager, before it connects to a worker:
+
+- **Ranges** (:func:`check_open`): every number of an ``OpenRequest`` is within what
+  the engine and the workers can hold (0 stays "the default"); a bad one is
+  INVALID_ARGUMENT with the range, e.g. ``partitions = -5`` or ``max_lag = -5``, a
+  NaN deadline, ``key_dtype = "float32"``, or ``count:10^30``.
+- **Memory** (:func:`subwindow_bytes`, :func:`join_bytes_per_worker`): what a full
+  subwindow holds, by index kind, from its capacity NSub and partition count P (the
+  constants were measured on full subwindows of 64K tuples, int64 keys, ids
+  included); a join's subwindows spread over the workers. A worker has a budget
+  (``panjoin worker --memory-limit``, default :func:`default_memory_limit`), tells it
+  to each new session, and reserves each subwindow's bytes at Create: a join or a
+  subwindow that does not fit is RESOURCE_EXHAUSTED, naming the numbers.
+
+Example: ``count:1M,1M``, NSub 256K, BI-Sort (P 32K), 2 workers, 2 replicas. A stream
+holds at most ceil(1M / 256K) + 1 = 5 subwindows (the oldest expiring, the newest
+filling), so 10 in all; a subwindow takes 256K x 40 + 32K x 16 = 11 MB, its backup
+256K x 48 = 12.6 MB; each worker holds 5 primaries and 5 backups: about 118 MB.
+"""
+
+from __future__ import annotations
+
+import math
+
+from panjoin.config import INDEX_KINDS
+from panjoin.semantics import Window
+
+#: the largest count window (tuples a stream), subwindow (NSub), partition count (P),
+#: batch (NBat) and lag an Open may ask for: far above any host, far below overflow
+MAX_WINDOW = 1 << 40
+MAX_SUBWINDOW = 1 << 32
+MAX_PARTITIONS = 1 << 20
+MAX_BATCH = 1 << 24
+MAX_LAG = 1 << 40
+#: most tuples in one JoinInput: more must be split (each costs the manager some 150
+#: bytes while it is collected and sorted; 10M in one message took 1.4 GB)
+MAX_INPUT_TUPLES = 1 << 22
+KEY_DTYPES = ("", "int64", "float64")
+
+#: bytes a full subwindow holds per tuple and per partition, by index kind
+PER_TUPLE = {"rap": 72, "wib": 184, "bisort": 40, "bisort-opencl": 40, "nested": 32,
+             "sortedlist": 176}
+PER_PARTITION = {"rap": 144, "wib": 176, "bisort": 16, "bisort-opencl": 16, "nested": 0,
+                 "sortedlist": 0}
+#: a backup logs its inserts (key, ts, seq, id and key2) and builds no index
+BACKUP_PER_TUPLE = 48
+#: the default worker budget: this share of the host's available memory at start
+MEMORY_SHARE = 0.8
+
+
+def check_open(req) -> None:
+    """Range-check an OpenRequest's numbers (window and predicate are parsed by the
+    caller); raises ValueError saying which field and its range."""
+    if req.index and req.index not in INDEX_KINDS:
+        raise ValueError(f"unknown index {req.index!r}; choose one of {', '.join(INDEX_KINDS)}")
+    if req.key_dtype not in KEY_DTYPES:
+        raise ValueError(f"key_dtype must be 'int64' or 'float64' (or empty: taken from the "
+                         f"first batch), not {req.key_dtype!r}")
+    for name, top in (("subwindow_size", MAX_SUBWINDOW), ("partitions", MAX_PARTITIONS),
+                      ("batch_size", MAX_BATCH), ("max_lag", MAX_LAG)):
+        v = getattr(req, name)
+        if not 0 <= v <= top:
+            raise ValueError(f"{name} must be between 1 and {top} (0: the default), got {v}")
+    if req.partitions and req.subwindow_size and req.partitions > req.subwindow_size:
+        raise ValueError(f"partitions ({req.partitions}) must not exceed subwindow_size "
+                         f"({req.subwindow_size}): a partition holds at least one tuple")
+    if not (math.isfinite(req.max_collect_ms) and req.max_collect_ms >= 0):
+        raise ValueError(f"max_collect_ms must be a finite number >= 0 (0: never), got "
+                         f"{req.max_collect_ms}")
+    if not math.isfinite(req.max_latency_ms):
+        raise ValueError(f"max_latency_ms must be finite (> 0: the bound, 0: the manager's "
+                         f"default, < 0: none), got {req.max_latency_ms}")
+    if req.result_format not in (0, 1):
+        raise ValueError(f"unknown result_format {req.result_format}; 0 (pairs) or 1 (ranges)")
+
+
+def check_window(window: Window) -> None:
+    """A count window of at most MAX_WINDOW tuples a stream (time windows: any span)."""
+    if window.kind == "count" and max(window.r, window.s) > MAX_WINDOW:
+        raise ValueError(f"count window {window.r},{window.s} is above {MAX_WINDOW} tuples a "
+                         "stream; no host holds that")
+
+
+def check_sizes(nsub: int, partitions: int) -> None:
+    """The effective NSub and P (defaults filled in) within range."""
+    if not 1 <= nsub <= MAX_SUBWINDOW:
+        raise ValueError(f"subwindow size {nsub} is outside 1..{MAX_SUBWINDOW}; give a "
+                         "smaller subwindow_size")
+    if not 1 <= partitions <= min(nsub, MAX_PARTITIONS):
+        raise ValueError(f"partitions {partitions} is outside 1..{min(nsub, MAX_PARTITIONS)} "
+                         f"(at most the subwindow size {nsub} and {MAX_PARTITIONS})")
+
+
+def subwindow_bytes(kind: str, capacity: int, partitions: int, backup: bool = False) -> int:
+    """Bytes a full subwindow of ``kind`` holds (a backup: its insert log)."""
+    if backup:
+        return BACKUP_PER_TUPLE * capacity
+    return PER_TUPLE.get(kind, 200) * capacity + PER_PARTITION.get(kind, 200) * partitions
+
+
+def join_bytes_per_worker(window: Window, nsub: int, partitions: int, kind: str,
+                          n_workers: int, replicas: int) -> int:
+    """Bytes the busiest worker holds for a join once its window is full. A count window
+    of W keeps ceil(W / NSub) + 1 subwindows a stream; a time window at least 2 (it
+    grows with the data: each worker checks every Create against its budget)."""
+    if window.kind == "count":
+        subs = sum(math.ceil(w / nsub) + 1 for w in (window.r, window.s))
+    else:
+        subs = 4
+    mine = math.ceil(subs / n_workers)
+    total = mine * subwindow_bytes(kind, nsub, partitions)
+    if replicas > 1 and n_workers > 1:
+        total += mine * subwindow_bytes(kind, nsub, partitions, backup=True)
+    return total
+
+
+def default_memory_limit() -> int:
+    """MEMORY_SHARE of the host's available memory (``MemAvailable``, else all of it):
+    a worker's budget when ``--memory-limit`` is not given."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(int(line.split()[1]) * 1024 * MEMORY_SHARE)
+    except OSError:
+        pass
+    import os
+
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * MEMORY_SHARE)
+
+
+def fmt(n: int) -> str:
+    """Bytes for a person: ``fmt(3 << 30) == '3.0 GiB'``."""
+    if n < 1024:
+        return f"{n} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} PiB"
