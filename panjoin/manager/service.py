@@ -28,6 +28,7 @@ from panjoin.manager.engine import JoinEngine
 from panjoin.manager.grpc_backend import GrpcBackend, WorkerError
 from panjoin.manager.streaming import stream_join
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
+from panjoin.security import current
 from panjoin.semantics import SpecError, parse_predicate, parse_window
 from panjoin.serving import start_server
 from panjoin.wire import WireError, from_array, from_payloads, to_array, to_payloads
@@ -38,9 +39,11 @@ log = logging.getLogger("panjoin.manager")
 COLLECT_SHARE = 4
 #: one JoinOutput carries at most this many pairs and payload bytes; more go out first
 #: as pushed outputs (a band join of 64 partners a tuple made a 1.3 GB answer to one
-#: 1M-tuple input, beyond any message limit)
-OUTPUT_PAIRS = 2 << 20
-OUTPUT_BYTES = 32 << 20
+#: 1M-tuple input, beyond any message limit). None: from the message limit L
+#: (panjoin.security), L/128 pairs (32 bytes each with payload offsets) and L/4 payload
+#: bytes, which leaves room for the late ids (9 bytes per input tuple of 25 or more)
+OUTPUT_PAIRS: int | None = None
+OUTPUT_BYTES: int | None = None
 
 
 def output_parts(n: int, payloads=(), max_pairs: int | None = None,
@@ -52,8 +55,9 @@ def output_parts(n: int, payloads=(), max_pairs: int | None = None,
     >>> output_parts(5, max_pairs=2)
     [(0, 2), (2, 4), (4, 5)]
     """
-    max_pairs = max_pairs or OUTPUT_PAIRS
-    max_bytes = max_bytes or OUTPUT_BYTES
+    limit = current().max_message_bytes
+    max_pairs = max_pairs or OUTPUT_PAIRS or limit // 128
+    max_bytes = max_bytes or OUTPUT_BYTES or limit // 4
     if n == 0:
         return [(0, 0)]
     cum = np.zeros(n + 1, np.int64)
