@@ -38,7 +38,6 @@ def add_parser(sub) -> None:
                                    "topic; exactly once across restarts (--checkpoint).")
     add_pipeline_opts(p)
     add_join_opts(p)
-    add_security(p, "client")
     add_common(p)
     p.set_defaults(run=run)
 
@@ -87,6 +86,7 @@ def add_pipeline_opts(p: argparse.ArgumentParser) -> None:
                    help="how long to wait for a lost manager to come back before the batch "
                         "fails (the job then reconnects and rebuilds its window from the join "
                         "log; default: %(default)s)")
+    add_security(p, "client")  # how the job reaches the manager
 
 
 def config_from_args(args) -> PipelineConfig:
@@ -159,7 +159,6 @@ def main(argv=None) -> int:
                                  description="Kafka R,S -> PanJoin manager -> Kafka output")
     add_pipeline_opts(ap)
     add_join_opts(ap)
-    add_security(ap, "client")
     add_common(ap)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,

@@ -222,6 +222,23 @@ def test_a_handshake_chain_over_mutual_tls_is_exact(secure, pki, events):
     assert np.array_equal(_pairs(res), _reference(events))
 
 
+def test_the_pipeline_job_takes_the_flags_to_the_manager(pki):
+    import argparse
+
+    from panjoin.cli.options import add_join_opts
+    from spark_conn.cli import add_pipeline_opts, config_from_args, job_argv
+    from spark_conn.config import PipelineConfig
+
+    ap = argparse.ArgumentParser()
+    add_pipeline_opts(ap)
+    add_join_opts(ap)
+    sec = Security(ca=pki["ca"], token_file=pki["token"], max_message_mb=128)
+    cfg = PipelineConfig("127.0.0.1:9", "127.0.0.1:8", "ck", "time:500,500", "band:1",
+                         security=sec)
+    assert "--auth-token-file" in job_argv(cfg)
+    assert config_from_args(ap.parse_args(job_argv(cfg))) == cfg
+
+
 def test_nothing_serves_unprotected_off_loopback(pki):
     tls = (pki["cert"], pki["key"])
     with pytest.raises(SecurityError, match="--tls-cert"):
