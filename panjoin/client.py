@@ -409,8 +409,9 @@ class Client:
         ``r_id, s_id, late_ids_by_stream``)."""
         join_id = self.open(window, predicate, index, **settings)
         n = len(events)
-        # chunks well below the message limit (at most 41 bytes a tuple without payloads)
-        chunk = max(1, min(chunk, self.security.max_message_bytes // 82))
+        # chunks below the message limit: 33 bytes a tuple without payloads (stream, id,
+        # key, ts, key2), and a margin
+        chunk = max(1, min(chunk, self.security.max_message_bytes // 40))
         chunks = [SimpleNamespace(stream=events.stream[a:a + chunk], id=events.id[a:a + chunk],
                                   key=events.key[a:a + chunk], ts=events.ts[a:a + chunk],
                                   key2=None if getattr(events, "key2", None) is None

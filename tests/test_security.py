@@ -306,8 +306,8 @@ def test_a_message_over_the_limit_is_refused_by_the_server(small):
 
 def test_the_client_and_the_manager_cut_what_they_send_below_the_limit(small):
     # 60K tuples are 1.5 MiB of input, and each tuple has some 20 partners: the client
-    # cuts the input into messages of 1/82 MiB tuples, and the manager each one's
-    # answer of some 250K pairs (4 MiB); the join is exact
+    # cuts the input into messages of 26K tuples, and the manager each one's answer of
+    # some 500K pairs (8 MiB); the join is exact
     t = generate(60_000, "uniform", key_min=0, key_max=20, rate=1000, seed=4)
     window, pred = "count:400,400", "eq"
     with Client(small.address, Security(max_message_mb=1)) as c:
@@ -321,6 +321,8 @@ def test_the_client_and_the_manager_cut_what_they_send_below_the_limit(small):
                 session.send(1, t)
         finally:
             session.close()
+        with c.live(c.open(window, pred)) as live, pytest.raises(ValueError, match="limit"):
+            live.push(t)
     ref = _reference(t, window, pred)
     assert len(ref) * 16 > 16 << 20  # 16 bytes a pair: 16 MiB or more
     assert np.array_equal(_pairs(res), ref)
