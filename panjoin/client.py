@@ -38,7 +38,8 @@ import numpy as np
 import pyarrow as pa
 
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
-from panjoin.serving import OPTIONS
+from panjoin.security import Security, current
+from panjoin.security import channel as make_channel
 from panjoin.wire import PAYLOAD_TYPE, from_array, from_payloads, to_array, to_payloads
 
 #: a live join sends the chunks pushed meanwhile as one message, up to this many tuples
@@ -133,6 +134,7 @@ class JoinSession:
              watermark: int | None = None) -> Output:
         """The answer to this batch; on a streaming join, with the pairs the manager
         pushed before it folded in (:func:`fold`)."""
+        self.client.check_size(chunk)
         self._q.put(join_input(self.join_id, batch_id, chunk, flush, watermark,
                                self.client.token(self.join_id)))
         pushed = []
@@ -216,10 +218,14 @@ class LiveJoin:
                 hold = self._last_sent + self._linger - time.monotonic()
                 if hold > 0 and not (self._flush or self._ended):
                     self._cond.wait(hold)  # what is pushed meanwhile goes along
-                # what waits goes out together, up to MAX_COALESCE tuples a message
-                k, n = 0, 0
-                while k < len(self._chunks) and (k == 0 or n < MAX_COALESCE):
+                # what waits goes out together, up to MAX_COALESCE tuples a message and
+                # half the message limit (each chunk alone is below it: push checked)
+                k, n, size = 0, 0, 0
+                cap = self.client.security.max_message_bytes // 2
+                while k < len(self._chunks) and (k == 0 or (
+                        n < MAX_COALESCE and size + input_bytes(self._chunks[k]) <= cap)):
                     n += len(self._chunks[k].id)
+                    size += input_bytes(self._chunks[k])
                     k += 1
                 chunks, self._chunks = self._chunks[:k], self._chunks[k:]
                 flush = self._flush and not self._chunks
@@ -259,6 +265,7 @@ class LiveJoin:
             self._raise()
             if self._ended:
                 raise RuntimeError("this live join is closed")
+            self.client.check_size(chunk)
             self._chunks.append(chunk)
             self._cond.notify_all()
 
@@ -329,12 +336,40 @@ def payloads_of(events, stream: int, ids: np.ndarray) -> pa.Array:
     return pa.array(pay).cast(PAYLOAD_TYPE).take(pa.array(rows[order[pos]]))
 
 
+def input_bytes(chunk) -> int:
+    """About the size of ``chunk``'s JoinInput on the wire (its arrays and payloads)."""
+    n = len(chunk.id)
+    size = n * (1 + 8 + 8) + np.asarray(chunk.key).nbytes
+    if getattr(chunk, "key2", None) is not None:
+        size += 8 * n
+    pay = getattr(chunk, "payload", None)
+    if pay is not None:
+        size += 8 * (n + 1) + (pay.nbytes if isinstance(pay, pa.Array | pa.ChunkedArray)
+                               else sum(len(p) for p in pay))
+    return size
+
+
 class Client:
-    def __init__(self, address: str):
+    """A connection to the manager endpoint at ``address`` under ``security`` (None:
+    the process's, :func:`panjoin.security.use`): TLS, the token, the message limit."""
+
+    def __init__(self, address: str, security: Security | None = None):
         self.address = address
-        self.channel = grpc.insecure_channel(address, options=OPTIONS)
+        self.security = security or current()
+        self.channel = make_channel(address, self.security, token=True)
         self.stub = manager_pb2_grpc.ManagerStub(self.channel)
         self.tokens: dict[str, str] = {}  # join id -> its token (OpenReply.token)
+
+    def check_size(self, chunk) -> None:
+        """Refuse a chunk too large for one message (a ValueError that says what to do):
+        the manager would refuse it, and its batch id cannot be split."""
+        size, cap = input_bytes(chunk), self.security.max_message_bytes
+        if size > cap * 0.99:  # a margin for the message's own framing
+            raise ValueError(
+                f"a chunk of {len(chunk.id):,} tuples is {size / 2**20:.1f} MiB, over the "
+                f"{cap >> 20} MiB message limit; send smaller chunks (the pipeline: "
+                "--max-offsets-per-trigger) or raise --max-message-mb on the manager and "
+                "the client")
 
     def __enter__(self):
         return self
@@ -381,6 +416,8 @@ class Client:
         :meth:`session` for one at a time, :meth:`live` to push and poll)."""
         chunks = list(chunks)
         token = self.token(join_id)
+        for ch in chunks:
+            self.check_size(ch)
         inputs = (join_input(join_id, first_batch_id + i, ch,
                              flush=flush_last and i == len(chunks) - 1, token=token)
                   for i, ch in enumerate(chunks))
@@ -403,6 +440,9 @@ class Client:
         ``r_id, s_id, late_ids_by_stream``)."""
         join_id = self.open(window, predicate, index, **settings)
         n = len(events)
+        # chunks below the message limit: 33 bytes a tuple without payloads (stream, id,
+        # key, ts, key2), and a margin
+        chunk = max(1, min(chunk, self.security.max_message_bytes // 40))
         chunks = [SimpleNamespace(stream=events.stream[a:a + chunk], id=events.id[a:a + chunk],
                                   key=events.key[a:a + chunk], ts=events.ts[a:a + chunk],
                                   key2=None if getattr(events, "key2", None) is None

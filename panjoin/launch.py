@@ -4,7 +4,9 @@ Each worker is ``python -m panjoin.cli worker --port 0``: the OS picks a free
 port, the worker prints ``panjoin worker listening on HOST:PORT`` and the
 launcher reads it (no race on "free" ports), then waits until the worker's gRPC
 health service answers SERVING. The manager (``panjoin manager --workers ...``)
-starts the same way and prints ``panjoin manager listening on HOST:PORT``.
+starts the same way and prints ``panjoin manager listening on HOST:PORT``. Every
+process gets this process's security flags (:mod:`panjoin.security`: TLS, the
+message limit; the manager also the token file), or those of ``security``.
 
     >>> procs = start_workers(2)          # doctest: +SKIP
     >>> [p.address for p in procs]        # doctest: +SKIP
@@ -24,6 +26,8 @@ from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from panjoin.security import Security, channel, current
 
 READY = "panjoin worker listening on "
 MANAGER_READY = "panjoin manager listening on "
@@ -52,10 +56,12 @@ class WorkerProcess:
                 self.kill()
 
 
-def wait_healthy(address: str, timeout: float = 60.0) -> None:
-    """Block until the gRPC health service at ``address`` answers SERVING."""
+def wait_healthy(address: str, timeout: float = 60.0, security: Security | None = None
+                 ) -> None:
+    """Block until the gRPC health service at ``address`` answers SERVING (over a
+    channel under ``security``, None: the process's)."""
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(address) as ch:
+    with channel(address, security) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while True:
             try:
@@ -75,8 +81,8 @@ ROLES = ("worker", "handshake-node")
 
 def start_workers(n: int, threads: int = 1, timeout: float = 120.0, role: str = "worker",
                   worker_args: list[list[str]] | None = None,
-                  cpus: set[int] | None = None, hosts: list | None = None
-                  ) -> list[WorkerProcess]:
+                  cpus: set[int] | None = None, hosts: list | None = None,
+                  security: Security | None = None) -> list[WorkerProcess]:
     """Start ``n`` worker processes on 127.0.0.1; stops the started ones if one fails.
 
     ``role="handshake-node"`` starts handshake chain nodes instead of ring workers.
@@ -84,6 +90,7 @@ def start_workers(n: int, threads: int = 1, timeout: float = 120.0, role: str = 
     ``[[], ["--index-backend", "opencl"]]``). ``cpus``: pin them to these cores
     (as ``taskset`` would: every thread they start inherits it). ``hosts``: one
     emulated host per process (:class:`panjoin.bench.hosts.Host`, cgroups).
+    ``security``: their TLS flags (None: this process's).
     """
     if role not in ROLES:
         raise ValueError(f"unknown role {role!r}; choose one of {', '.join(ROLES)}")
@@ -92,15 +99,17 @@ def start_workers(n: int, threads: int = 1, timeout: float = 120.0, role: str = 
         raise ValueError(f"worker_args has {len(extra)} lists for {n} workers")
     if hosts is not None and len(hosts) != n:
         raise ValueError(f"{len(hosts)} hosts for {n} workers")
+    sec = security or current()
     started: list[WorkerProcess] = []
     try:
-        procs = [_spawn([role, "--port", "0", "--threads", str(threads), *extra[w]], cpus,
+        procs = [_spawn([role, "--port", "0", "--threads", str(threads),
+                         *sec.argv(token=False), *extra[w]], cpus,
                         hosts[w] if hosts is not None else None)
                  for w in range(n)]
         for p in procs:
             started.append(WorkerProcess(p, _address(p, READY, role)))
         for w in started:
-            wait_healthy(w.address, timeout)
+            wait_healthy(w.address, timeout, sec)
         return started
     except BaseException:
         for w in started:
@@ -110,17 +119,19 @@ def start_workers(n: int, threads: int = 1, timeout: float = 120.0, role: str = 
 
 def start_manager(workers: list[str], timeout: float = 120.0,
                   args: list[str] | None = None, cpus: set[int] | None = None,
-                  host=None) -> WorkerProcess:
+                  host=None, security: Security | None = None) -> WorkerProcess:
     """Start ``panjoin manager`` over running workers in its own process (its own
     interpreter: the join's bookkeeping shares no GIL with the caller); returns when
     its gRPC endpoint is healthy. ``args``: extra flags, e.g. ``["--topology",
-    "handshake"]``; ``cpus``: pin it to these cores; ``host``: its emulated host."""
-    p = _spawn(["manager", "--port", "0", "--workers", ",".join(workers), *(args or [])], cpus,
-               host)
+    "handshake"]``; ``cpus``: pin it to these cores; ``host``: its emulated host;
+    ``security``: its TLS flags and token file (None: this process's)."""
+    sec = security or current()
+    p = _spawn(["manager", "--port", "0", "--workers", ",".join(workers), *sec.argv(),
+                *(args or [])], cpus, host)
     m = WorkerProcess(p, "")
     try:
         m.address = _address(p, MANAGER_READY, "manager").split(",")[0].strip()
-        wait_healthy(m.address, timeout)
+        wait_healthy(m.address, timeout, sec)
         return m
     except BaseException:
         m.stop()
@@ -175,15 +186,18 @@ class LocalCluster:
 def start_cluster(n: int, threads: int = 1, *, manager: bool = True, role: str = "worker",
                   worker_args: list[list[str]] | None = None, manager_args: list[str] | None = None,
                   cpus: set[int] | None = None, manager_cpus: set[int] | None = None,
-                  hosts: list | None = None, manager_host=None) -> LocalCluster:
+                  hosts: list | None = None, manager_host=None,
+                  security: Security | None = None) -> LocalCluster:
     """``n`` workers (:func:`start_workers`, with ``role``, ``worker_args``, ``cpus``,
     ``hosts``) and, with ``manager``, ``panjoin manager`` over them
     (:func:`start_manager`, with ``manager_args`` on ``manager_cpus`` or in
-    ``manager_host``); a failed start stops what did start."""
-    ws = start_workers(n, threads, role=role, worker_args=worker_args, cpus=cpus, hosts=hosts)
+    ``manager_host``), all under ``security`` (None: this process's); a failed start
+    stops what did start."""
+    ws = start_workers(n, threads, role=role, worker_args=worker_args, cpus=cpus, hosts=hosts,
+                       security=security)
     try:
         m = (start_manager([w.address for w in ws], args=manager_args, cpus=manager_cpus,
-                           host=manager_host) if manager else None)
+                           host=manager_host, security=security) if manager else None)
     except BaseException:
         for w in ws:
             w.stop()

@@ -1,34 +1,54 @@
 """The one way PanJoin serves gRPC: a server with health checking and server reflection.
 
-Used by the worker (``panjoin.v1.Worker``) and the manager endpoint
-(``panjoin.v1.Manager``), so that any gRPC tool can list and call both.
+Used by the worker (``panjoin.v1.Worker``), the handshake node and the manager
+endpoint (``panjoin.v1.Manager``), so that any gRPC tool can list and call them. The
+process's :class:`panjoin.security.Security` decides TLS, who may call (a client
+certificate or a token; health checks stay open), the message limit, and whether it
+may bind off loopback at all. The port is bound exclusively: a second server on a
+busy port fails with :class:`BindError` instead of sharing its connections.
 """
 
 from __future__ import annotations
 
+import re
 from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-#: arrays travel packed; a batch of a few million tuples must fit in one message
-OPTIONS = [("grpc.max_receive_message_length", 1 << 30),
-           ("grpc.max_send_message_length", 1 << 30)]
+from panjoin.security import Security, current
+
+
+class BindError(ValueError):
+    """The server's address cannot be bound (the port is taken, the host is not ours)."""
 
 
 def start_server(add_servicer, service_name: str, port: int = 0, host: str = "127.0.0.1",
-                 max_workers: int = 16) -> tuple[grpc.Server, int]:
-    """Start a server for one servicer; returns it and its port (``port=0``: any free one)."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=OPTIONS)
+                 max_workers: int = 16, security: Security | None = None
+                 ) -> tuple[grpc.Server, int]:
+    """Start a server for one servicer under ``security`` (None: the process's, see
+    :func:`panjoin.security.use`); returns it and its port (``port=0``: any free one)."""
+    sec = security or current()
+    name = re.sub(r"(?<!^)(?=[A-Z])", "-", service_name.rsplit(".", 1)[-1]).lower()
+    sec.check_bind(host, f"the {name} server")
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                         options=sec.server_options(), interceptors=sec.interceptors())
     add_servicer(server)
     hs = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     reflection.enable_server_reflection(
         (service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    creds = sec.server_credentials()
+    try:
+        bound = (server.add_secure_port(f"{host}:{port}", creds) if creds is not None
+                 else server.add_insecure_port(f"{host}:{port}"))
+    except RuntimeError:  # grpc raises it where older versions returned 0
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot bind {host}:{port}; is the port in use?")
+        raise BindError(f"cannot listen on {host}:{port}: the port is in use (another "
+                        f"panjoin {name}?) or {host} is not an address of this host; pick "
+                        "another --port (0: any free one) or --host")
     server.start()
     hs.set("", health_pb2.HealthCheckResponse.SERVING)
     hs.set(service_name, health_pb2.HealthCheckResponse.SERVING)

@@ -23,8 +23,9 @@ import json
 import logging
 import sys
 
-from panjoin.cli.options import add_common, add_join_opts
+from panjoin.cli.options import add_common, add_join_opts, add_security
 from panjoin.kafka.options import add_option_arg, from_args
+from panjoin.security import Security
 from spark_conn.config import PipelineConfig
 
 
@@ -85,6 +86,7 @@ def add_pipeline_opts(p: argparse.ArgumentParser) -> None:
                    help="how long to wait for a lost manager to come back before the batch "
                         "fails (the job then reconnects and rebuilds its window from the join "
                         "log; default: %(default)s)")
+    add_security(p, "client")  # how the job reaches the manager
 
 
 def config_from_args(args) -> PipelineConfig:
@@ -100,7 +102,8 @@ def config_from_args(args) -> PipelineConfig:
         batch_size=args.batch_size or 32768, max_offsets_per_trigger=args.max_offsets_per_trigger,
         starting_offsets=args.starting_offsets, trigger=args.trigger, source=args.source,
         idle_timeout=args.idle_timeout, manager_timeout=args.manager_timeout,
-        kafka_options=from_args(args), max_latency_ms=args.max_latency)
+        kafka_options=from_args(args), max_latency_ms=args.max_latency,
+        security=Security.from_args(args))
 
 
 def job_argv(cfg: PipelineConfig) -> list[str]:
@@ -122,6 +125,7 @@ def job_argv(cfg: PipelineConfig) -> list[str]:
             a += [flag, str(v)]
     for k, v in c.kafka_options.items():
         a += ["--kafka-option", f"{k}={v}"]
+    a += c.security.argv()
     if c.extra_open:
         raise ValueError(f"extra_open {c.extra_open} has no flag of panjoin pipeline")
     return a

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from panjoin.security import Security
+
 
 @dataclass
 class PipelineConfig:
@@ -47,6 +49,8 @@ class PipelineConfig:
     kafka_options: dict = field(default_factory=dict)
     #: the bound the manager's engine holds pair latency to (its batches), in ms
     max_latency_ms: float | None = None
+    #: how the job reaches the manager: TLS, token, message limit (panjoin.security)
+    security: Security = field(default_factory=Security)
 
     def __post_init__(self):
         if self.max_latency_ms is not None:

@@ -464,7 +464,7 @@ class Pipeline:
 
     def _open_join(self) -> JoinSession:
         """A new join on the manager, and the Join stream the batches go on."""
-        client = Client(self.cfg.manager)
+        client = Client(self.cfg.manager, self.cfg.security)
         try:
             join_id = client.open(self.cfg.window, self.cfg.predicate, self.cfg.index,
                                   **self.cfg.open_settings())

@@ -21,6 +21,7 @@ from pathlib import Path
 from panjoin import __version__
 from panjoin.cli import bench, demo, gen, replay, serve
 from panjoin.kafka import cli as kafka_cli
+from panjoin.security import Security, use
 from panjoin.semantics import SpecError
 from spark_conn import cli as pipeline_cli
 
@@ -88,6 +89,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        use(Security.from_args(args))  # every channel and server follows the flags
         return args.run(args)
     except (SpecError, ValueError, TypeError, FileNotFoundError) as e:
         from panjoin.events import EventError

@@ -39,6 +39,36 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def add_security(p: argparse.ArgumentParser, role: str) -> None:
+    """TLS, the token and the message limit (:mod:`panjoin.security`). ``role``:
+    "worker" (a worker or handshake node: its clients show certificates), "manager"
+    (its clients send a token) or "client" (of a manager)."""
+    g = p.add_argument_group("security (README: Security)")
+    own = ("this server's certificate" if role != "client"
+           else "this client's certificate, if the manager asks for one")
+    g.add_argument("--tls-cert", metavar="PEM", help=f"TLS: {own} (PEM); with --tls-key")
+    g.add_argument("--tls-key", metavar="PEM", help="TLS: the certificate's private key (PEM)")
+    g.add_argument("--tls-ca", metavar="PEM", help={
+        "worker": "mutual TLS: accept only clients (managers, neighbour nodes) whose "
+                  "certificates this CA signed",
+        "manager": "the CA that signed the workers' certificates (they check the manager's "
+                   "by it too); without --auth-token-file, clients need one of its "
+                   "certificates",
+        "client": "the CA that signed the manager's certificate (TLS)"}[role])
+    if role != "worker":
+        g.add_argument("--auth-token-file", metavar="FILE", help=(
+            "clients must send the token in FILE (authorization: Bearer TOKEN) on every "
+            "call but health checks" if role == "manager" else
+            "send the token in FILE to the manager (authorization: Bearer TOKEN)"))
+    g.add_argument("--insecure", action="store_true",
+                   help="allow plaintext and unauthenticated calls off loopback (a trusted "
+                        "network only)")
+    g.add_argument("--max-message-mb", type=int, default=64, metavar="MB",
+                   help="the largest gRPC message sent or taken, in MiB (default: "
+                        "%(default)s); raise it on the manager, the workers and the clients "
+                        "together")
+
+
 def add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
     """The join's knobs, named as in the paper: window, predicate, index, NSub, P, NBat."""
     g = p.add_argument_group("join (the paper's knobs)")

@@ -16,6 +16,7 @@ import numpy as np
 from panjoin.cli.options import (
     add_common,
     add_join_opts,
+    add_security,
     add_topology,
     check_topology,
     fmt_bytes,
@@ -56,6 +57,7 @@ def add_parser(sub) -> None:
                         "the kernels are loaded, as in a service that is already running "
                         "(default: the timed join loads them)")
     add_topology(p)
+    add_security(p, "client")
     add_common(p)
     p.set_defaults(run=run)
 

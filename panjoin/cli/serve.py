@@ -3,8 +3,12 @@ worker serves the subwindow commands, the manager the join endpoint over workers
 and ``cluster`` starts both on loopback; each runs until Ctrl-C or SIGTERM.
 
     panjoin cluster --workers 4 --port 50050
-    panjoin worker --host 0.0.0.0 --port 50051
-    panjoin manager --workers hostA:50051,hostB:50051 --port 50050 [--max-latency 10]
+    panjoin worker --host 0.0.0.0 --port 50051 --tls-cert w.pem --tls-key w.key --tls-ca ca.pem
+    panjoin manager --workers hostA:50051,hostB:50051 --port 50050 [--max-latency 10] \
+        [--host 0.0.0.0 --tls-cert m.pem --tls-key m.key --tls-ca ca.pem --auth-token-file T]
+
+Off loopback a server needs TLS and a way to authenticate its clients (README:
+Security, :mod:`panjoin.security`).
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from __future__ import annotations
 import logging
 import sys
 
-from panjoin.cli.options import add_common, add_topology, check_topology, size
+from panjoin.cli.options import add_common, add_security, add_topology, check_topology, size
+from panjoin.security import current
 from panjoin.serving import serve_until_stopped
 
 log = logging.getLogger("panjoin")
@@ -28,6 +33,7 @@ def add_parser(sub) -> None:
     add_max_latency(p)
     add_idle_timeout(p)
     add_topology(p)
+    add_security(p, "manager")
     add_common(p)
     p.set_defaults(run=run_cluster)
 
@@ -41,6 +47,7 @@ def add_parser(sub) -> None:
     add_max_latency(p)
     add_idle_timeout(p)
     add_topology(p)
+    add_security(p, "manager")
     add_common(p)
     p.set_defaults(run=run_manager)
 
@@ -73,6 +80,7 @@ def add_parser(sub) -> None:
                    help="memory budget for subwindows (K/M/G suffixes); a join or subwindow "
                         "beyond it is refused with RESOURCE_EXHAUSTED (default: 80%% of the "
                         "host's MemAvailable at start)")
+    add_security(p, "worker")
     add_common(p)
     p.set_defaults(run=run_worker)
 
@@ -83,6 +91,7 @@ def add_parser(sub) -> None:
                                                            "(default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="scan threads (default: %(default)s)")
+    add_security(p, "worker")
     add_common(p)
     p.set_defaults(run=run_handshake_node)
 
@@ -135,6 +144,7 @@ def run_manager(args) -> int:
     from panjoin.manager.service import serve_manager
 
     check_topology(args, "panjoin manager")
+    current().check_bind(args.host, "the manager server")  # before waiting on the workers
     addrs = [a.strip() for a in args.workers.split(",") if a.strip()]
     for a in addrs:
         wait_healthy(a, timeout=30)

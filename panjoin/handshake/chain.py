@@ -32,8 +32,8 @@ from panjoin.handshake.protocol import LEFT, RIGHT, TUPLES, Driver, Msg
 from panjoin.handshake.segment import SEGMENT_KINDS
 from panjoin.handshake.transport import LinkSender, from_proto, to_proto
 from panjoin.proto.panjoin.v1 import handshake_pb2, handshake_pb2_grpc
+from panjoin.security import channel
 from panjoin.semantics import Predicate, Window, parse_predicate, parse_window
-from panjoin.serving import OPTIONS
 from panjoin.wire import from_array
 
 log = logging.getLogger("panjoin.handshake")
@@ -103,7 +103,7 @@ class HandshakeChain:
         self.threads: list[threading.Thread] = []
         self.errors: list[str] = []
         self.started = False
-        self.channels = [grpc.insecure_channel(a, options=OPTIONS) for a in addresses]
+        self.channels = [channel(a) for a in addresses]
         self.stubs = [handshake_pb2_grpc.HandshakeNodeStub(c) for c in self.channels]
         self.links: dict[str, LinkSender] = {}
         if self.key_dtype is not None:

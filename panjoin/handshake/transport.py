@@ -20,7 +20,7 @@ import grpc
 from panjoin.handshake.protocol import LEFT, RIGHT, Msg
 from panjoin.handshake.segment import Tuples
 from panjoin.proto.panjoin.v1 import common_pb2, handshake_pb2, handshake_pb2_grpc
-from panjoin.serving import OPTIONS
+from panjoin.security import channel
 from panjoin.wire import from_array, to_array
 
 log = logging.getLogger("panjoin.handshake")
@@ -83,7 +83,7 @@ class LinkSender:
         self.chain_id = chain_id
         self.side = side  # where we sit, seen from the receiver
         self.q: queue.Queue = queue.Queue()
-        self.channel = grpc.insecure_channel(address, options=OPTIONS)
+        self.channel = channel(address)
         self.stub = handshake_pb2_grpc.HandshakeNodeStub(self.channel)
         self.error: BaseException | None = None
         self.sent = 0

@@ -72,7 +72,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from panjoin import codec
 from panjoin.backend import BackendStats, CreateSpec, IdPairs, SortedBatch
 from panjoin.proto.panjoin.v1 import worker_pb2
-from panjoin.serving import OPTIONS
+from panjoin.security import channel
 from panjoin.subwindow.store import SubwindowStore
 from panjoin.wire import Encoded, from_array
 
@@ -155,7 +155,7 @@ class _Session:
         self.meta: dict[str, str] = {}
         self.last_sent = time.monotonic()
         self.load = worker_pb2.WorkerLoad()
-        self.channel = grpc.insecure_channel(address, options=OPTIONS)
+        self.channel = channel(address, peer=True)
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
         self.pending: dict[int, _Call] = {}  # command_id -> call, in send order
         self.last_heard = time.monotonic()  # last feedback, or the send that ended idleness

@@ -45,6 +45,7 @@ from panjoin.manager.engine import JoinEngine
 from panjoin.manager.grpc_backend import GrpcBackend, WorkerError
 from panjoin.manager.streaming import stream_join
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
+from panjoin.security import current
 from panjoin.semantics import SpecError, parse_predicate, parse_window
 from panjoin.serving import start_server
 from panjoin.wire import WireError, from_array, from_payloads, to_array, to_payloads
@@ -55,11 +56,19 @@ log = logging.getLogger("panjoin.manager")
 COLLECT_SHARE = 4
 #: one JoinOutput carries at most this many pairs and payload bytes; more go out first
 #: as pushed outputs (a band join of 64 partners a tuple made a 1.3 GB answer to one
-#: 1M-tuple input, beyond any message limit). Small, since a message of megabytes is
-#: built in fresh memory: 2M pairs (32 MB) cost 130 ns a pair in page faults to build
-#: and serialise on this VM, 128K pairs 15 ns.
+#: 1M-tuple input, beyond any message limit). At most L/128 pairs and L/4 payload
+#: bytes for the message limit L (panjoin.security: 32 bytes a pair with payload
+#: offsets, room left for the late ids), and no more than these, since a message of
+#: megabytes is built in fresh memory: 2M pairs (32 MB) cost 130 ns a pair in page
+#: faults to build and serialise on this VM, 128K pairs 15 ns.
 OUTPUT_PAIRS = 128 << 10
 OUTPUT_BYTES = 4 << 20
+
+
+def output_caps() -> tuple[int, int]:
+    """(pairs, payload bytes) one JoinOutput may carry under the message limit."""
+    limit = current().max_message_bytes
+    return min(OUTPUT_PAIRS, limit // 128), min(OUTPUT_BYTES, limit // 4)
 
 
 def output_parts(n: int, payloads=(), max_pairs: int | None = None,
@@ -71,8 +80,9 @@ def output_parts(n: int, payloads=(), max_pairs: int | None = None,
     >>> output_parts(5, max_pairs=2)
     [(0, 2), (2, 4), (4, 5)]
     """
-    max_pairs = max_pairs or OUTPUT_PAIRS
-    max_bytes = max_bytes or OUTPUT_BYTES
+    caps = output_caps()
+    max_pairs = max_pairs or caps[0]
+    max_bytes = max_bytes or caps[1]
     if n == 0:
         return [(0, 0)]
     cum = np.zeros(n + 1, np.int64)
@@ -420,7 +430,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         if batch_id is None and not (pieces or ls.size):
             return []
         outs = []
-        for r, s, rp, sp in regroup(pieces, OUTPUT_PAIRS):
+        for r, s, rp, sp in regroup(pieces, output_caps()[0]):
             for a, b in output_parts(int(r.size), (rp, sp)):
                 out = manager_pb2.JoinOutput(batch_id=0, pushed=True)
                 out.r_id.CopyFrom(to_array(r[a:b]))
