@@ -102,6 +102,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             fb.error, fb.code = str(e), "NOT_FOUND"
         except (WireError, ValueError, TypeError) as e:
             fb.error, fb.code = str(e), "INVALID_ARGUMENT"
+        except MemoryError as e:  # numpy's "Unable to allocate 1.78 PiB ...": the join's size
+            fb.error = (f"out of memory: {e}; give the join a smaller window, subwindow size "
+                        "or partition count, or more workers")
+            fb.code = "RESOURCE_EXHAUSTED"
         except Exception as e:  # a bug: report it rather than kill the session
             log.exception("command %d failed", cmd.command_id)
             fb.error, fb.code = f"internal error: {e}", "INTERNAL"

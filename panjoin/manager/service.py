@@ -25,7 +25,7 @@ import numpy as np
 
 from panjoin.handshake.chain import ChainError
 from panjoin.manager.engine import JoinEngine
-from panjoin.manager.grpc_backend import GrpcBackend, WorkerError
+from panjoin.manager.grpc_backend import GrpcBackend, WorkerError, status_code
 from panjoin.manager.streaming import stream_join
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
 from panjoin.semantics import SpecError, parse_predicate, parse_window
@@ -195,7 +195,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                 if j.streaming:  # the loop takes the stream over, inputs and all
                     yield from stream_join(j, msg, request_iterator, context,
                                            lambda m, j=j: self._apply(j, m, context),
-                                           lambda j=j: self._pushed(j),
+                                           lambda j=j: self._pushed(j, context),
                                            lambda jid=join_id: self._close(jid))
                     return
                 with j.lock:  # not held across the yield: a slow reader blocks no one
@@ -238,16 +238,22 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         except (WireError, ValueError, TypeError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except (WorkerError, ChainError) as e:
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+            _abort_worker_error(context, e)
         j.applied = True
         j.last_batch_id = msg.batch_id
         # without flush, rounds still on the workers stay there: they answer meanwhile
-        return self._outputs(j, msg.flush, msg.batch_id)
+        try:
+            return self._outputs(j, msg.flush, msg.batch_id)
+        except (WorkerError, ChainError) as e:
+            _abort_worker_error(context, e)
 
-    def _pushed(self, j: _Join) -> list[manager_pb2.JoinOutput]:
+    def _pushed(self, j: _Join, context) -> list[manager_pb2.JoinOutput]:
         """A streaming join's pushed outputs: what completed since the last output (none
         if nothing did)."""
-        return self._outputs(j, False, None)
+        try:
+            return self._outputs(j, False, None)
+        except (WorkerError, ChainError) as e:
+            _abort_worker_error(context, e)
 
     def _outputs(self, j: _Join, wait: bool, batch_id: int | None
                  ) -> list[manager_pb2.JoinOutput]:
@@ -295,8 +301,8 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"join {join_id!r} is closed")
         try:
             return self._status(join_id, j)
-        except WorkerError as e:
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        except (WorkerError, ChainError) as e:
+            _abort_worker_error(context, e)
 
     def Status(self, request, context):
         j = self._get(request.join_id, context)
@@ -320,6 +326,14 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             if j.wake is not None:  # a streaming Join's loop ends now, not at its next look
                 j.wake()
             log.info("join %s closed", join_id)
+
+
+def _abort_worker_error(context, e: Exception) -> None:
+    """End the call with the status of a worker's (or a chain node's) error: its own
+    code (RESOURCE_EXHAUSTED, DATA_LOSS, ...; :func:`status_code`), UNAVAILABLE for a
+    chain, and the first cause as the detail."""
+    code = status_code(e) if isinstance(e, WorkerError) else grpc.StatusCode.UNAVAILABLE
+    context.abort(code, str(e))
 
 
 def serve_manager(workers: list[str], port: int = 0, host: str = "127.0.0.1",
