@@ -6,6 +6,14 @@ launcher reads it (no race on "free" ports), then waits until the worker's gRPC
 health service answers SERVING. The manager (``panjoin manager --workers ...``)
 starts the same way and prints ``panjoin manager listening on HOST:PORT``.
 
+A started process dies with its starter, even one killed with -9 (a test run that
+is killed leaves no worker behind): the launcher passes its pid in
+``PANJOIN_PARENT_PID`` and the process calls :func:`die_with_parent`, a thread that
+waits on a pidfd of that pid and exits the process when it becomes readable. (Not
+``prctl(PR_SET_PDEATHSIG)`` in a ``preexec_fn``: that signal follows the *thread*
+that forked, so a worker started from a pool thread would die with the thread, and
+a ``preexec_fn`` runs Python in a fork of a process full of gRPC threads.)
+
     >>> procs = start_workers(2)          # doctest: +SKIP
     >>> [p.address for p in procs]        # doctest: +SKIP
     ['127.0.0.1:40123', '127.0.0.1:40125']
@@ -16,9 +24,11 @@ starts the same way and prints ``panjoin manager listening on HOST:PORT``.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -208,9 +218,42 @@ def command(args: list[str], cpus: set[int] | None = None, host=None) -> list[st
     return host.wrap(cmd) if host is not None else cmd
 
 
+#: the environment variable that names the starter a process dies with
+PARENT_ENV = "PANJOIN_PARENT_PID"
+
+
 def _spawn(args: list[str], cpus: set[int] | None = None, host=None) -> subprocess.Popen:
     return subprocess.Popen(command(args, cpus, host), stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ))
+                            env={**os.environ, PARENT_ENV: str(os.getpid())})
+
+
+def die_with_parent() -> None:
+    """In a process the launcher started: exit (status 1) as soon as the launcher's
+    process is gone, however it died. Does nothing in a process started otherwise (a
+    user's ``panjoin worker``, which outlives its shell by design)."""
+    pid = os.environ.pop(PARENT_ENV, None)  # not inherited by what this one starts
+    if not pid:
+        return
+    try:
+        fd = os.pidfd_open(int(pid))  # this very process, whatever reuses its pid later
+    except ProcessLookupError:
+        os._exit(1)  # gone already
+    except OSError:  # no pidfd (Linux < 5.3): watch for being re-parented instead
+        fd = None
+    first = os.getppid()
+
+    def watch() -> None:
+        if fd is not None:
+            poll = select.poll()
+            poll.register(fd, select.POLLIN)  # readable once the process has exited
+            while not poll.poll(None):
+                pass
+        else:
+            while os.getppid() == first:
+                time.sleep(0.5)
+        os._exit(1)  # no clean stop: the one who would read its output is gone
+
+    threading.Thread(target=watch, daemon=True, name="die-with-parent").start()
 
 
 def _address(p: subprocess.Popen, ready: str, role: str) -> str:

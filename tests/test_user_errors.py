@@ -73,3 +73,56 @@ def event_file(tmp_path_factory, events):
     path = tmp_path_factory.mktemp("ev") / "events.parquet"
     write_events(events, path)
     return path
+
+
+def test_the_cli_answers_a_grpc_error_with_one_line_and_exit_1(event_file, tmp_path):
+    with start_cluster(1) as c:
+        p = _panjoin("replay", str(event_file), "--cluster", c.address, "--window",
+                     "count:1000000000000000,1000000000000000", "--predicate", "eq",
+                     "--out", str(tmp_path / "p.parquet"), "--no-progress")
+    assert p.returncode == 1, p.stderr
+    assert "Traceback" not in p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("panjoin replay: RESOURCE_EXHAUSTED: ")
+    assert "Unable to allocate" in lines[0]
+
+
+# (mode's flags, the flag it would ignore, what the error says)
+IGNORED = [
+    (["--cluster", "127.0.0.1:1"], ["--topology", "ring"], "manager's setting"),
+    (["--cluster", "127.0.0.1:1"], ["--fifo", "4"], "manager's setting"),
+    (["--cluster", "127.0.0.1:1"], ["--segment", "sorted"], "manager's setting"),
+    (["--cluster", "127.0.0.1:1"], ["--replicas", "1"], "manager's setting"),
+    (["--cluster", "127.0.0.1:1"], ["--threads", "2"], "workers' setting"),
+    (["--topology", "handshake"], ["--index", "rap"], "--segment"),
+    (["--topology", "handshake"], ["--result-format", "ranges"], "answers with pairs"),
+    (["--topology", "handshake"], ["--replicas", "1"], "no failover"),
+    (["--workers", "2"], ["--fifo", "4"], "add --topology handshake"),
+]
+
+
+@pytest.mark.parametrize("mode,flag,why", IGNORED, ids=[" ".join(m[:1] + f) for m, f, _ in IGNORED])
+def test_a_flag_the_mode_would_ignore_is_an_error(event_file, tmp_path, mode, flag, why):
+    p = _panjoin("replay", str(event_file), "--window", "count:100,100", "--predicate", "eq",
+                 "--out", str(tmp_path / "p.parquet"), "--no-progress", *mode, *flag)
+    assert p.returncode == 1, p.stderr
+    assert "Traceback" not in p.stderr
+    assert flag[0] in p.stderr and why in p.stderr, p.stderr
+    assert not (tmp_path / "p.parquet").exists()
+
+
+PIPELINE = ["pipeline", "--bootstrap-servers", "127.0.0.1:1", "--manager", "127.0.0.1:1",
+            "--checkpoint", "ckpt", "--window", "time:100,100", "--predicate", "eq"]
+
+
+def test_pipeline_threads_is_an_error_and_max_lag_goes_to_the_join():
+    from panjoin.cli.main import parse
+    from spark_conn.cli import config_from_args, job_argv
+
+    p = _panjoin(*PIPELINE, "--threads", "2")
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr and "--threads is the workers' setting" in p.stderr
+    cfg = config_from_args(parse([*PIPELINE, "--max-lag", "64"]))
+    assert cfg.open_settings()["max_lag"] == 64
+    assert config_from_args(parse(["pipeline", *job_argv(cfg)])) == cfg

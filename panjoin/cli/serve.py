@@ -83,9 +83,10 @@ def add_max_latency(p) -> None:
 
 
 def run_cluster(args) -> int:
-    from panjoin.launch import start_cluster
+    from panjoin.launch import die_with_parent, start_cluster
     from panjoin.manager.service import serve_manager
 
+    die_with_parent()  # its workers die with it in turn
     check_topology(args, "panjoin cluster")
     role = "handshake-node" if args.topology == "handshake" else "worker"
     cluster = start_cluster(args.workers, args.threads, manager=False, role=role)
@@ -111,9 +112,10 @@ def run_cluster(args) -> int:
 
 
 def run_manager(args) -> int:
-    from panjoin.launch import MANAGER_READY, wait_healthy
+    from panjoin.launch import MANAGER_READY, die_with_parent, wait_healthy
     from panjoin.manager.service import serve_manager
 
+    die_with_parent()
     check_topology(args, "panjoin manager")
     addrs = [a.strip() for a in args.workers.split(",") if a.strip()]
     for a in addrs:
@@ -127,9 +129,10 @@ def run_manager(args) -> int:
 
 
 def run_worker(args) -> int:
-    from panjoin.launch import READY
+    from panjoin.launch import READY, die_with_parent
     from workers.server import serve
 
+    die_with_parent()
     if args.index_backend == "opencl":
         from opencl.device import OpenCLError, runtime
 
@@ -148,9 +151,10 @@ def run_worker(args) -> int:
 
 
 def run_handshake_node(args) -> int:
-    from panjoin.launch import READY
+    from panjoin.launch import READY, die_with_parent
     from workers.handshake_node import serve
 
+    die_with_parent()
     server, port = serve(args.port, args.threads, args.host)
     print(f"{READY}{args.host}:{port}", flush=True)
     log.info("handshake node serving on %s:%d", args.host, port)
