@@ -9,8 +9,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+
+ROOT = str(Path(__file__).resolve().parents[1])
 
 PARENT = """
 import sys, time
@@ -35,7 +38,7 @@ def _gone(pid: int) -> bool:
 def test_workers_and_manager_die_with_a_parent_killed_with_9(role, topology):
     parent = subprocess.Popen([sys.executable, "-c", PARENT, role, topology],
                               stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": os.getcwd()})
+                              env={**os.environ, "PYTHONPATH": ROOT})
     pids = []
     try:
         pids = [int(p) for p in parent.stdout.readline().split()]
