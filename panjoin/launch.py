@@ -3,8 +3,10 @@
 Each worker is ``python -m panjoin.cli worker --port 0``: the OS picks a free
 port, the worker prints ``panjoin worker listening on HOST:PORT`` and the
 launcher reads it (no race on "free" ports), then waits until the worker's gRPC
-health service answers SERVING. The manager (``panjoin manager --workers ...``)
-starts the same way and prints ``panjoin manager listening on HOST:PORT``.
+health service answers SERVING, which a worker does once it has compiled its kernels
+(:mod:`workers.warm_up`; up to :data:`WARM_UP_TIMEOUT` on a cold cache). The
+manager (``panjoin manager --workers ...``) starts the same way and prints
+``panjoin manager listening on HOST:PORT``.
 
 A started process dies with its starter, even one killed with -9 (a test run that
 is killed leaves no worker behind): the launcher passes its pid in
@@ -62,9 +64,20 @@ class WorkerProcess:
                 self.kill()
 
 
-def wait_healthy(address: str, timeout: float = 60.0) -> None:
-    """Block until the gRPC health service at ``address`` answers SERVING."""
-    deadline = time.monotonic() + timeout
+#: how long a started process may take to report SERVING: a worker compiles its
+#: kernels first (workers.warm_up), seconds on a warm Numba cache but minutes on a
+#: cold one under load (measured: 11 min with the load average at 9 on 2 cores)
+WARM_UP_TIMEOUT = 1200.0
+#: how often a wait for SERVING says on stderr that it still waits (s)
+PROGRESS_S = 15.0
+
+
+def wait_healthy(address: str, timeout: float = WARM_UP_TIMEOUT) -> None:
+    """Block until the gRPC health service at ``address`` answers SERVING (a worker does
+    once its kernels are compiled); says every PROGRESS_S seconds that it still waits."""
+    t0 = time.monotonic()
+    deadline, said = t0 + timeout, t0
+    status = "no answer"
     with grpc.insecure_channel(address) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while True:
@@ -72,10 +85,17 @@ def wait_healthy(address: str, timeout: float = 60.0) -> None:
                 r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
                 if r.status == health_pb2.HealthCheckResponse.SERVING:
                     return
+                status = health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
             except grpc.RpcError:
                 pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"worker at {address} did not become healthy in {timeout:.0f}s")
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(f"worker at {address} did not become healthy in "
+                                   f"{timeout:.0f}s (last: {status})")
+            if now - said >= PROGRESS_S:
+                said = now
+                print(f"waiting for {address} to serve ({status}: compiling its kernels?) "
+                      f"for {now - t0:.0f} s", file=sys.stderr, flush=True)
             time.sleep(0.1)
 
 
@@ -83,7 +103,8 @@ def wait_healthy(address: str, timeout: float = 60.0) -> None:
 ROLES = ("worker", "handshake-node")
 
 
-def start_workers(n: int, threads: int = 1, timeout: float = 120.0, role: str = "worker",
+def start_workers(n: int, threads: int = 1, timeout: float = WARM_UP_TIMEOUT,
+                  role: str = "worker",
                   worker_args: list[list[str]] | None = None,
                   cpus: set[int] | None = None, hosts: list | None = None
                   ) -> list[WorkerProcess]:
@@ -118,7 +139,7 @@ def start_workers(n: int, threads: int = 1, timeout: float = 120.0, role: str = 
         raise
 
 
-def start_manager(workers: list[str], timeout: float = 120.0,
+def start_manager(workers: list[str], timeout: float = WARM_UP_TIMEOUT,
                   args: list[str] | None = None, cpus: set[int] | None = None,
                   host=None) -> WorkerProcess:
     """Start ``panjoin manager`` over running workers in its own process (its own

@@ -18,8 +18,10 @@ OPTIONS = [("grpc.max_receive_message_length", 1 << 30),
 
 
 def start_server(add_servicer, service_name: str, port: int = 0, host: str = "127.0.0.1",
-                 max_workers: int = 16) -> tuple[grpc.Server, int]:
-    """Start a server for one servicer; returns it and its port (``port=0``: any free one)."""
+                 max_workers: int = 16, serving: bool = True) -> tuple[grpc.Server, int]:
+    """Start a server for one servicer; returns it and its port (``port=0``: any free one).
+    ``serving=False``: its health says NOT_SERVING until :func:`set_serving` (a worker
+    that still compiles its kernels)."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers), options=OPTIONS)
     add_servicer(server)
     hs = health.HealthServicer()
@@ -30,9 +32,20 @@ def start_server(add_servicer, service_name: str, port: int = 0, host: str = "12
     if bound == 0:
         raise OSError(f"cannot bind {host}:{port}; is the port in use?")
     server.start()
-    hs.set("", health_pb2.HealthCheckResponse.SERVING)
-    hs.set(service_name, health_pb2.HealthCheckResponse.SERVING)
+    server.panjoin_health = (hs, service_name)
+    if serving:
+        set_serving(server)
+    else:
+        for name in ("", service_name):
+            hs.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     return server, bound
+
+
+def set_serving(server: grpc.Server) -> None:
+    """Have a server from :func:`start_server` report SERVING on its health service."""
+    hs, service_name = server.panjoin_health
+    for name in ("", service_name):
+        hs.set(name, health_pb2.HealthCheckResponse.SERVING)
 
 
 def serve_until_stopped(stop_fn) -> int:

@@ -56,3 +56,27 @@ def test_workers_and_manager_die_with_a_parent_killed_with_9(role, topology):
         for p in pids:  # the test failed: still no process left behind
             if not _gone(p):
                 os.kill(p, signal.SIGKILL)
+
+
+def test_a_worker_serves_only_once_its_kernels_are_compiled():
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from panjoin.launch import READY, wait_healthy
+
+    p = subprocess.Popen([sys.executable, "-m", "panjoin.cli", "worker", "--port", "0", "-v"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        address = p.stdout.readline()[len(READY):].strip()
+        with grpc.insecure_channel(address) as ch:
+            # it listens at once (the launcher learns its port), but runs some 40 small
+            # joins before it serves: seconds even on a warm cache
+            r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
+                                                     timeout=30)
+        assert r.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        wait_healthy(address)
+    finally:
+        p.terminate()
+        _, err = p.communicate(timeout=60)
+    assert "warm-up: " in err

@@ -207,12 +207,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
 
 def serve(port: int = 0, threads: int = 1, host: str = "127.0.0.1", index_backend: str = "numba",
-          device: str | None = None, null: bool = False) -> tuple[grpc.Server, int]:
+          device: str | None = None, null: bool = False, serving: bool = True
+          ) -> tuple[grpc.Server, int]:
     """Start a worker server; returns it and the bound port (``port=0`` picks a free one).
     ``index_backend="opencl"`` serves BI-Sort subwindows from an OpenCL ``device``;
-    ``null`` holds nothing and answers every probe empty (the manager's ceiling)."""
+    ``null`` holds nothing and answers every probe empty (the manager's ceiling);
+    ``serving=False``: NOT_SERVING until :func:`panjoin.serving.set_serving` (the
+    ``panjoin worker`` process first compiles its kernels, :mod:`workers.warm_up`)."""
     tune_allocator()
     servicer = WorkerServicer(threads, index_backend, device, null)
     return start_server(lambda srv: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, srv),
                         worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name, port, host,
-                        max_workers=8)
+                        max_workers=8, serving=serving)

@@ -112,14 +112,14 @@ def run_cluster(args) -> int:
 
 
 def run_manager(args) -> int:
-    from panjoin.launch import MANAGER_READY, die_with_parent, wait_healthy
+    from panjoin.launch import MANAGER_READY, WARM_UP_TIMEOUT, die_with_parent, wait_healthy
     from panjoin.manager.service import serve_manager
 
     die_with_parent()
     check_topology(args, "panjoin manager")
     addrs = [a.strip() for a in args.workers.split(",") if a.strip()]
-    for a in addrs:
-        wait_healthy(a, timeout=30)
+    for a in addrs:  # a worker on a cold Numba cache compiles for minutes first
+        wait_healthy(a, timeout=WARM_UP_TIMEOUT)
     server, port = serve_manager(addrs, args.port, args.host, topology=args.topology,
                                  fifo=args.fifo, segment=args.segment, replicas=args.replicas,
                                  max_latency_ms=args.max_latency, fast_forward=args.fast_forward,
@@ -130,7 +130,9 @@ def run_manager(args) -> int:
 
 def run_worker(args) -> int:
     from panjoin.launch import READY, die_with_parent
+    from panjoin.serving import set_serving
     from workers.server import serve
+    from workers.warm_up import warm_up
 
     die_with_parent()
     if args.index_backend == "opencl":
@@ -144,18 +146,27 @@ def run_worker(args) -> int:
             return 2
         log.info("BI-Sort subwindows on OpenCL device %s", rt.name)
     server, port = serve(args.port, args.threads, args.host, index_backend=args.index_backend,
-                         device=args.device, null=args.null)
+                         device=args.device, null=args.null, serving=False)
     print(f"{READY}{args.host}:{port}", flush=True)
+    if not args.null:  # NOT_SERVING until its kernels are compiled (workers.warm_up)
+        n, s = warm_up(args.threads)
+        log.info("warm-up: %d joins in %.1f s", n, s)
+    set_serving(server)
     log.info("worker serving on %s:%d with %d threads", args.host, port, args.threads)
     return serve_until_stopped(lambda: server.stop(grace=2).wait())
 
 
 def run_handshake_node(args) -> int:
     from panjoin.launch import READY, die_with_parent
+    from panjoin.serving import set_serving
     from workers.handshake_node import serve
+    from workers.warm_up import warm_up_handshake
 
     die_with_parent()
-    server, port = serve(args.port, args.threads, args.host)
+    server, port = serve(args.port, args.threads, args.host, serving=False)
     print(f"{READY}{args.host}:{port}", flush=True)
+    n, s = warm_up_handshake()  # NOT_SERVING until its scans are compiled
+    log.info("warm-up: %d chains in %.1f s", n, s)
+    set_serving(server)
     log.info("handshake node serving on %s:%d", args.host, port)
     return serve_until_stopped(lambda: server.stop(grace=2).wait())
