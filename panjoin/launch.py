@@ -3,10 +3,20 @@
 Each worker is ``python -m panjoin.cli worker --port 0``: the OS picks a free
 port, the worker prints ``panjoin worker listening on HOST:PORT`` and the
 launcher reads it (no race on "free" ports), then waits until the worker's gRPC
-health service answers SERVING. The manager (``panjoin manager --workers ...``)
-starts the same way and prints ``panjoin manager listening on HOST:PORT``. Every
+health service answers SERVING, which a worker does once it has compiled its kernels
+(:mod:`workers.warm_up`; up to :data:`WARM_UP_TIMEOUT` on a cold cache). The
+manager (``panjoin manager --workers ...``) starts the same way and prints
+``panjoin manager listening on HOST:PORT``. Every
 process gets this process's security flags (:mod:`panjoin.security`: TLS, the
 message limit; the manager also the token file), or those of ``security``.
+
+A started process dies with its starter, even one killed with -9 (a test run that
+is killed leaves no worker behind): the launcher passes its pid in
+``PANJOIN_PARENT_PID`` and the process calls :func:`die_with_parent`, a thread that
+waits on a pidfd of that pid and exits the process when it becomes readable. (Not
+``prctl(PR_SET_PDEATHSIG)`` in a ``preexec_fn``: that signal follows the *thread*
+that forked, so a worker started from a pool thread would die with the thread, and
+a ``preexec_fn`` runs Python in a fork of a process full of gRPC threads.)
 
     >>> procs = start_workers(2)          # doctest: +SKIP
     >>> [p.address for p in procs]        # doctest: +SKIP
@@ -18,9 +28,11 @@ message limit; the manager also the token file), or those of ``security``.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -56,11 +68,22 @@ class WorkerProcess:
                 self.kill()
 
 
-def wait_healthy(address: str, timeout: float = 60.0, security: Security | None = None
-                 ) -> None:
-    """Block until the gRPC health service at ``address`` answers SERVING (over a
-    channel under ``security``, None: the process's)."""
-    deadline = time.monotonic() + timeout
+#: how long a started process may take to report SERVING: a worker compiles its
+#: kernels first (workers.warm_up), seconds on a warm Numba cache but minutes on a
+#: cold one under load (measured: 11 min with the load average at 9 on 2 cores)
+WARM_UP_TIMEOUT = 1200.0
+#: how often a wait for SERVING says on stderr that it still waits (s)
+PROGRESS_S = 15.0
+
+
+def wait_healthy(address: str, timeout: float = WARM_UP_TIMEOUT,
+                 security: Security | None = None) -> None:
+    """Block until the gRPC health service at ``address`` answers SERVING (a worker does
+    once its kernels are compiled), over a channel under ``security`` (None: the
+    process's); says every PROGRESS_S seconds that it still waits."""
+    t0 = time.monotonic()
+    deadline, said = t0 + timeout, t0
+    status = "no answer"
     with channel(address, security) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while True:
@@ -68,10 +91,17 @@ def wait_healthy(address: str, timeout: float = 60.0, security: Security | None 
                 r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
                 if r.status == health_pb2.HealthCheckResponse.SERVING:
                     return
+                status = health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
             except grpc.RpcError:
                 pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"worker at {address} did not become healthy in {timeout:.0f}s")
+            now = time.monotonic()
+            if now > deadline:
+                raise TimeoutError(f"worker at {address} did not become healthy in "
+                                   f"{timeout:.0f}s (last: {status})")
+            if now - said >= PROGRESS_S:
+                said = now
+                print(f"waiting for {address} to serve ({status}: compiling its kernels?) "
+                      f"for {now - t0:.0f} s", file=sys.stderr, flush=True)
             time.sleep(0.1)
 
 
@@ -79,7 +109,8 @@ def wait_healthy(address: str, timeout: float = 60.0, security: Security | None 
 ROLES = ("worker", "handshake-node")
 
 
-def start_workers(n: int, threads: int = 1, timeout: float = 120.0, role: str = "worker",
+def start_workers(n: int, threads: int = 1, timeout: float = WARM_UP_TIMEOUT,
+                  role: str = "worker",
                   worker_args: list[list[str]] | None = None,
                   cpus: set[int] | None = None, hosts: list | None = None,
                   security: Security | None = None) -> list[WorkerProcess]:
@@ -117,7 +148,7 @@ def start_workers(n: int, threads: int = 1, timeout: float = 120.0, role: str = 
         raise
 
 
-def start_manager(workers: list[str], timeout: float = 120.0,
+def start_manager(workers: list[str], timeout: float = WARM_UP_TIMEOUT,
                   args: list[str] | None = None, cpus: set[int] | None = None,
                   host=None, security: Security | None = None) -> WorkerProcess:
     """Start ``panjoin manager`` over running workers in its own process (its own
@@ -222,9 +253,42 @@ def command(args: list[str], cpus: set[int] | None = None, host=None) -> list[st
     return host.wrap(cmd) if host is not None else cmd
 
 
+#: the environment variable that names the starter a process dies with
+PARENT_ENV = "PANJOIN_PARENT_PID"
+
+
 def _spawn(args: list[str], cpus: set[int] | None = None, host=None) -> subprocess.Popen:
     return subprocess.Popen(command(args, cpus, host), stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ))
+                            env={**os.environ, PARENT_ENV: str(os.getpid())})
+
+
+def die_with_parent() -> None:
+    """In a process the launcher started: exit (status 1) as soon as the launcher's
+    process is gone, however it died. Does nothing in a process started otherwise (a
+    user's ``panjoin worker``, which outlives its shell by design)."""
+    pid = os.environ.pop(PARENT_ENV, None)  # not inherited by what this one starts
+    if not pid:
+        return
+    try:
+        fd = os.pidfd_open(int(pid))  # this very process, whatever reuses its pid later
+    except ProcessLookupError:
+        os._exit(1)  # gone already
+    except OSError:  # no pidfd (Linux < 5.3): watch for being re-parented instead
+        fd = None
+    first = os.getppid()
+
+    def watch() -> None:
+        if fd is not None:
+            poll = select.poll()
+            poll.register(fd, select.POLLIN)  # readable once the process has exited
+            while not poll.poll(None):
+                pass
+        else:
+            while os.getppid() == first:
+                time.sleep(0.5)
+        os._exit(1)  # no clean stop: the one who would read its output is gone
+
+    threading.Thread(target=watch, daemon=True, name="die-with-parent").start()
 
 
 def _address(p: subprocess.Popen, ready: str, role: str) -> str:

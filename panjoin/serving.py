@@ -25,10 +25,12 @@ class BindError(ValueError):
 
 
 def start_server(add_servicer, service_name: str, port: int = 0, host: str = "127.0.0.1",
-                 max_workers: int = 16, security: Security | None = None
-                 ) -> tuple[grpc.Server, int]:
+                 max_workers: int = 16, security: Security | None = None,
+                 serving: bool = True) -> tuple[grpc.Server, int]:
     """Start a server for one servicer under ``security`` (None: the process's, see
-    :func:`panjoin.security.use`); returns it and its port (``port=0``: any free one)."""
+    :func:`panjoin.security.use`); returns it and its port (``port=0``: any free one).
+    ``serving=False``: its health says NOT_SERVING until :func:`set_serving` (a worker
+    that still compiles its kernels)."""
     sec = security or current()
     name = re.sub(r"(?<!^)(?=[A-Z])", "-", service_name.rsplit(".", 1)[-1]).lower()
     sec.check_bind(host, f"the {name} server")
@@ -50,9 +52,20 @@ def start_server(add_servicer, service_name: str, port: int = 0, host: str = "12
                         f"panjoin {name}?) or {host} is not an address of this host; pick "
                         "another --port (0: any free one) or --host")
     server.start()
-    hs.set("", health_pb2.HealthCheckResponse.SERVING)
-    hs.set(service_name, health_pb2.HealthCheckResponse.SERVING)
+    server.panjoin_health = (hs, service_name)
+    if serving:
+        set_serving(server)
+    else:
+        for svc in ("", service_name):
+            hs.set(svc, health_pb2.HealthCheckResponse.NOT_SERVING)
     return server, bound
+
+
+def set_serving(server: grpc.Server) -> None:
+    """Have a server from :func:`start_server` report SERVING on its health service."""
+    hs, service_name = server.panjoin_health
+    for name in ("", service_name):
+        hs.set(name, health_pb2.HealthCheckResponse.SERVING)
 
 
 def serve_until_stopped(stop_fn) -> int:

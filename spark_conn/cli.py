@@ -23,7 +23,7 @@ import json
 import logging
 import sys
 
-from panjoin.cli.options import add_common, add_join_opts, add_security
+from panjoin.cli.options import DEFAULTS, add_common, add_join_opts, add_security, rpc_error
 from panjoin.kafka.options import add_option_arg, from_args
 from panjoin.security import Security
 from spark_conn.config import PipelineConfig
@@ -91,18 +91,21 @@ def add_pipeline_opts(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args) -> PipelineConfig:
     """The job's config; the Kafka options are checked here, before Spark starts."""
+    if args.threads is not None:  # the join runs on the manager's workers, not here
+        raise ValueError("--threads is the workers' setting: give it to 'panjoin cluster' "
+                         "or 'panjoin worker'; the pipeline's join runs on the manager")
     return PipelineConfig(
         bootstrap=args.bootstrap_servers, manager=args.manager, checkpoint=args.checkpoint,
         window=args.window, predicate=args.predicate, r_topic=args.r_topic,
         s_topic=args.s_topic, out_topic=args.out_topic, late_topic=args.late_topic,
         dead_letter_topic=args.dead_letter_topic, key_field=args.key_field,
         ts_field=args.ts_field, id_field=args.id_field, key_type=args.key_type,
-        index=args.index, allowed_lateness=args.allowed_lateness,
+        index=args.index or DEFAULTS["index"], allowed_lateness=args.allowed_lateness,
         subwindow_size=args.subwindow_size, partitions=args.partitions,
         batch_size=args.batch_size or 32768, max_offsets_per_trigger=args.max_offsets_per_trigger,
         starting_offsets=args.starting_offsets, trigger=args.trigger, source=args.source,
         idle_timeout=args.idle_timeout, manager_timeout=args.manager_timeout,
-        kafka_options=from_args(args), max_latency_ms=args.max_latency,
+        kafka_options=from_args(args), max_latency_ms=args.max_latency, max_lag=args.max_lag,
         security=Security.from_args(args))
 
 
@@ -120,7 +123,8 @@ def job_argv(cfg: PipelineConfig) -> list[str]:
          "--manager-timeout", str(c.manager_timeout)]
     for flag, v in (("--subwindow-size", c.subwindow_size), ("--partitions", c.partitions),
                     ("--max-offsets-per-trigger", c.max_offsets_per_trigger),
-                    ("--idle-timeout", c.idle_timeout), ("--max-latency", c.max_latency_ms)):
+                    ("--idle-timeout", c.idle_timeout), ("--max-latency", c.max_latency_ms),
+                    ("--max-lag", c.max_lag)):
         if v is not None:
             a += [flag, str(v)]
     for k, v in c.kafka_options.items():
@@ -163,7 +167,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run(args)
+    try:
+        return run(args)
+    except Exception as e:
+        line = rpc_error(e)  # the manager's answer, one line (as panjoin's main)
+        if line is None:
+            raise
+        print(f"{ap.prog}: {line}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -51,12 +51,16 @@ class PipelineConfig:
     max_latency_ms: float | None = None
     #: how the job reaches the manager: TLS, token, message limit (panjoin.security)
     security: Security = field(default_factory=Security)
+    #: cut a stream's batch once the other stream got this many tuples (OpenRequest.max_lag)
+    max_lag: int | None = None
 
     def __post_init__(self):
         if self.max_latency_ms is not None:
             if not self.max_latency_ms > 0:
                 raise ValueError(f"max latency must be a positive number of ms, got "
                                  f"{self.max_latency_ms}")
+        if self.max_lag is not None and not self.max_lag > 0:
+            raise ValueError(f"max lag must be a positive number of tuples, got {self.max_lag}")
 
     def open_settings(self) -> dict:
         s = {"allowed_lateness": self.allowed_lateness, "batch_size": self.batch_size,
@@ -67,5 +71,7 @@ class PipelineConfig:
             s["partitions"] = self.partitions
         if self.max_latency_ms is not None:
             s["max_latency_ms"] = self.max_latency_ms
+        if self.max_lag is not None:
+            s["max_lag"] = self.max_lag
         s.update(self.extra_open)
         return s

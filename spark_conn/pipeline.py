@@ -101,6 +101,7 @@ from panjoin.client import Client, JoinSession
 from panjoin.kafka import io
 from panjoin.kafka.fetcher import Fetcher
 from panjoin.kafka.io import BATCH_HEADER, SEQ_HEADER
+from panjoin.kafka.protocol import ProtocolError
 from panjoin.kafka.writer import BatchWriter
 from panjoin.semantics import I64_MIN, parse_predicate, parse_window
 from spark_conn.config import PipelineConfig
@@ -211,8 +212,7 @@ class Pipeline:
                 dead.append({"topic": self.cfg.r_topic if p.stream[i] == 0 else self.cfg.s_topic,
                              "reason": f"id {int(p.id[i])} repeats an id of its stream that "
                                        f"is still in the window; ids must be unique",
-                             "record": p.records[int(p.row[i])].as_py().decode("utf-8",
-                                                                               "replace")})
+                             **raw_record(p.records[int(p.row[i])].as_py())})
             p = p.take(keep)
         out = BatchOutput([], [], [json.dumps(d).encode() for d in dead], len(p.id),
                           watermark=w, dups=dup.tolist(), wm_after=wm.snapshot())
@@ -313,8 +313,37 @@ class Pipeline:
                                strict=True):
             done = skip.get(topic, ()) if skip else ()
             vals = recs if isinstance(recs, pa.Array) else pa.array(recs, pa.large_binary())
-            n = w.write(topic, vals, batch, done)
+            try:
+                n = w.write(topic, vals, batch, done)
+            except ProtocolError as e:
+                if topic != self.cfg.dead_letter_topic:
+                    raise
+                n = self._write_dead_letters(batch, vals, e)
             self.stats["skipped_records"] += len(vals) - n
+
+    def _write_dead_letters(self, batch: int, vals: pa.Array, e: ProtocolError) -> int:
+        """The broker refused some of the batch's dead letters (too large for it, say,
+        though :func:`raw_record` caps them): write them one at a time, after those the
+        refused write left in the topic, and log each one refused again and go on. A
+        record the broker will not take must not stop the job: every restart from the
+        checkpoint would fail on it again."""
+        topic = self.cfg.dead_letter_topic
+        log.warning("batch %d: the dead-letter topic %r refused a write (%s); writing its "
+                    "records one at a time", batch, topic, e)
+        n, w = len(vals), self._writer()
+        entry = (self.entries or {}).get(batch) or self.log.read().get(batch)
+        there = self.written(batch, entry["out_start"])[topic] if entry else set()
+        written = 0
+        for i in range(n):
+            if i in there:
+                continue
+            try:
+                written += w.write(topic, vals, batch, set(range(n)) - {i})
+            except ProtocolError as e1:
+                self.stats["dead_dropped"] = self.stats.get("dead_dropped", 0) + 1
+                log.error("batch %d: dead letter %d of %d is dropped, the topic %r refused "
+                          "it (%s): %s", batch, i, n, topic, e1, vals[i].as_py()[:400])
+        return written
 
     # -- replay after a restart
 

@@ -181,13 +181,34 @@ def parse_batch(table: pa.Table | Records, cfg: PipelineConfig) -> Parsed:
                   rec.ranges, rec.partition[perm])
 
 
-def raw_record(v: bytes | None) -> dict:
-    """A rejected record as it came: text, or base64 when it is not UTF-8."""
+#: bytes of a rejected record that its dead letter keeps. A broker takes about 1 MiB
+#: per record (message.max.bytes) and base64 grows a binary record by a third: a
+#: 900 KB record in full would be refused, and the job would fail on it at every
+#: restart. The first 64 KiB say what the record was.
+DEAD_LETTER_KEEP = 64 * 1024
+
+
+def raw_record(v: bytes | None, keep: int | None = None) -> dict:
+    """A rejected record as it came: text, or base64 when it is not UTF-8. One longer
+    than ``keep`` bytes (default :data:`DEAD_LETTER_KEEP`) keeps its first ``keep``,
+    marked::
+
+        {"record_base64": "...", "truncated": true, "original_bytes": 900000}
+    """
     if v is None:
         return {"record": None}
-    try:
-        return {"record": v.decode("utf-8")}
-    except UnicodeDecodeError:
-        import base64
+    keep = DEAD_LETTER_KEEP if keep is None else keep
+    cut: dict = {}
+    ends = (0,)
+    if len(v) > keep:
+        cut = {"truncated": True, "original_bytes": len(v)}
+        v = v[:keep]
+        ends = (0, 1, 2, 3)  # text cut inside a character: without its first bytes
+    for back in ends:
+        try:
+            return {"record": v[:len(v) - back].decode("utf-8"), **cut}
+        except UnicodeDecodeError:
+            pass
+    import base64
 
-        return {"record_base64": base64.b64encode(v).decode()}
+    return {"record_base64": base64.b64encode(v).decode(), **cut}

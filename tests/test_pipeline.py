@@ -532,3 +532,62 @@ def test_local_spark_session_imports_compiled_pyspark_and_checkpoints_without_sh
     assert ".zip" not in where and where.endswith(".py"), where
     assert spark.conf.get("spark.sql.streaming.checkpointFileManagerClass").endswith(
         "FileSystemBasedCheckpointFileManager")
+
+
+#: a binary record a broker takes (about 1 MiB each), whose dead letter in full would
+#: not be: base64 and the reason make it 1.2 MB
+HUGE = bytes(range(256)) * 3515 + b"\xff" * 160  # 900,000 bytes, not UTF-8
+
+
+def _huge_dead_letter_run(bootstrap, manager, tmp_path):
+    """Events with the HUGE record and a small malformed one in R, joined without Spark
+    (the job's code path, as above); returns (config, events, dead letters, stats)."""
+    ev = _events(400, seed=4, key_max=800, late=0)
+    r, s = topic("R"), topic("S")
+    io.produce_events(bootstrap, ev, r, s, partitions=2)
+    p = io.producer(bootstrap)
+    for v in (HUGE, b"not json at all"):
+        p.produce(r, v)
+    assert p.flush(60) == 0
+    cfg = _config(bootstrap, manager, tmp_path, r=r, s=s)
+    io.create_topics(bootstrap, [cfg.out_topic, cfg.late_topic, cfg.dead_letter_topic])
+    pipe = Pipeline(cfg)
+    for b, t in enumerate(_micro_batches(bootstrap, [r, s], 150)):
+        pipe.process_table(t, b)
+    pipe.close()
+    assert np.array_equal(sort_pairs(_joined(bootstrap, cfg.out_topic)),
+                          _reference(ev, cfg).pairs)
+    dead = [json.loads(m.value()) for m in io.read_topic(bootstrap, cfg.dead_letter_topic)]
+    return cfg, dead, pipe.stats
+
+
+def test_a_record_too_large_for_the_dead_letter_topic_goes_there_truncated(broker, manager,
+                                                                          tmp_path):
+    from spark_conn.records import DEAD_LETTER_KEEP
+
+    cfg, dead, _ = _huge_dead_letter_run(broker.bootstrap, manager, tmp_path)
+    assert len(dead) == 2
+    big = next(d for d in dead if d.get("truncated"))
+    assert big["original_bytes"] == len(HUGE) and big["reason"].startswith("not JSON")
+    assert base64.b64decode(big["record_base64"]) == HUGE[:DEAD_LETTER_KEEP]
+    c = io.consumer(broker.bootstrap, **{"enable.partition.eof": True})
+    try:  # its topic, partition and offset name the record
+        (m,) = io.read_range(c, big["topic"], big["partition"], big["offset"],
+                             big["offset"] + 1)
+    finally:
+        c.close()
+    assert big["topic"] == cfg.r_topic and m.value() == HUGE
+
+
+def test_a_dead_letter_the_broker_refuses_is_logged_and_the_job_goes_on(
+        brokers, manager, tmp_path, monkeypatch, caplog):
+    import spark_conn.records
+    from panjoin.kafka.broker import start_broker
+
+    # noida-db refuses a record over about 1 MiB (MESSAGE_TOO_LARGE); Tansu takes it
+    b = brokers.get("noida") or brokers.setdefault("noida", start_broker("noida"))
+    monkeypatch.setattr(spark_conn.records, "DEAD_LETTER_KEEP", 1 << 30)  # no cap
+    _, dead, stats = _huge_dead_letter_run(b.bootstrap, manager, tmp_path)
+    assert [d["record"] for d in dead] == ["not json at all"]
+    assert stats["dead_dropped"] == 1
+    assert "is dropped" in caplog.text

@@ -204,10 +204,12 @@ class HandshakeNodeServicer(handshake_pb2_grpc.HandshakeNodeServicer):
         return c.status()
 
 
-def serve(port: int = 0, threads: int = 1, host: str = "127.0.0.1") -> tuple[grpc.Server, int]:
-    """Start a handshake node server; returns it and the bound port."""
+def serve(port: int = 0, threads: int = 1, host: str = "127.0.0.1", serving: bool = True
+          ) -> tuple[grpc.Server, int]:
+    """Start a handshake node server; returns it and the bound port. ``serving=False``:
+    NOT_SERVING until :func:`panjoin.serving.set_serving` (after the warm-up)."""
     servicer = HandshakeNodeServicer(threads)
     return start_server(
         lambda srv: handshake_pb2_grpc.add_HandshakeNodeServicer_to_server(servicer, srv),
         handshake_pb2.DESCRIPTOR.services_by_name["HandshakeNode"].full_name, port, host,
-        max_workers=32)
+        max_workers=32, serving=serving)

@@ -216,6 +216,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             fb.error, fb.code = str(e), "NOT_FOUND"
         except (WireError, ValueError, TypeError) as e:
             fb.error, fb.code = str(e), "INVALID_ARGUMENT"
+        except MemoryError as e:  # numpy's "Unable to allocate 1.78 PiB ...": the join's size
+            fb.error = (f"out of memory: {e}; give the join a smaller window, subwindow size "
+                        "or partition count, or more workers")
+            fb.code = "RESOURCE_EXHAUSTED"
         except Exception as e:  # a bug: report it rather than kill the session
             log.exception("command %d failed", cmd.command_id)
             fb.error, fb.code = f"internal error: {e}", "INTERNAL"
@@ -334,16 +338,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
 def serve(port: int = 0, threads: int = 1, host: str = "127.0.0.1", index_backend: str = "numba",
           device: str | None = None, null: bool = False, max_sessions: int = MAX_SESSIONS,
-          idle_timeout: float = IDLE_TIMEOUT_S, memory_limit: int | None = None
-          ) -> tuple[grpc.Server, int]:
+          idle_timeout: float = IDLE_TIMEOUT_S, memory_limit: int | None = None,
+          serving: bool = True) -> tuple[grpc.Server, int]:
     """Start a worker server; returns it and the bound port (``port=0`` picks a free one).
     ``index_backend="opencl"`` serves BI-Sort subwindows from an OpenCL ``device``;
     ``null`` holds nothing and answers every probe empty (the manager's ceiling).
     ``max_sessions``, ``idle_timeout`` (s), ``memory_limit`` (bytes; None: the default
-    share of the host's memory) bound what sessions may hold (see the module doc)."""
+    share of the host's memory) bound what sessions may hold (see the module doc).
+    ``serving=False``: NOT_SERVING until :func:`panjoin.serving.set_serving` (the
+    ``panjoin worker`` process first compiles its kernels, :mod:`workers.warm_up`)."""
     tune_allocator()
     servicer = WorkerServicer(threads, index_backend, device, null, max_sessions, idle_timeout,
                               memory_limit)
     return start_server(lambda srv: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, srv),
                         worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name, port, host,
-                        max_workers=max_sessions + SPARE_THREADS)
+                        max_workers=max_sessions + SPARE_THREADS, serving=serving)

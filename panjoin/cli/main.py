@@ -20,6 +20,7 @@ from pathlib import Path
 
 from panjoin import __version__
 from panjoin.cli import bench, demo, gen, replay, serve
+from panjoin.cli.options import rpc_error
 from panjoin.kafka import cli as kafka_cli
 from panjoin.security import Security, use
 from panjoin.semantics import SpecError
@@ -100,3 +101,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted; nothing was written", file=sys.stderr)
         return 130
+    except Exception as e:
+        line = rpc_error(e)  # a manager's or worker's answer: the user acts on its code
+        if line is None:
+            raise
+        print(f"panjoin {args.cmd}: {line}", file=sys.stderr)
+        return 1

@@ -78,9 +78,8 @@ def add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
                    help="eq | ne | band:E (|r.key-s.key|<=E) | bands:A,B;C,D (s.key-r.key in ...);"
                         " append &band2:E, &bands2:A,B or &eq2 for a residual on the events'"
                         " key2 column, e.g. band:10&band2:10")
-    g.add_argument("--index", default="bisort",
-                   choices=INDEX_KINDS,
-                   help=INDEX_HELP + " (default: %(default)s)")
+    g.add_argument("--index", choices=INDEX_KINDS,  # None: check_topology tells it was left out
+                   help=INDEX_HELP + " (default: bisort)")
     g.add_argument("--allowed-lateness", type=int, default=0, metavar="MS",
                    help="time windows: a tuple more than MS behind the largest ts so far is "
                         "late (default: %(default)s)")
@@ -105,15 +104,23 @@ def add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
     g.add_argument("--threads", type=int, metavar="T", help="probe threads (default: all cores)")
 
 
+#: the defaults of :func:`add_topology`'s flags (and of ``--index``, ``--result-format``).
+#: argparse's are None, so that :func:`check_topology` tells a flag the user gave from
+#: one left out; it fills these in after its checks.
+DEFAULTS = {"topology": "ring", "fifo": 1 << 16, "segment": "nested", "worker_timeout": 60.0,
+            "replicas": 2, "index": "bisort", "result_format": "pairs"}
+
+
 def add_topology(p: argparse.ArgumentParser) -> None:
-    """Where the subwindows live: the ring (replicas) or a handshake chain (FIFOs)."""
-    p.add_argument("--topology", choices=["ring", "handshake"], default="ring",
+    """Where the subwindows live: the ring (replicas) or a handshake chain (FIFOs).
+    Call :func:`check_topology` on the parsed args before using them."""
+    p.add_argument("--topology", choices=["ring", "handshake"],
                    help="ring: PanJoin subwindows over workers (default); handshake: a chain of "
                         "handshake join nodes (nested-loop segments, two-phase forwarding)")
-    p.add_argument("--fifo", type=size, default=1 << 16, metavar="PAIRS",
+    p.add_argument("--fifo", type=size, metavar="PAIRS",
                    help="handshake: capacity of every result FIFO in pairs; admission control "
-                        "pauses the input while one is full (default: %(default)s)")
-    p.add_argument("--segment", choices=["nested", "sorted"], default="nested",
+                        f"pauses the input while one is full (default: {DEFAULTS['fifo']})")
+    p.add_argument("--segment", choices=["nested", "sorted"],
                    help="handshake: how a node scans its segments: the paper's nested loop "
                         "(default) or a sorted key index")
     p.add_argument("--fast-forward", action="store_true",
@@ -121,21 +128,77 @@ def add_topology(p: argparse.ArgumentParser) -> None:
                         "every arriving tuple is sent along the whole chain at once and "
                         "joined on the way, so its pairs come out within a few hops, not "
                         "when it crosses the old tuples")
-    p.add_argument("--worker-timeout", type=float, default=60.0, metavar="S",
+    p.add_argument("--worker-timeout", type=float, metavar="S",
                    help="ring: a worker that leaves a command unanswered S seconds gets a "
                         "heartbeat; one that answers neither is declared dead and its "
-                        "backups take over (default: %(default)s)")
-    p.add_argument("--replicas", type=int, choices=[1, 2], default=2,
+                        f"backups take over (default: {DEFAULTS['worker_timeout']:g})")
+    p.add_argument("--replicas", type=int, choices=[1, 2],
                    help="ring: copies of each subwindow. 2: a backup on the next worker logs "
                         "the same inserts and takes over when its worker dies (no loss; "
                         "default); 1: none, so a lost worker ends the join")
 
 
-def check_topology(args, prog: str) -> None:
-    """A handshake-only flag on a ring is an error, not ignored."""
-    if getattr(args, "fast_forward", False) and args.topology != "handshake":
-        raise SystemExit(f"{prog}: error: --fast-forward is a handshake chain's; "
-                         "add --topology handshake")
+def _given(args, dest: str) -> bool:
+    return getattr(args, dest, None) not in (None, False)
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check_topology(args, prog: str, on_manager: bool = False) -> None:
+    """A flag that the chosen mode would ignore is an error that says why (exit 1),
+    never ignored; then the defaults (:data:`DEFAULTS`) of the flags left out. With
+    ``on_manager`` (``replay --cluster``) the topology flags are the running manager's,
+    fixed when it started, and ``--threads`` its workers'."""
+    def fail(why: str):
+        raise SystemExit(f"{prog}: error: {why}")
+
+    if on_manager:
+        for dest in ("topology", "fifo", "segment", "fast_forward", "worker_timeout",
+                     "replicas"):
+            if _given(args, dest):
+                fail(f"{_flag(dest)} is the manager's setting, fixed when it started: give "
+                     f"it to 'panjoin cluster' or 'panjoin manager', not to a join on "
+                     f"--cluster")
+        if _given(args, "threads"):
+            fail("--threads is the workers' setting: give it to 'panjoin cluster' or "
+                 "'panjoin worker', not to a join on --cluster")
+    handshake = getattr(args, "topology", None) == "handshake"
+    if not handshake:
+        for dest in ("fast_forward", "fifo", "segment"):
+            if _given(args, dest):
+                fail(f"{_flag(dest)} is a handshake chain's; add --topology handshake")
+    else:
+        for dest in ("replicas", "worker_timeout"):
+            if _given(args, dest):
+                fail(f"{_flag(dest)} is the ring's (subwindows on workers); a handshake "
+                     "chain keeps one copy of each tuple and has no failover: drop it or "
+                     "use --topology ring")
+        if _given(args, "index"):
+            fail("--index picks the ring's subwindow index; handshake nodes scan their "
+                 "segments as --segment says (nested or sorted)")
+        if _given(args, "result_format"):
+            fail("--result-format is the ring's (BI-Sort ranges through the manager's "
+                 "mirror); a handshake chain answers with pairs: drop it")
+    for dest, v in DEFAULTS.items():
+        if dest in vars(args) and getattr(args, dest) is None:
+            setattr(args, dest, v)
+
+
+def rpc_error(e: BaseException) -> str | None:
+    """``"CODE: detail"`` if ``e`` is a gRPC error (a failed call to a manager or a
+    worker), else None: the one line a command prints for it, instead of a traceback.
+
+    >>> rpc_error(ValueError("x")) is None
+    True
+    """
+    grpc = sys.modules.get("grpc")  # not imported: nothing could have raised one
+    if grpc is None or not isinstance(e, grpc.RpcError):
+        return None
+    code = e.code() if callable(getattr(e, "code", None)) else None
+    detail = e.details() if callable(getattr(e, "details", None)) else str(e)
+    return f"{code.name if code is not None else 'gRPC error'}: {detail}"
 
 
 def progress(total, desc, disable, unit="tuples"):

@@ -43,10 +43,10 @@ def add_parser(sub) -> None:
                        help="run on a local cluster of N worker processes (default: in-process)")
     where.add_argument("--cluster", metavar="HOST:PORT",
                        help="run on an existing manager endpoint (panjoin cluster / manager)")
-    p.add_argument("--result-format", choices=["pairs", "ranges"], default="pairs",
+    p.add_argument("--result-format", choices=["pairs", "ranges"],
                    help="on a cluster with BI-Sort: workers answer with (start, end) ranges "
                         "expanded on the manager's mirror, a copy of each BI-Sort subwindow "
-                        "(O(window) memory on the manager; default: %(default)s)")
+                        "(O(window) memory on the manager; default: pairs)")
     p.add_argument("--with-payload", action="store_true",
                    help="join the events' payloads back onto the pairs: columns r_payload, "
                         "s_payload (kept by the client or in-process engine; workers never "
@@ -76,6 +76,7 @@ def run(args) -> int:
     from panjoin.events import read_events
     from panjoin.semantics import parse_predicate, parse_window
 
+    check_topology(args, "panjoin replay", on_manager=bool(args.cluster))
     window = parse_window(args.window, args.allowed_lateness)
     pred = parse_predicate(args.predicate)
     t0 = time.perf_counter()
@@ -94,7 +95,6 @@ def run(args) -> int:
                          "part of --predicate")
     if not args.with_payload:
         events.payload = None  # not asked for: the manager need not keep them
-    check_topology(args, "panjoin replay")
     if args.warm_up and args.topology == "handshake":
         raise SystemExit("panjoin replay: error: --warm-up is for the ring topology (the "
                          "handshake nodes' scan loads in the first messages)")

@@ -111,9 +111,10 @@ def add_max_latency(p) -> None:
 
 
 def run_cluster(args) -> int:
-    from panjoin.launch import start_cluster
+    from panjoin.launch import die_with_parent, start_cluster
     from panjoin.manager.service import serve_manager
 
+    die_with_parent()  # its workers die with it in turn
     check_topology(args, "panjoin cluster")
     role = "handshake-node" if args.topology == "handshake" else "worker"
     cluster = start_cluster(args.workers, args.threads, manager=False, role=role)
@@ -140,14 +141,15 @@ def run_cluster(args) -> int:
 
 
 def run_manager(args) -> int:
-    from panjoin.launch import MANAGER_READY, wait_healthy
+    from panjoin.launch import MANAGER_READY, WARM_UP_TIMEOUT, die_with_parent, wait_healthy
     from panjoin.manager.service import serve_manager
 
+    die_with_parent()
     check_topology(args, "panjoin manager")
     current().check_bind(args.host, "the manager server")  # before waiting on the workers
     addrs = [a.strip() for a in args.workers.split(",") if a.strip()]
-    for a in addrs:
-        wait_healthy(a, timeout=30)
+    for a in addrs:  # a worker on a cold Numba cache compiles for minutes first
+        wait_healthy(a, timeout=WARM_UP_TIMEOUT)
     server, port = serve_manager(addrs, args.port, args.host, topology=args.topology,
                                  fifo=args.fifo, segment=args.segment, replicas=args.replicas,
                                  max_latency_ms=args.max_latency, fast_forward=args.fast_forward,
@@ -158,9 +160,12 @@ def run_manager(args) -> int:
 
 
 def run_worker(args) -> int:
-    from panjoin.launch import READY
+    from panjoin.launch import READY, die_with_parent
+    from panjoin.serving import set_serving
     from workers.server import serve
+    from workers.warm_up import warm_up
 
+    die_with_parent()
     if args.index_backend == "opencl":
         from opencl.device import OpenCLError, runtime
 
@@ -174,21 +179,31 @@ def run_worker(args) -> int:
     try:
         server, port = serve(args.port, args.threads, args.host,
                              index_backend=args.index_backend, device=args.device,
-                             null=args.null, max_sessions=args.max_sessions,
+                             null=args.null, max_sessions=args.max_sessions, serving=False,
                              idle_timeout=args.idle_timeout, memory_limit=args.memory_limit)
     except ValueError as e:
         print(f"panjoin worker: {e}", file=sys.stderr)
         return 2
     print(f"{READY}{args.host}:{port}", flush=True)
+    if not args.null:  # NOT_SERVING until its kernels are compiled (workers.warm_up)
+        n, s = warm_up(args.threads)
+        log.info("warm-up: %d joins in %.1f s", n, s)
+    set_serving(server)
     log.info("worker serving on %s:%d with %d threads", args.host, port, args.threads)
     return serve_until_stopped(lambda: server.stop(grace=2).wait())
 
 
 def run_handshake_node(args) -> int:
-    from panjoin.launch import READY
+    from panjoin.launch import READY, die_with_parent
+    from panjoin.serving import set_serving
     from workers.handshake_node import serve
+    from workers.warm_up import warm_up_handshake
 
-    server, port = serve(args.port, args.threads, args.host)
+    die_with_parent()
+    server, port = serve(args.port, args.threads, args.host, serving=False)
     print(f"{READY}{args.host}:{port}", flush=True)
+    n, s = warm_up_handshake()  # NOT_SERVING until its scans are compiled
+    log.info("warm-up: %d chains in %.1f s", n, s)
+    set_serving(server)
     log.info("handshake node serving on %s:%d", args.host, port)
     return serve_until_stopped(lambda: server.stop(grace=2).wait())

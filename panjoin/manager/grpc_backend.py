@@ -90,11 +90,22 @@ SESSION_METHOD = f"/{worker_pb2.DESCRIPTOR.services_by_name['Worker'].full_name}
 
 
 class WorkerError(RuntimeError):
-    """A worker answered a command with an error, or the connection broke."""
+    """A worker answered a command with an error, or the connection broke. ``code``: a
+    grpc.StatusCode name, what the manager's client gets (:func:`status_code`);
+    ``order``: the failed command's place in the join's command order, if it had one."""
 
-    def __init__(self, msg: str, code: str = "UNAVAILABLE"):
+    def __init__(self, msg: str, code: str = "UNAVAILABLE", order: int | None = None):
         super().__init__(msg)
         self.code = code
+        self.order = order
+
+
+def status_code(e: WorkerError) -> grpc.StatusCode:
+    """The status a client gets for ``e``. A worker's NOT_FOUND (a subwindow or batch it
+    does not have) is the manager's fault, never the client's: INTERNAL."""
+    if e.code == "NOT_FOUND":
+        return grpc.StatusCode.INTERNAL
+    return getattr(grpc.StatusCode, e.code, grpc.StatusCode.UNAVAILABLE)
 
 
 class _Down(Exception):
@@ -282,7 +293,7 @@ class _Session:
 def _check(call: _Call) -> worker_pb2.Feedback:
     fb = call.wait()
     if fb.error:
-        raise WorkerError(f"worker {call.session.address}: {fb.error}", fb.code)
+        raise WorkerError(f"worker {call.session.address}: {fb.error}", fb.code, call.order)
     return fb
 
 
@@ -316,6 +327,8 @@ class ProbeRound:
                 except _Down:
                     todo.extend(self.backend._failover_probe(call, idxs))
                     continue
+                except WorkerError as e:
+                    raise self.backend.first_error(e) from None
                 results = iter(fb.results)
                 for i in idxs:
                     out[i] = self.backend._answer(next(results), self.targets[i][1],
@@ -356,6 +369,7 @@ class GrpcBackend:
         self.sizes: dict[int, int] = {}
         self.order = itertools.count()  # global command order (logs, tests)
         self.unchecked: deque[tuple[int, _Call]] = deque()  # (sub_id, fire-and-forget call)
+        self.error: WorkerError | None = None  # the first a worker answered (first_error)
         self.failovers = 0
         self.promoted = 0
         self.closed = False
@@ -394,6 +408,8 @@ class GrpcBackend:
         except _Down:
             self._failover(self.sessions.index(call.session))
             return  # the surviving copy got the same command
+        except WorkerError as e:
+            raise self.first_error(e) from None
         if fb.status.sub_id == sub_id and self.where.get(sub_id) == \
                 self.sessions.index(call.session):
             self.sizes[sub_id] = fb.status.nbytes
@@ -410,6 +426,22 @@ class GrpcBackend:
             self.unchecked.popleft()
             self._settle(sub_id, call)
 
+    def first_error(self, e: WorkerError) -> WorkerError:
+        """The join's first worker error, which caused ``e`` or is ``e``. A command
+        fails after an earlier fire-and-forget one did (a create that could not allocate
+        its arrays, then a probe of that subwindow: "unknown subwindow 0"): the client
+        must see the cause, so the earliest error already answered wins, for good."""
+        if self.error is None:
+            failed = [c for _, c in self.unchecked
+                      if c.done.is_set() and c.feedback is not None and c.feedback.error
+                      and (e.order is None or c.order < e.order)]
+            if failed:
+                c = min(failed, key=lambda c: c.order)
+                e = WorkerError(f"worker {c.session.address}: {c.feedback.error}",
+                                c.feedback.code, c.order)
+            self.error = e
+        return self.error
+
     def sync(self) -> None:
         """Wait until every command sent so far is answered (errors raise here)."""
         self._collect(block_all=True)
@@ -425,10 +457,12 @@ class GrpcBackend:
         s.down(s.why or "declared dead")
         unanswered = s.unanswered()
         alive = self.alive_workers()
-        if not alive:
-            raise WorkerError(f"every worker is down; the join cannot go on "
-                              f"(restart workers and the join). Last: {s.why}", "UNAVAILABLE")
         lost = sorted(sub for sub, w in self.where.items() if w == dead)
+        if not alive:
+            # subwindows gone with the last worker are lost tuples, not a pause
+            raise WorkerError(f"every worker is down; the join cannot go on "
+                              f"(restart workers and the join). Last: {s.why}",
+                              "DATA_LOSS" if lost else "UNAVAILABLE")
         orphans = [sub for sub, w in self.backup.items() if w == dead]
         for sub in orphans:
             del self.backup[sub]

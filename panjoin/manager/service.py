@@ -42,7 +42,7 @@ import pyarrow as pa
 from panjoin import limits
 from panjoin.handshake.chain import ChainError
 from panjoin.manager.engine import JoinEngine
-from panjoin.manager.grpc_backend import GrpcBackend, WorkerError
+from panjoin.manager.grpc_backend import GrpcBackend, WorkerError, status_code
 from panjoin.manager.streaming import stream_join
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
 from panjoin.security import current
@@ -405,10 +405,9 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
 
     def _fail(self, j: _Join, e: Exception, context) -> None:
         """A worker (or chain) error the join cannot go on from: release its sessions on
-        every worker now, and end the call with the error's code (UNAVAILABLE if none)."""
+        every worker now, and end the call with the error's code (:func:`_abort_worker_error`)."""
         self._close_after(j)
-        code = getattr(grpc.StatusCode, getattr(e, "code", ""), grpc.StatusCode.UNAVAILABLE)
-        context.abort(code, str(e))
+        _abort_worker_error(context, e)
 
     def _pushed(self, j: _Join, context) -> list[manager_pb2.JoinOutput]:
         """A streaming join's pushed outputs: what completed since the last output (none
@@ -467,8 +466,8 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"join {join_id!r} is closed")
         try:
             return self._status(join_id, j)
-        except WorkerError as e:
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        except (WorkerError, ChainError) as e:
+            _abort_worker_error(context, e)
 
     def Status(self, request, context):
         j = self._get(request.join_id, request.token, context)
@@ -502,6 +501,14 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             if j.wake is not None:  # a streaming Join's loop ends now, not at its next look
                 j.wake()
             log.info("join %s closed", join_id)
+
+
+def _abort_worker_error(context, e: Exception) -> None:
+    """End the call with the status of a worker's (or a chain node's) error: its own
+    code (RESOURCE_EXHAUSTED, DATA_LOSS, ...; :func:`status_code`), UNAVAILABLE for a
+    chain, and the first cause as the detail."""
+    code = status_code(e) if isinstance(e, WorkerError) else grpc.StatusCode.UNAVAILABLE
+    context.abort(code, str(e))
 
 
 def serve_manager(workers: list[str], port: int = 0, host: str = "127.0.0.1",
