@@ -210,8 +210,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                       batches if batches is not None else {}, sess)
         except ResourceExhausted as e:
             fb.error, fb.code = str(e), "RESOURCE_EXHAUSTED"
-        except MemoryError as e:
-            fb.error, fb.code = f"out of memory: {e}", "RESOURCE_EXHAUSTED"
         except codec.NotFound as e:
             fb.error, fb.code = str(e), "NOT_FOUND"
         except (WireError, ValueError, TypeError) as e:
