@@ -35,14 +35,26 @@ def _chunk(ev, a, b):
                            ts=ev.ts[a:b], key2=None)
 
 
-def test_a_worker_failure_reaches_the_client_with_its_cause(events):
-    # a window of 10^15 tuples: each worker fails to allocate its first subwindow; the
-    # probes that follow then name a subwindow the worker does not have
-    with start_cluster(2) as c, Client(c.address) as cl:
+#: a worker budget that a time window outgrows mid-join: no estimate at Open can refuse
+#: a time window (its tuples are not known), so a worker refuses a Create
+SMALL_BUDGET = ["--memory-limit", str(8 << 20)]
+BIG_TIME_JOIN = dict(window="time:100000000", predicate="eq", index="rap",
+                     subwindow_size=1024, partitions=1024, batch_size=4096)
+
+
+def test_a_worker_failure_reaches_the_client_with_its_cause():
+    # RaP-Table subwindows of 1K tuples and 1K partitions, some 220 KB each: a worker
+    # refuses a Create beyond its budget; the probes that follow would then name a
+    # subwindow the worker does not have, which must not be what the client reads
+    ev = generate(120_000, "uniform", key_min=0, key_max=1000, rate=100_000, seed=3)
+    with start_cluster(2, worker_args=[SMALL_BUDGET] * 2) as c, Client(c.address) as cl:
         with pytest.raises(grpc.RpcError) as e:
-            cl.join(events.slice(0, 200), "count:1000000000000000,1000000000000000", "eq")
+            cl.join(ev, BIG_TIME_JOIN["window"], BIG_TIME_JOIN["predicate"],
+                    BIG_TIME_JOIN["index"], chunk=20_000,
+                    **{k: v for k, v in BIG_TIME_JOIN.items()
+                       if k not in ("window", "predicate", "index")})
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value.details()
-    assert "Unable to allocate" in e.value.details()
+    assert "--memory-limit" in e.value.details()
     assert "unknown subwindow" not in e.value.details()
 
 
@@ -75,17 +87,24 @@ def event_file(tmp_path_factory, events):
     return path
 
 
-def test_the_cli_answers_a_grpc_error_with_one_line_and_exit_1(event_file, tmp_path):
-    with start_cluster(1) as c:
-        p = _panjoin("replay", str(event_file), "--cluster", c.address, "--window",
-                     "count:1000000000000000,1000000000000000", "--predicate", "eq",
-                     "--out", str(tmp_path / "p.parquet"), "--no-progress")
+def test_the_cli_answers_a_grpc_error_with_one_line_and_exit_1(tmp_path):
+    from panjoin.events import write_events
+
+    path = tmp_path / "big.parquet"
+    write_events(generate(120_000, "uniform", key_min=0, key_max=1000, rate=100_000, seed=3),
+                 path)
+    with start_cluster(1, worker_args=[SMALL_BUDGET]) as c:
+        p = _panjoin("replay", str(path), "--cluster", c.address, "--window",
+                     BIG_TIME_JOIN["window"], "--predicate", "eq", "--index", "rap",
+                     "--subwindow-size", "1024", "--partitions", "1024", "--batch-size",
+                     "4096", "--chunk", "20000", "--out", str(tmp_path / "p.parquet"),
+                     "--no-progress")
     assert p.returncode == 1, p.stderr
     assert "Traceback" not in p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
-    assert lines[0].startswith("panjoin replay: RESOURCE_EXHAUSTED: ")
-    assert "Unable to allocate" in lines[0]
+    assert lines[0].startswith("panjoin replay: RESOURCE_EXHAUSTED: "), lines[0]
+    assert "--memory-limit" in lines[0]
 
 
 # (mode's flags, the flag it would ignore, what the error says)
