@@ -23,6 +23,9 @@ demo-kafka: demo
 
 test: $(STAMP)
 	$(BIN)/ruff check panjoin workers tests benchmarks scripts opencl spark_conn
+	# one process fills Numba's disk cache first: every worker a test starts compiles
+	# its kernels before it serves, and on a cold cache they would all compile at once
+	$(BIN)/python -m workers.warm_up
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 bench-quick: $(STAMP)

@@ -91,3 +91,11 @@ def warm_up_handshake() -> tuple[int, float]:
                     sim.run(ev.stream, ev.id, ev.key, ev.ts, ev.key2)
                     n += 1
     return n, time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    # `python -m workers.warm_up`: fill Numba's disk cache once, before many workers
+    # start at the same time and would each compile the same kernels (make test)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    print("warm-up: %d ring joins in %.1f s" % warm_up())
+    print("warm-up: %d handshake chains in %.1f s" % warm_up_handshake())
