@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-kafka test lint bench-quick clean
+.PHONY: demo demo-kafka test lint bench-quick clean clean-numba
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,5 +31,10 @@ test: $(STAMP)
 bench-quick: $(STAMP)
 	$(BIN)/python -m benchmarks.index_sweep --quick
 
-clean:
+clean: clean-numba
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# Numba's disk cache keys a kernel on its own file only: after pulling a change to a
+# kernel that others inline (scan, window, primitives), drop the stale compiled ones
+clean-numba:
+	find panjoin opencl workers spark_conn -name '*.nb[ic]' -delete

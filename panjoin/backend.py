@@ -37,6 +37,7 @@ from panjoin.semantics import (
     parse_window,
     probe_bounds,
     residual_bounds,
+    window_bounds,
 )
 from panjoin.subwindow import Residual, WindowFilter
 from panjoin.subwindow.kernels import window as W
@@ -114,16 +115,12 @@ class SortedBatch:
         residual's intervals on key2, if the predicate has one."""
         if self._inputs is None:
             x = self.stream
-            y = "S" if x == "R" else "R"
             lo, hi = probe_bounds(self.predicate, x, self.key)
             res = None
             if self.predicate.residual is not None:  # checked by the index while it probes
                 res = Residual(*residual_bounds(self.predicate, x, self.key2))
-            wy, wx = self.window.size(y), self.window.size(x)
-            if self.window.kind == "count":
-                full = WindowFilter(W.COUNT, self.ts - wy, self.ts, self.seq + wx)
-            else:
-                full = WindowFilter(W.TIME, self.ts - wy, self.ts + wx, np.zeros_like(self.ts))
+            mode = W.COUNT if self.window.kind == "count" else W.TIME
+            full = WindowFilter(mode, *window_bounds(self.window, x, self.ts, self.seq))
             self._inputs = (lo, hi, full, res)
         return self._inputs
 

@@ -14,7 +14,8 @@ A residual condition (``pred.residual``, e.g. ``band:10&band2:10``) is checked t
 same way on ``key2`` (float64), for every candidate pair the key condition passes.
 
 Keys are compared exactly: int64 differences in Python integers, float64
-differences exactly (Fractions near a band edge). Quadratic: keep inputs small.
+differences exactly (Fractions near a band edge); window bounds are Python integers
+too, so ts at the ends of int64 never wrap. Quadratic: keep inputs small.
 
     >>> import numpy as np
     >>> from panjoin.semantics import parse_window, parse_predicate
@@ -32,7 +33,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from panjoin.semantics import Predicate, Window
+from panjoin.semantics import I64_MAX, I64_MIN, Predicate, Window
 
 
 @dataclass
@@ -46,17 +47,19 @@ def _key_match(probe_key, stored: np.ndarray, pred: Predicate, probe_is_r: bool)
     if stored.size == 0:
         return np.zeros(0, dtype=bool)
     if stored.dtype == np.float64:
-        with np.errstate(over="ignore"):  # beyond float64: +-inf, still on the right side
+        # beyond float64: +-inf, still on the right side of every finite edge
+        with np.errstate(over="ignore"):
             d = stored - probe_key if probe_is_r else probe_key - stored
-        # exact: a float difference near an edge is re-checked in rational arithmetic
-        inside = np.zeros(stored.shape, dtype=bool)
-        near = np.zeros(stored.shape, dtype=bool)
-        for a, b in pred.bands:
-            for edge in (a, b):
-                if np.isfinite(edge):
-                    tol = 1e-9 * max(abs(edge), 1.0) + 1e-9 * np.abs(stored) + 1e-9 * abs(probe_key)
-                    near |= np.abs(d - edge) <= tol
-            inside |= (d >= a) & (d <= b)
+            # exact: a float difference near an edge is re-checked in rational arithmetic
+            inside = np.zeros(stored.shape, dtype=bool)
+            near = np.zeros(stored.shape, dtype=bool)
+            for a, b in pred.bands:
+                for edge in (a, b):
+                    if np.isfinite(edge):
+                        tol = (1e-9 * max(abs(edge), 1.0) + 1e-9 * np.abs(stored)
+                               + 1e-9 * abs(probe_key))
+                        near |= np.abs(d - edge) <= tol
+                inside |= (d >= a) & (d <= b)
         for i in np.flatnonzero(near):
             exact = (
                 Fraction(float(stored[i])) - Fraction(float(probe_key))
@@ -132,8 +135,11 @@ def reference_join(
         s_idx = np.flatnonzero(keep & (stream == 1))
         s_ts = ts[s_idx]
         for i in r_idx:
-            # r.ts - TS < s.ts < r.ts + TR
-            near = s_idx[(s_ts > ts[i] - window.s) & (s_ts < ts[i] + window.r)]
+            # r.ts - TS < s.ts < r.ts + TR, in Python integers (no int64 wrap at the ends),
+            # as the closed int64 range they leave: [r.ts - TS + 1, r.ts + TR - 1] clamped
+            t = int(ts[i])
+            first, last = max(t - window.s + 1, I64_MIN), min(t + window.r - 1, I64_MAX)
+            near = s_idx[(s_ts >= first) & (s_ts <= last)]
             if near.size:
                 m = _match(i, near, keys, key2, pred, probe_is_r=True)
                 hit = ids[near[m]]

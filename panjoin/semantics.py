@@ -23,6 +23,16 @@ intervals, exactly: int64 sums that overflow are detected rather than wrapped,
 and float64 bounds are nudged by one ulp until ``stored - probe`` compares
 exactly with the band edge, so both probe directions agree pair for pair.
 
+:func:`window_bounds` gives the per-probe-tuple window bounds the indexes filter
+with (:mod:`panjoin.subwindow.kernels.window`), all of them closed and saturated
+at the ends of int64 (:func:`saturating_add`), so a ts of ``2**63 - 1`` joins as
+one in the middle of the range does::
+
+    >>> c0, c1, _ = window_bounds(parse_window("time:5,7"), "R",
+    ...                           np.array([100, I64_MAX]), np.array([0, 1]))
+    >>> c0.tolist(), c1.tolist()   # 100 - 7 < s.ts < 100 + 5; I64_MAX + 4 clamped
+    ([94, 9223372036854775801], [104, 9223372036854775807])
+
 A predicate may carry a *residual* condition on a second attribute, ``key2``
 (float64, :attr:`panjoin.events.EventTable.key2`): the same band forms with a
 ``2`` appended, joined to the key condition by ``&``, e.g. ``band:10&band2:10``
@@ -297,6 +307,21 @@ def _add_int(keys: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return out, z, z
 
 
+def saturating_add(a: np.ndarray, c: int) -> np.ndarray:
+    """``a + c`` in int64, clamped to [I64_MIN, I64_MAX] instead of wrapped; ``c`` is any
+    Python integer. A *closed* bound so clamped stays exact: nothing lies beyond the
+    int64 range, so ``ts >= I64_MIN`` holds for every ts as ``ts >= ts0 - W`` did.
+    (An open bound would not: ``ts > I64_MIN`` drops ts = I64_MIN.)
+
+        >>> saturating_add(np.array([I64_MAX - 1, 5]), 3).tolist()
+        [9223372036854775807, 8]
+    """
+    out, up, down = _add_int(np.asarray(a, dtype=np.int64), int(c))
+    out[up] = I64_MAX
+    out[down] = I64_MIN
+    return out
+
+
 def _exact_ge(c: np.ndarray, k: np.ndarray, a: float) -> np.ndarray:
     """Exactly ``c - k >= a`` for float64 arrays (TwoSum error-free difference)."""
     with np.errstate(over="ignore", invalid="ignore"):
@@ -459,3 +484,23 @@ def residual_bounds(pred: Predicate, probe_stream: str,
         raise SpecError(f"predicate {pred} has a residual on key2, but the tuples carry no "
                         "key2: give the events a key2 column (EventTable.key2)")
     return probe_bounds(pred.residual, probe_stream, np.asarray(key2, dtype=np.float64))
+
+
+def window_bounds(window: Window, probe_stream: str, ts: np.ndarray,
+                  seq: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per probe tuple, the window bounds ``c0, c1, c2`` on the stored tuples of the
+    other stream, as :mod:`panjoin.subwindow.kernels.window` reads them; every bound is
+    closed and saturated (:func:`saturating_add`), never wrapped.
+
+    time (``ts``: the probe tuples' event time): a stored ts in ``[c0, c1]``, the
+    integers of ``x.ts - W_Y < y.ts < x.ts + W_X``; count (``ts``: the probe tuples'
+    opposite arrivals before them, ``seq``: their own seqs): ``c0 = opp - W_Y``,
+    ``c1 = opp``, ``c2 = seq + W_X``. Example, time:5,7 probing from R at ts 100:
+    S's window (7) reaches back, R's (5) forward, so stored ts 94..104 qualify.
+    """
+    ts = np.asarray(ts, dtype=np.int64)
+    wx = window.size(probe_stream)
+    wy = window.size(other(probe_stream))
+    if window.kind == "count":
+        return saturating_add(ts, -wy), ts, saturating_add(seq, wx)
+    return saturating_add(ts, 1 - wy), saturating_add(ts, wx - 1), np.zeros_like(ts)

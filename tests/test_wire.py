@@ -127,7 +127,7 @@ def test_a_probe_names_its_batch_and_each_target_gets_its_filter(mode):
         assert (f1.c0.tolist(), f1.c1.tolist(), f1.c2.tolist()) == \
             ([93, 193], [100, 200], [13, 14])
     else:
-        assert (f1.c0.tolist(), f1.c1.tolist()) == ([93, 193], [105, 205])
+        assert (f1.c0.tolist(), f1.c1.tolist()) == ([94, 194], [104, 204])
 
 
 def test_an_array_message_field_of_the_wrong_type_is_refused():

@@ -228,7 +228,7 @@ int in_window(int mode, long c0, long c1, long c2, long seq, long ts)
     if (mode == MODE_NONE)
         return 1;
     if (mode == MODE_TIME)
-        return c0 < ts && ts < c1;
+        return c0 <= ts && ts <= c1; /* closed: saturated bounds stay exact */
     if (seq < c1)
         return seq >= c0;
     return ts <= c2;

@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 
 from panjoin.config import NJIT
-from panjoin.subwindow.kernels.scan import scan_bands
+from panjoin.subwindow.kernels.scan import scan_bands  # window bounds closed: see window.py
 
 
 @njit(inline="always", **NJIT)

@@ -89,7 +89,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from panjoin.handshake.segment import Segment, Tuples, scan
-from panjoin.semantics import Predicate, Window
+from panjoin.semantics import I64_MIN, Predicate, Window, saturating_add
 
 LEFT, RIGHT = "left", "right"
 
@@ -528,7 +528,8 @@ class Driver:
             prev[0] = self.maxts if self.maxts is not None else np.iinfo(np.int64).min
             if self.maxts is not None:
                 np.maximum(prev, self.maxts, out=prev)
-            late = prev - self.window.lateness > ts
+            # clamped, not wrapped: near I64_MIN, prev - L would wrap to a large ts
+            late = saturating_add(prev, -self.window.lateness) > ts
             if self.maxts is None:
                 late[0] = False
             self.maxts = int(run[-1]) if self.maxts is None else max(self.maxts, int(run[-1]))
@@ -623,8 +624,9 @@ class Driver:
         low = self.maxts - self.window.lateness  # every later non-late tuple has ts >= low
         w = self.window.size(stream)
         ts = f.ts[f.head:f.tail]
-        # dead prefix in arrival order: ts + W <= low (not necessarily sorted by ts)
-        alive = np.flatnonzero(ts + w > low)
+        # dead prefix in arrival order: ts + W <= low (not necessarily sorted by ts); in
+        # Python integers, as ts + W may pass I64_MAX: alive iff ts >= low - W + 1
+        alive = np.flatnonzero(ts >= max(low - w + 1, I64_MIN))
         k = int(alive[0]) if alive.size else ts.shape[0]
         return f.acked + k
 

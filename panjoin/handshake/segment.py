@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from panjoin.handshake.kernels import scan_segment
-from panjoin.semantics import Predicate, Window, probe_bounds, residual_bounds
+from panjoin.semantics import Predicate, Window, probe_bounds, residual_bounds, window_bounds
 from panjoin.subwindow.kernels import window as W
 
 COLUMNS = ("id", "key", "ts", "seq", "opp", "key2")
@@ -152,13 +152,12 @@ def window_filter(window: Window, probe_stream: str, probe: Tuples):
 
     count: y arrived before x (``seq_y < opp_x``) and ``seq_y >= opp_x - W_Y``, or y arrived
     after x and ``opp_y <= seq_x + W_X``; the stored ``ts`` column must then hold ``opp``.
-    time: ``x.ts - W_Y < y.ts < x.ts + W_X``.
+    time: ``x.ts - W_Y < y.ts < x.ts + W_X``. Bounds closed and saturated
+    (:func:`panjoin.semantics.window_bounds`).
     """
-    wx = window.size(probe_stream)
-    wy = window.size("S" if probe_stream == "R" else "R")
     if window.kind == "count":
-        return W.COUNT, probe.opp - wy, probe.opp, probe.seq + wx
-    return W.TIME, probe.ts - wy, probe.ts + wx, np.zeros_like(probe.ts)
+        return (W.COUNT, *window_bounds(window, probe_stream, probe.opp, probe.seq))
+    return (W.TIME, *window_bounds(window, probe_stream, probe.ts, probe.seq))
 
 
 def scan(probe: Tuples, probe_stream: str, stored: Segment, window: Window,
@@ -220,7 +219,7 @@ def _scan_sorted(probe, stored, lo, hi, mode, c0, c1, c2, tscol, res=None):
     pi, pos = np.concatenate(pis), np.concatenate(poss)
     seq, ts = stored.col("seq")[pos], tscol[pos]
     if mode == W.TIME:
-        ok = (c0[pi] < ts) & (ts < c1[pi])
+        ok = (c0[pi] <= ts) & (ts <= c1[pi])
     elif mode == W.COUNT:
         ok = np.where(seq < c1[pi], seq >= c0[pi], ts <= c2[pi])
     else:

@@ -71,6 +71,7 @@ from panjoin.semantics import (
     Window,
     parse_predicate,
     parse_window,
+    saturating_add,
 )
 from panjoin.subwindow import INDEX_KINDS
 from panjoin.wire import PAYLOAD_TYPE
@@ -369,7 +370,8 @@ class JoinEngine:
             has_prev = np.ones(n, dtype=bool)
             if self.maxts is None:
                 has_prev[0] = False
-            keep = ~(has_prev & (ts < prev - self.window.lateness))
+            # clamped, not wrapped: near I64_MIN, prev - L would wrap to a large ts
+            keep = ~(has_prev & (ts < saturating_add(prev, -self.window.lateness)))
             self.maxts = int(run[-1]) if self.maxts is None else max(self.maxts, int(run[-1]))
         if keep is not None and not keep.all():
             for x, name in enumerate(STREAM_NAMES):

@@ -101,7 +101,7 @@ class WindowFilter:
             return np.ones(probe_idx.shape, dtype=bool)
         c0, c1 = self.c0[probe_idx], self.c1[probe_idx]
         if self.mode == W.TIME:
-            return (c0 < ts) & (ts < c1)
+            return (c0 <= ts) & (ts <= c1)
         c2 = self.c2[probe_idx]
         return np.where(seq < c1, seq >= c0, ts <= c2)
 

@@ -14,5 +14,6 @@ and one kernel module per index (``rap``, ``bisort`` with ``residual``), or pack
 
 Numba's on-disk cache keys a function on its own file only: after editing a function
 that others inline (``scan``, ``window``, ``primitives``), delete the callers'
-``__pycache__`` ``*.nbi``/``*.nbc`` files, or they keep running the old code.
+``__pycache__`` ``*.nbi``/``*.nbc`` files (``make clean-numba``), or they keep running
+the old code.
 """

@@ -77,7 +77,7 @@ from panjoin.subwindow.kernels.search import (
     gallop_left_range,
     gallop_right_range,
 )
-from panjoin.subwindow.kernels.window import NONE, in_window
+from panjoin.subwindow.kernels.window import NONE, in_window  # closed bounds: see window.py
 
 # --------------------------------------------------------------------------- insertion
 

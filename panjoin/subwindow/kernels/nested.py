@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, prange
 
 from panjoin.config import NJIT_PAR
-from panjoin.subwindow.kernels.scan import scan_bands
+from panjoin.subwindow.kernels.scan import scan_bands  # window bounds closed: see window.py
 
 
 @njit(**NJIT_PAR)

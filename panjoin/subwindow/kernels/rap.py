@@ -43,7 +43,7 @@ from panjoin.subwindow.kernels.search import (
     gallop_right,
     gallop_right_range,
 )
-from panjoin.subwindow.kernels.window import in_window
+from panjoin.subwindow.kernels.window import in_window  # closed bounds: see window.py
 
 # --------------------------------------------------------------------------- typed helpers
 # Numba specialises a kernel per key dtype; this one picks the int64 or the float64

@@ -70,7 +70,7 @@ def _range_count(mk2, mt, ms, k2pos, base, permuted, s, e, l2, h2, mode, c0, c1,
             for p in range(s, e):
                 x = mk2[p]
                 t = mt[p]
-                c += (x >= l2) & (x <= h2) & (c0 < t) & (t < c1)
+                c += (x >= l2) & (x <= h2) & (c0 <= t) & (t <= c1)
         else:  # COUNT: seq < c1 ? seq >= c0 : ts <= c2
             for p in range(s, e):
                 x = mk2[p]

@@ -87,7 +87,7 @@ def scan_band(keys, ts, seq, key2, n, l, h, i, mode, c0, c1, c2, lo2, hi2, has_r
                 for p in range(n):
                     x = keys[p]
                     t = ts[p]
-                    c += (x >= l) & (x <= h) & (a0 < t) & (t < a1)
+                    c += (x >= l) & (x <= h) & (a0 <= t) & (t <= a1)
             else:  # COUNT: seq < c1 ? seq >= c0 : ts <= c2
                 a2 = c2[i]
                 for p in range(n):

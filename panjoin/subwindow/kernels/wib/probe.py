@@ -20,7 +20,7 @@ from panjoin.subwindow.kernels.wib.layout import (
     RING,
 )
 from panjoin.subwindow.kernels.wib.tree import find_leaf, new_path
-from panjoin.subwindow.kernels.window import NONE, in_window
+from panjoin.subwindow.kernels.window import NONE, in_window  # closed bounds: see window.py
 
 
 @njit(**NJIT)
