@@ -97,5 +97,7 @@ if __name__ == "__main__":
     # `python -m workers.warm_up`: fill Numba's disk cache once, before many workers
     # start at the same time and would each compile the same kernels (make test)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    print("warm-up: %d ring joins in %.1f s" % warm_up())
-    print("warm-up: %d handshake chains in %.1f s" % warm_up_handshake())
+    n, s = warm_up()
+    print(f"warm-up: {n} ring joins in {s:.1f} s")
+    n, s = warm_up_handshake()
+    print(f"warm-up: {n} handshake chains in {s:.1f} s")
