@@ -46,12 +46,22 @@ def bisort_buffer(capacity: int) -> int:
 WIB_FANOUT = 64
 
 
-def default_threads() -> int:
-    """Threads a worker uses for probing: PANJOIN_THREADS, else all cores."""
+def thread_budget() -> tuple[int, str]:
+    """The default probe threads and why: PANJOIN_THREADS, else the CPUs this process
+    may use (its affinity and cgroup CPU quota, :mod:`panjoin.cpus`)."""
     env = os.environ.get("PANJOIN_THREADS")
     if env:
-        return max(1, int(env))
-    return max(1, os.cpu_count() or 1)
+        n = max(1, int(env))
+        return n, f"{n} thread{'s' if n != 1 else ''}: PANJOIN_THREADS={env}"
+    from panjoin.cpus import cpu_budget
+
+    b = cpu_budget()
+    return b.threads, b.why
+
+
+def default_threads() -> int:
+    """Threads to probe with when none are given (see :func:`thread_budget`)."""
+    return thread_budget()[0]
 
 
 _ALLOCATOR_TUNED = False

@@ -126,7 +126,9 @@ def add_parser(sub) -> None:
     b.add_argument("--collect-ms", type=float, metavar="MS",
                    help="cut a batch whose oldest tuple waited MS (without --max-latency)")
     b.add_argument("--subwindow-size", type=size, metavar="NSUB")
-    b.add_argument("--threads", type=int, metavar="T", help="probe threads (default: all cores)")
+    b.add_argument("--threads", type=int, metavar="T",
+                   help="probe threads (default: the CPUs this process may use: its "
+                        "affinity and cgroup CPU quota, rounded up)")
     b.add_argument("--workers", type=int, default=0, metavar="N",
                    help="on a local cluster of N worker processes and its manager endpoint "
                         "(its own process), each rate a streaming join pushed and polled "

@@ -101,7 +101,9 @@ def add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
     g.add_argument("--max-lag", type=size, metavar="N",
                    help="cut a stream's batch once the other stream has received N tuples since "
                         "its oldest tuple (default: the batch size)")
-    g.add_argument("--threads", type=int, metavar="T", help="probe threads (default: all cores)")
+    g.add_argument("--threads", type=int, metavar="T",
+                   help="probe threads (default: the CPUs this process may use: its "
+                        "affinity and cgroup CPU quota, rounded up)")
 
 
 #: the defaults of :func:`add_topology`'s flags (and of ``--index``, ``--result-format``).

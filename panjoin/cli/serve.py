@@ -58,7 +58,9 @@ def add_parser(sub) -> None:
     p.add_argument("--port", type=int, default=50051, help="port, 0 for any free one "
                                                            "(default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=1, help="probe threads (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="probe threads of each join (default: the CPUs this process may use: "
+                        "its affinity and cgroup CPU quota, rounded up)")
     p.add_argument("--index-backend", choices=["numba", "opencl"], default="numba",
                    help="opencl: BI-Sort subwindows ('bisort') run on an OpenCL device "
                         "(default: %(default)s)")
@@ -176,6 +178,11 @@ def run_worker(args) -> int:
             print(f"panjoin worker: {e}", file=sys.stderr)
             return 2
         log.info("BI-Sort subwindows on OpenCL device %s", rt.name)
+    if args.threads is None:
+        from panjoin.config import thread_budget
+
+        args.threads, why = thread_budget()
+        log.info("%s (--threads overrides)", why)
     try:
         server, port = serve(args.port, args.threads, args.host,
                              index_backend=args.index_backend, device=args.device,

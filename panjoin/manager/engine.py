@@ -61,7 +61,13 @@ import numpy as np
 import pyarrow as pa
 
 from panjoin.backend import CreateSpec, IdPairs, LocalBackend, SortedBatch
-from panjoin.config import DEFAULT_BATCH, advise_heap_hugepages, default_threads, tune_allocator
+from panjoin.config import (
+    DEFAULT_BATCH,
+    advise_heap_hugepages,
+    default_threads,
+    thread_budget,
+    tune_allocator,
+)
 from panjoin.manager.kernels import pack_rows, split_streams, unpack_rows
 from panjoin.manager.latency import CAP_MAX, LatencyBound
 from panjoin.manager.ring import SubwindowRing
@@ -77,6 +83,16 @@ from panjoin.subwindow import INDEX_KINDS
 from panjoin.wire import PAYLOAD_TYPE
 
 log = logging.getLogger("panjoin.manager")
+_THREADS_LOGGED = False
+
+
+def _log_threads(why: str) -> None:
+    """Say once per process how many threads the default is and why (an engine is
+    made per warm-up and per replay; the reason is the same for all)."""
+    global _THREADS_LOGGED
+    if not _THREADS_LOGGED:
+        _THREADS_LOGGED = True
+        log.info("%s (--threads overrides)", why)
 
 STREAM_NAMES = ("R", "S")
 _I64 = np.int64
@@ -252,7 +268,11 @@ class JoinEngine:
         self.max_collect_ms = max_collect_ms
         if self.bound is not None:
             self._resize()
-        self.threads = threads or default_threads()
+        if threads:
+            self.threads = threads
+        else:
+            self.threads, why = thread_budget()
+            _log_threads(why)
         tune_allocator()
         advise_heap_hugepages()
         numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
