@@ -43,12 +43,16 @@ from panjoin.security import Security, channel, current
 
 READY = "panjoin worker listening on "
 MANAGER_READY = "panjoin manager listening on "
+#: what follows the address on a ready line when the process serves metrics
+METRICS = ", metrics on "
 
 
 @dataclass
 class WorkerProcess:
     proc: subprocess.Popen
     address: str
+    #: HOST:PORT of its Prometheus metrics (``--metrics-port``), None without
+    metrics: str | None = None
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -138,7 +142,7 @@ def start_workers(n: int, threads: int = 1, timeout: float = WARM_UP_TIMEOUT,
                         hosts[w] if hosts is not None else None)
                  for w in range(n)]
         for p in procs:
-            started.append(WorkerProcess(p, _address(p, READY, role)))
+            started.append(WorkerProcess(p, *_ready(p, READY, role)))
         for w in started:
             wait_healthy(w.address, timeout, sec)
         return started
@@ -161,7 +165,7 @@ def start_manager(workers: list[str], timeout: float = WARM_UP_TIMEOUT,
                 *(args or [])], cpus, host)
     m = WorkerProcess(p, "")
     try:
-        m.address = _address(p, MANAGER_READY, "manager").split(",")[0].strip()
+        m.address, m.metrics = _ready(p, MANAGER_READY, "manager")
         wait_healthy(m.address, timeout, sec)
         return m
     except BaseException:
@@ -299,3 +303,13 @@ def _address(p: subprocess.Popen, ready: str, role: str) -> str:
         raise RuntimeError(f"{role} did not start (said {line!r}); run "
                            f"'panjoin {role} --port 0' to see why")
     return line[len(ready):].strip()
+
+
+def _ready(p: subprocess.Popen, ready: str, role: str) -> tuple[str, str | None]:
+    """(address, metrics HOST:PORT or None) from the process's ready line:
+    ``READY HOST:PORT[, metrics on HOST:PORT][, workers ...]``."""
+    rest = _address(p, ready, role)
+    metrics = None
+    if METRICS in rest:
+        metrics = rest.split(METRICS, 1)[1].split(",")[0].strip()
+    return rest.split(",")[0].strip(), metrics

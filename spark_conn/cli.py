@@ -86,6 +86,9 @@ def add_pipeline_opts(p: argparse.ArgumentParser) -> None:
                    help="how long to wait for a lost manager to come back before the batch "
                         "fails (the job then reconnects and rebuilds its window from the join "
                         "log; default: %(default)s)")
+    g.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve the job's Prometheus metrics at http://127.0.0.1:PORT/metrics "
+                        "(0: any free port, logged; default: none; README: Metrics)")
     add_security(p, "client")  # how the job reaches the manager
 
 
@@ -106,7 +109,7 @@ def config_from_args(args) -> PipelineConfig:
         starting_offsets=args.starting_offsets, trigger=args.trigger, source=args.source,
         idle_timeout=args.idle_timeout, manager_timeout=args.manager_timeout,
         kafka_options=from_args(args), max_latency_ms=args.max_latency, max_lag=args.max_lag,
-        security=Security.from_args(args))
+        security=Security.from_args(args), metrics_port=args.metrics_port)
 
 
 def job_argv(cfg: PipelineConfig) -> list[str]:
@@ -124,7 +127,7 @@ def job_argv(cfg: PipelineConfig) -> list[str]:
     for flag, v in (("--subwindow-size", c.subwindow_size), ("--partitions", c.partitions),
                     ("--max-offsets-per-trigger", c.max_offsets_per_trigger),
                     ("--idle-timeout", c.idle_timeout), ("--max-latency", c.max_latency_ms),
-                    ("--max-lag", c.max_lag)):
+                    ("--max-lag", c.max_lag), ("--metrics-port", c.metrics_port)):
         if v is not None:
             a += [flag, str(v)]
     for k, v in c.kafka_options.items():

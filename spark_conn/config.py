@@ -51,6 +51,8 @@ class PipelineConfig:
     max_latency_ms: float | None = None
     #: how the job reaches the manager: TLS, token, message limit (panjoin.security)
     security: Security = field(default_factory=Security)
+    #: serve Prometheus metrics on 127.0.0.1 at this port (0: any free one); None: none
+    metrics_port: int | None = None
     #: cut a stream's batch once the other stream got this many tuples (OpenRequest.max_lag)
     max_lag: int | None = None
 

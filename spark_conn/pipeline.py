@@ -164,6 +164,7 @@ class Pipeline:
         self.writer: BatchWriter | None = None
         self.entries: dict | None = None
         self.done_to: dict = {}  # {topic: {partition: end of the last range processed}}
+        self.read_to: dict = {}  # {topic: {partition: end of the last range joined}}
         self.stats = {"batches": 0, "tuples": 0, "joined": 0, "late": 0, "dead": 0,
                       "replayed_batches": 0, "skipped_records": 0, "joined_ahead": 0,
                       "joined_ahead_wrong": 0}
@@ -563,6 +564,9 @@ class Pipeline:
         t0 = time.perf_counter()
         p = parsed if parsed is not None else parse_batch(table, self.cfg)
         t0 = self._time("parse", t0)
+        for t, ps in p.ranges.items():
+            for q, (_, e) in ps.items():
+                self.read_to.setdefault(t, {})[q] = max(e, self.read_to.get(t, {}).get(q, 0))
         skip = None
         logged = self.entries.get(batch)
         if logged is not None:  # Spark replays a batch this job began before it stopped
@@ -601,6 +605,23 @@ class Pipeline:
         st["dead"] += len(out.dead)
         log.info("batch %d: %d records, %d joined, %d late, %d dead-letter", batch,
                  n_in, len(out.joined), len(out.late), len(out.dead))
+
+    # -- what the metrics read (panjoin.ops.metrics.PipelineCollector)
+
+    @property
+    def offsets_read(self) -> dict:
+        """``{(topic, partition): next offset}`` of the records taken into the join."""
+        return {(t, q): e for t, ps in list(self.read_to.items()) for q, e in list(ps.items())}
+
+    @property
+    def offsets_committed(self) -> dict:
+        """``{(topic, partition): next offset}`` whose output is written (Spark commits
+        the batch once this returns)."""
+        return {(t, q): e for t, ps in list(self.done_to.items()) for q, e in list(ps.items())}
+
+    def metrics_watermark(self) -> int | None:
+        """The watermark W (ms) as last decided, None before any (-inf)."""
+        return self.wm.w if self.wm is not None else None
 
     def close(self) -> None:
         if self._ahead is not None:  # joined ahead, never handed by Spark: not logged
@@ -679,6 +700,12 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
                 for t in (cfg.r_topic, cfg.s_topic)}
         ending = {t: {p: v[1] for p, v in ps.items()} for t, ps in offs.items()}
     pipe = Pipeline(cfg, ending if cfg.source == "python" else None)
+    httpd = None
+    if cfg.metrics_port is not None:
+        from panjoin.ops.metrics import PipelineCollector, serve_metrics
+
+        httpd, port = serve_metrics(PipelineCollector(pipe), cfg.metrics_port)
+        print(f"pipeline: metrics on http://127.0.0.1:{port}/metrics", flush=True)
     if (ending is not None and cfg.source == "python" and cfg.starting_offsets == "earliest"
             and not pipe.log.read()):  # a fresh query starts at the earliest offsets
         pipe.join_first_ahead({t: {p: v[0] for p, v in ps.items()} for t, ps in offs.items()})
@@ -719,6 +746,9 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
         if q.isActive:
             q.stop()
         pipe.close()
+        if httpd is not None:
+            httpd.shutdown()
+            httpd.server_close()
     if q.exception() is not None:
         raise RuntimeError(f"the streaming query failed: {q.exception()}")
     pipe.stats["seconds"] = time.perf_counter() - t0

@@ -38,6 +38,7 @@ from panjoin import codec
 from panjoin.backend import LocalBackend, NullBackend, SortedBatch
 from panjoin.config import tune_allocator
 from panjoin.limits import MAX_PARTITIONS, default_memory_limit, fmt, subwindow_bytes
+from panjoin.ops.metrics import WorkerCollector, with_metrics
 from panjoin.proto.panjoin.v1 import worker_pb2, worker_pb2_grpc
 from panjoin.serving import start_server
 from panjoin.wire import WireError, to_array
@@ -85,6 +86,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.lock = threading.Lock()
         self.sessions: dict[int, _Session] = {}
         self.reserved = 0  # bytes reserved by every session's subwindows
+        self.retired_s = (0.0, 0.0)  # insert and probe seconds of the sessions that ended
         self.commands = 0
         self._next = 0
 
@@ -118,6 +120,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             with self.lock:
                 self.sessions.pop(sid, None)
                 self.reserved -= sum(sess.reserved.values())
+                if sess.backend is not None:  # the metrics' seconds never go down
+                    ins, prb = self.retired_s
+                    self.retired_s = (ins + sess.backend.stats.insert_s,
+                                      prb + sess.backend.stats.probe_s)
             if sess.backend is not None:
                 sess.backend.close()
             log.info("session %d closed", sid)
@@ -337,17 +343,22 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 def serve(port: int = 0, threads: int = 1, host: str = "127.0.0.1", index_backend: str = "numba",
           device: str | None = None, null: bool = False, max_sessions: int = MAX_SESSIONS,
           idle_timeout: float = IDLE_TIMEOUT_S, memory_limit: int | None = None,
-          serving: bool = True) -> tuple[grpc.Server, int]:
+          serving: bool = True, metrics_port: int | None = None) -> tuple[grpc.Server, int]:
     """Start a worker server; returns it and the bound port (``port=0`` picks a free one).
     ``index_backend="opencl"`` serves BI-Sort subwindows from an OpenCL ``device``;
     ``null`` holds nothing and answers every probe empty (the manager's ceiling).
     ``max_sessions``, ``idle_timeout`` (s), ``memory_limit`` (bytes; None: the default
     share of the host's memory) bound what sessions may hold (see the module doc).
     ``serving=False``: NOT_SERVING until :func:`panjoin.serving.set_serving` (the
-    ``panjoin worker`` process first compiles its kernels, :mod:`workers.warm_up`)."""
+    ``panjoin worker`` process first compiles its kernels, :mod:`workers.warm_up`).
+    ``metrics_port``: Prometheus metrics on ``host`` there (0: any free port;
+    ``server.metrics_port`` says which), None: none."""
     tune_allocator()
     servicer = WorkerServicer(threads, index_backend, device, null, max_sessions, idle_timeout,
                               memory_limit)
-    return start_server(lambda srv: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, srv),
-                        worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name, port, host,
-                        max_workers=max_sessions + SPARE_THREADS, serving=serving)
+    server, port = start_server(
+        lambda srv: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, srv),
+        worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name, port, host,
+        max_workers=max_sessions + SPARE_THREADS, serving=serving)
+    with_metrics(server, WorkerCollector(servicer), metrics_port, host)
+    return server, port

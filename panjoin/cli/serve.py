@@ -32,6 +32,7 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=1, help="probe threads per worker")
     add_max_latency(p)
     add_idle_timeout(p)
+    add_metrics_port(p)
     add_topology(p)
     add_security(p, "manager")
     add_common(p)
@@ -46,6 +47,7 @@ def add_parser(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind")
     add_max_latency(p)
     add_idle_timeout(p)
+    add_metrics_port(p)
     add_topology(p)
     add_security(p, "manager")
     add_common(p)
@@ -82,6 +84,7 @@ def add_parser(sub) -> None:
                    help="memory budget for subwindows (K/M/G suffixes); a join or subwindow "
                         "beyond it is refused with RESOURCE_EXHAUSTED (default: 80%% of the "
                         "host's MemAvailable at start)")
+    add_metrics_port(p)
     add_security(p, "worker")
     add_common(p)
     p.set_defaults(run=run_worker)
@@ -96,6 +99,21 @@ def add_parser(sub) -> None:
     add_security(p, "worker")
     add_common(p)
     p.set_defaults(run=run_handshake_node)
+
+
+def add_metrics_port(p) -> None:
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics, on the gRPC "
+                        "server's --host (HTTPS with its --tls-cert); 0: any free port, "
+                        "printed at start (default: no metrics; README: Metrics)")
+
+
+def metrics_note(server, host: str) -> str:
+    """``, metrics on HOST:PORT`` for the ready line (panjoin.launch reads it), or ''."""
+    from panjoin.launch import METRICS
+
+    port = getattr(server, "metrics_port", None)
+    return f"{METRICS}{host}:{port}" if port is not None else ""
 
 
 def add_idle_timeout(p) -> None:
@@ -119,20 +137,29 @@ def run_cluster(args) -> int:
     die_with_parent()  # its workers die with it in turn
     check_topology(args, "panjoin cluster")
     role = "handshake-node" if args.topology == "handshake" else "worker"
-    cluster = start_cluster(args.workers, args.threads, manager=False, role=role)
+    # with metrics, each worker serves its own on a free port too (printed below)
+    wargs = ([["--metrics-port", "0"]] * args.workers
+             if args.metrics_port is not None and role == "worker" else None)
+    cluster = start_cluster(args.workers, args.threads, manager=False, role=role,
+                            worker_args=wargs)
     try:
         server, port = serve_manager(cluster.addresses, args.port, topology=args.topology,
                                      fifo=args.fifo, segment=args.segment,
                                      replicas=args.replicas, max_latency_ms=args.max_latency,
                                      fast_forward=args.fast_forward,
                                      worker_timeout=args.worker_timeout,
-                                     idle_timeout=args.idle_timeout)
+                                     idle_timeout=args.idle_timeout,
+                                     metrics_port=args.metrics_port)
     except BaseException:
         cluster.stop()
         raise
     print(f"panjoin cluster: manager on 127.0.0.1:{port}, workers "
           f"{', '.join(cluster.addresses)}"
           + (" (handshake chain)" if args.topology == "handshake" else ""), flush=True)
+    if server.metrics_port is not None:
+        print(f"panjoin cluster: metrics of the manager on 127.0.0.1:{server.metrics_port}"
+              + "".join(f", of {w.address} on {w.metrics}" for w in cluster.workers
+                        if w.metrics), flush=True)
 
     def stop():
         server.stop(grace=2).wait()
@@ -156,8 +183,10 @@ def run_manager(args) -> int:
                                  fifo=args.fifo, segment=args.segment, replicas=args.replicas,
                                  max_latency_ms=args.max_latency, fast_forward=args.fast_forward,
                                  worker_timeout=args.worker_timeout,
-                                 idle_timeout=args.idle_timeout)
-    print(f"{MANAGER_READY}{args.host}:{port}, workers {', '.join(addrs)}", flush=True)
+                                 idle_timeout=args.idle_timeout,
+                                 metrics_port=args.metrics_port)
+    print(f"{MANAGER_READY}{args.host}:{port}{metrics_note(server, args.host)}, workers "
+          f"{', '.join(addrs)}", flush=True)
     return serve_until_stopped(lambda: server.stop(grace=2).wait())
 
 
@@ -187,11 +216,12 @@ def run_worker(args) -> int:
         server, port = serve(args.port, args.threads, args.host,
                              index_backend=args.index_backend, device=args.device,
                              null=args.null, max_sessions=args.max_sessions, serving=False,
-                             idle_timeout=args.idle_timeout, memory_limit=args.memory_limit)
+                             idle_timeout=args.idle_timeout, memory_limit=args.memory_limit,
+                             metrics_port=args.metrics_port)
     except ValueError as e:
         print(f"panjoin worker: {e}", file=sys.stderr)
         return 2
-    print(f"{READY}{args.host}:{port}", flush=True)
+    print(f"{READY}{args.host}:{port}{metrics_note(server, args.host)}", flush=True)
     if not args.null:  # NOT_SERVING until its kernels are compiled (workers.warm_up)
         n, s = warm_up(args.threads)
         log.info("warm-up: %d joins in %.1f s", n, s)

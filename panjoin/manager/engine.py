@@ -54,7 +54,7 @@ import logging
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numba
 import numpy as np
@@ -71,6 +71,7 @@ from panjoin.config import (
 from panjoin.manager.kernels import pack_rows, split_streams, unpack_rows
 from panjoin.manager.latency import CAP_MAX, LatencyBound
 from panjoin.manager.ring import SubwindowRing
+from panjoin.ops.timings import Timings
 from panjoin.semantics import (
     I64_MIN,
     Predicate,
@@ -109,6 +110,15 @@ class EngineStats:
     probes_unfiltered: int = 0
     preprocess_s: float = 0.0
     map_s: float = 0.0
+    # per stream (R, S): tuples pushed and late ones (the metrics, panjoin.ops.metrics)
+    tuples_by: dict = field(default_factory=lambda: {"R": 0, "S": 0})
+    late_by: dict = field(default_factory=lambda: {"R": 0, "S": 0})
+    #: wall time of each batch's steps 2-3 (and of collecting the rounds beyond the
+    #: pipeline), and each pair's latency: its round collected minus the arrival of the
+    #: oldest tuple of the probing batch (an upper bound: the later tuple of a pair is
+    #: the probing one, and it arrived at or after the batch's oldest)
+    batch_s: Timings = field(default_factory=Timings)
+    latency_s: Timings = field(default_factory=Timings)
 
 
 def default_subwindow_size(window: Window, latency_bound: bool = False) -> int:
@@ -212,6 +222,8 @@ class _InFlight:
     #: under a latency bound, (when the batch's processing began, its tuples): the round
     #: is the batch's end when its answers come later (workers), see JoinEngine._process
     timed: tuple[float, int] | None = None
+    #: time.monotonic() when the probing batch's oldest tuple arrived (pair latency)
+    since: float | None = None
 
 
 class JoinEngine:
@@ -371,6 +383,9 @@ class JoinEngine:
             self.client_wm = max(int(watermark), self.client_wm if self.client_wm is not None
                                  else I64_MIN)
         self.stats.tuples_in += n
+        n_s = int(np.count_nonzero(stream))
+        self.stats.tuples_by["S"] += n_s
+        self.stats.tuples_by["R"] += n - n_s
         if self.bound is not None:
             self.bound.observe_input(n, time.monotonic())
 
@@ -399,6 +414,7 @@ class JoinEngine:
                 if lm.any():
                     self.late_ids[name].append(ids[lm])
                     self.stats.late += int(lm.sum())
+                    self.stats.late_by[name] += int(lm.sum())
             stream, ids, keys, ts = stream[keep], ids[keep], keys[keep], ts[keep]
             if key2 is not None:
                 key2 = key2[keep]
@@ -542,7 +558,9 @@ class JoinEngine:
         t_batch = time.perf_counter()
         n_batch = self.buffers[x].n
         rounds = len(self._inflight)
-        self._process_batch(x)
+        since = self.buf_since[x]
+        self._process_batch(x, since)
+        self.stats.batch_s.observe(time.perf_counter() - t_batch)
         if self.bound is not None:
             f = self._inflight[-1] if len(self._inflight) > rounds else None
             if f is not None and not f.answers.done():
@@ -556,7 +574,7 @@ class JoinEngine:
         self.bound.observe_batch(n_batch, time.perf_counter() - t_batch)
         self._resize()
 
-    def _process_batch(self, x: str) -> None:
+    def _process_batch(self, x: str, since: float | None = None) -> None:
         key, ev, seq, ids, opp, pay, key2 = self.buffers[x].take()
         self.buf_since[x] = None
         self.stats.batches += 1
@@ -572,14 +590,14 @@ class JoinEngine:
         batch = SortedBatch(self.stats.batches, x, skey, sts, sseq, sids,
                             key2[order] if key2 is not None else None, self.pred, self.window)
         self.stats.preprocess_s += time.perf_counter() - t0
-        self._probe(x, y, batch, tscol, pay, order)
+        self._probe(x, y, batch, tscol, pay, order, since)
         self._insert(x, batch, seq, tscol, pay)
         self._expire(y)
         self._expire(x)
         while len(self._inflight) > self.pipeline:
             self._collect_one()
 
-    def _probe(self, x, y, batch: SortedBatch, tscol, pay, order) -> None:
+    def _probe(self, x, y, batch: SortedBatch, tscol, pay, order, since=None) -> None:
         ring = self.rings[y]
         if not any(s.count for s in ring):
             return
@@ -618,7 +636,8 @@ class JoinEngine:
                                            for sub, filtered in targets], batch)
         stores = [(sub.seq_start, sub.payloads() if self.with_payload else None)
                   for sub, _ in targets]
-        self._inflight.append(_InFlight(answers, x, batch.ids, pay, order, stores))
+        self._inflight.append(_InFlight(answers, x, batch.ids, pay, order, stores,
+                                        since=since))
 
     def _collect_one(self) -> None:
         """Step 5 for the oldest probe round in flight: stored seqs -> ids and payloads."""
@@ -627,6 +646,7 @@ class JoinEngine:
         if f.timed is not None and self.bound is not None:
             self._observe(*f.timed)
         t1 = time.perf_counter()
+        before = self.stats.results
         for (start, pays), ans in zip(f.stores, answers, strict=True):
             if isinstance(ans, IdPairs):  # mapped on the worker: passed on as they are
                 for r, s in ans.pieces:
@@ -645,6 +665,9 @@ class JoinEngine:
             self._results.append((xs, ys, xp, yp) if f.x == "R" else (ys, xs, yp, xp))
             self.stats.results += int(pidx.size)
         self.stats.map_s += time.perf_counter() - t1
+        if f.since is not None and self.stats.results > before:
+            self.stats.latency_s.observe(time.monotonic() - f.since,
+                                         self.stats.results - before)
 
     def collect(self) -> None:
         """Collect every probe round in flight (step 5 for all of them)."""

@@ -44,6 +44,7 @@ from panjoin.handshake.chain import ChainError
 from panjoin.manager.engine import JoinEngine
 from panjoin.manager.grpc_backend import GrpcBackend, WorkerError, status_code
 from panjoin.manager.streaming import stream_join
+from panjoin.ops.metrics import ManagerCollector, Retired, with_metrics
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
 from panjoin.security import current
 from panjoin.semantics import SpecError, parse_predicate, parse_window
@@ -190,6 +191,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         self.idle_timeout = idle_timeout
         self.max_input_tuples = max_input_tuples
         self.joins: dict[str, _Join] = {}
+        self.retired = Retired()  # the closed joins' counters (panjoin.ops.metrics)
         self.lock = threading.Lock()
         self._reaper = threading.Thread(target=self._reap, daemon=True, name="join-reaper")
         self._reaper.start()
@@ -438,17 +440,30 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                                   late=(ls, np.concatenate([late["R"], late["S"]]))))
         return outs
 
-    def _status(self, join_id: str, j: _Join) -> manager_pb2.JoinStatus:
+    def _status(self, join_id: str, j: _Join, sync: bool = True) -> manager_pb2.JoinStatus:
+        """The join's counters; ``sync``: after every command is answered (the caller
+        holds the join's lock), else as of the last feedback, without the lock (the
+        rings are then read while the join may change them: a retry if one did)."""
         e = j.engine
-        j.backend.sync()  # every command answered: the workers' status bits are current
-        w = e.window_tuples()
+        if sync:
+            j.backend.sync()  # every command answered: the workers' status bits are current
+        for _ in range(10):
+            try:
+                w = e.window_tuples()
+                break
+            except RuntimeError:  # a ring changed while it was read
+                continue
+        else:
+            w = {"R": 0, "S": 0}
         rings = getattr(e, "rings", {"R": (), "S": ()})  # a handshake chain has none
+        loads = j.backend.loads()
         return manager_pb2.JoinStatus(
             join_id=join_id, tuples_in=e.stats.tuples_in, late=e.stats.late,
             batches=e.stats.batches, results=e.stats.results, window_r=w["R"], window_s=w["S"],
             subwindows_r=len(rings["R"]), subwindows_s=len(rings["S"]),
             workers_alive=len(j.backend.alive_workers()), last_batch_id=j.last_batch_id,
-            memory_bytes=e.memory_bytes(), workers=j.backend.loads(),
+            memory_bytes=e.memory_bytes() if sync else sum(x.nbytes for x in loads),
+            workers=loads,
             probes_in_flight=e.status().get("probes_in_flight", 0),
             failovers=j.backend.failovers,
             pauses=e.admission.pauses if hasattr(e, "admission") else 0)
@@ -466,6 +481,35 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         j.last_used = time.monotonic()
         with j.lock:
             return self._status_or_abort(request.join_id, j, context)
+
+    def ClusterStatus(self, request, context):
+        """Every open join's counters (unsynced: a busy join is not waited for) and every
+        worker's own Status, asked in parallel with a short deadline."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with self.lock:
+            joins = list(self.joins.items())
+        reply = manager_pb2.ClusterStatusReply(topology=self.topology)
+        for jid, j in joins:
+            reply.joins.add(status=self._status(jid, j, sync=False), settings=j.settings)
+        with ThreadPoolExecutor(max_workers=min(16, len(self.workers))) as pool:
+            reply.workers.extend(pool.map(self._worker_summary, self.workers))
+        return reply
+
+    def _worker_summary(self, address: str) -> manager_pb2.WorkerSummary:
+        if self.topology == "handshake":  # a chain node has no worker Status
+            return manager_pb2.WorkerSummary(address=address, reachable=True)
+        from panjoin.proto.panjoin.v1 import worker_pb2, worker_pb2_grpc
+        from panjoin.security import channel
+
+        try:
+            with channel(address, peer=True) as ch:
+                st = worker_pb2_grpc.WorkerStub(ch).Status(worker_pb2.StatusRequest(),
+                                                           timeout=10)
+            return manager_pb2.WorkerSummary(address=address, reachable=True, status=st)
+        except grpc.RpcError as e:
+            return manager_pb2.WorkerSummary(address=address, reachable=False,
+                                             error=f"{e.code().name}: {e.details()}")
 
     def Close(self, request, context):
         j = self._get(request.join_id, request.token, context)
@@ -490,6 +534,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             with j.lock:  # after any call in progress on the join
                 j.closed = True
                 j.backend.close()
+                self.retired.add(j.engine, j.backend)
             if j.wake is not None:  # a streaming Join's loop ends now, not at its next look
                 j.wake()
             log.info("join %s closed", join_id)
@@ -554,14 +599,20 @@ def serve_manager(workers: list[str], port: int = 0, host: str = "127.0.0.1",
                   replicas: int = 2, max_latency_ms: float | None = None,
                   fast_forward: bool = False, worker_timeout: float = 60.0,
                   idle_timeout: float = IDLE_TIMEOUT_S,
-                  max_input_tuples: int = limits.MAX_INPUT_TUPLES) -> tuple[grpc.Server, int]:
+                  max_input_tuples: int = limits.MAX_INPUT_TUPLES,
+                  metrics_port: int | None = None) -> tuple[grpc.Server, int]:
     """Start the manager endpoint; returns the server and its port. ``max_latency_ms``:
     the latency bound of joins opened without one (None: such joins do not stream);
     ``idle_timeout``: close a join with no Join stream and no call for this many s;
-    ``max_input_tuples``: most tuples in one JoinInput."""
+    ``max_input_tuples``: most tuples in one JoinInput; ``metrics_port``: serve
+    Prometheus metrics on ``host`` there (0: any free port; ``server.metrics_port``
+    says which), None: none."""
     servicer = ManagerServicer(workers, threads, topology, fifo, segment, replicas,
                                max_latency_ms, fast_forward, worker_timeout, idle_timeout,
                                max_input_tuples)
-    return start_server(
+    server, port = start_server(
         lambda srv: add_manager(servicer, srv),
         manager_pb2.DESCRIPTOR.services_by_name["Manager"].full_name, port, host)
+    server.servicer = servicer
+    with_metrics(server, ManagerCollector(servicer), metrics_port, host)
+    return server, port

@@ -27,27 +27,35 @@ from panjoin.proto.panjoin.v1 import common_pb2 as panjoin_dot_v1_dot_common__pb
 from panjoin.proto.panjoin.v1 import worker_pb2 as panjoin_dot_v1_dot_worker__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18panjoin/v1/manager.proto\x12\npanjoin.v1\x1a\x17panjoin/v1/common.proto\x1a\x17panjoin/v1/worker.proto\"\x9e\x02\n\x0bOpenRequest\x12\x0e\n\x06window\x18\x01 \x01(\t\x12\x11\n\tpredicate\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\t\x12\x18\n\x10\x61llowed_lateness\x18\x04 \x01(\x03\x12\x16\n\x0esubwindow_size\x18\x05 \x01(\x03\x12\x12\n\npartitions\x18\x06 \x01(\x03\x12\x12\n\nbatch_size\x18\x07 \x01(\x03\x12\x0f\n\x07max_lag\x18\x08 \x01(\x03\x12\x16\n\x0emax_collect_ms\x18\t \x01(\x01\x12\x11\n\tkey_dtype\x18\n \x01(\t\x12/\n\rresult_format\x18\x0b \x01(\x0e\x32\x18.panjoin.v1.ResultFormat\x12\x16\n\x0emax_latency_ms\x18\x0c \x01(\x01\"V\n\tOpenReply\x12\x0f\n\x07join_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\t\x12)\n\x08settings\x18\x02 \x01(\x0b\x32\x17.panjoin.v1.OpenRequest\")\n\x07JoinRef\x12\x0f\n\x07join_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"<\n\x08Payloads\x12\"\n\x07offsets\x18\x01 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\xbb\x02\n\tJoinInput\x12\x0f\n\x07join_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x0b \x01(\t\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\x04\x12!\n\x06stream\x18\x03 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1d\n\x02id\x18\x04 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1e\n\x03key\x18\x05 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1d\n\x02ts\x18\x06 \x01(\x0b\x32\x11.panjoin.v1.Array\x12%\n\x07payload\x18\x07 \x01(\x0b\x32\x14.panjoin.v1.Payloads\x12\r\n\x05\x66lush\x18\x08 \x01(\x08\x12\x1f\n\x04key2\x18\t \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x16\n\twatermark\x18\n \x01(\x03H\x00\x88\x01\x01\x42\x0c\n\n_watermark\"\xa1\x02\n\nJoinOutput\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x1f\n\x04r_id\x18\x02 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1f\n\x04s_id\x18\x03 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\'\n\tr_payload\x18\x04 \x01(\x0b\x32\x14.panjoin.v1.Payloads\x12\'\n\ts_payload\x18\x05 \x01(\x0b\x32\x14.panjoin.v1.Payloads\x12&\n\x0blate_stream\x18\x06 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\"\n\x07late_id\x18\x07 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x11\n\tduplicate\x18\x08 \x01(\x08\x12\x0e\n\x06pushed\x18\t \x01(\x08\"\xda\x02\n\nJoinStatus\x12\x0f\n\x07join_id\x18\x01 \x01(\t\x12\x11\n\ttuples_in\x18\x02 \x01(\x03\x12\x0c\n\x04late\x18\x03 \x01(\x03\x12\x0f\n\x07\x62\x61tches\x18\x04 \x01(\x03\x12\x0f\n\x07results\x18\x05 \x01(\x03\x12\x10\n\x08window_r\x18\x06 \x01(\x03\x12\x10\n\x08window_s\x18\x07 \x01(\x03\x12\x14\n\x0csubwindows_r\x18\x08 \x01(\x03\x12\x14\n\x0csubwindows_s\x18\t \x01(\x03\x12\x15\n\rworkers_alive\x18\n \x01(\x03\x12\x15\n\rlast_batch_id\x18\x0b \x01(\x04\x12\x14\n\x0cmemory_bytes\x18\x0c \x01(\x03\x12\'\n\x07workers\x18\r \x03(\x0b\x32\x16.panjoin.v1.WorkerLoad\x12\x18\n\x10probes_in_flight\x18\x0e \x01(\x03\x12\x11\n\tfailovers\x18\x0f \x01(\x03\x12\x0e\n\x06pauses\x18\x10 \x01(\x03\x32\xe9\x01\n\x07Manager\x12\x36\n\x04Open\x12\x17.panjoin.v1.OpenRequest\x1a\x15.panjoin.v1.OpenReply\x12\x39\n\x04Join\x12\x15.panjoin.v1.JoinInput\x1a\x16.panjoin.v1.JoinOutput(\x01\x30\x01\x12\x35\n\x06Status\x12\x13.panjoin.v1.JoinRef\x1a\x16.panjoin.v1.JoinStatus\x12\x34\n\x05\x43lose\x12\x13.panjoin.v1.JoinRef\x1a\x16.panjoin.v1.JoinStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18panjoin/v1/manager.proto\x12\npanjoin.v1\x1a\x17panjoin/v1/common.proto\x1a\x17panjoin/v1/worker.proto\"\x16\n\x14\x43lusterStatusRequest\"`\n\x0bJoinSummary\x12&\n\x06status\x18\x01 \x01(\x0b\x32\x16.panjoin.v1.JoinStatus\x12)\n\x08settings\x18\x02 \x01(\x0b\x32\x17.panjoin.v1.OpenRequest\"l\n\rWorkerSummary\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x11\n\treachable\x18\x02 \x01(\x08\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12(\n\x06status\x18\x04 \x01(\x0b\x32\x18.panjoin.v1.WorkerStatus\"z\n\x12\x43lusterStatusReply\x12\x10\n\x08topology\x18\x01 \x01(\t\x12&\n\x05joins\x18\x02 \x03(\x0b\x32\x17.panjoin.v1.JoinSummary\x12*\n\x07workers\x18\x03 \x03(\x0b\x32\x19.panjoin.v1.WorkerSummary\"\x9e\x02\n\x0bOpenRequest\x12\x0e\n\x06window\x18\x01 \x01(\t\x12\x11\n\tpredicate\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\t\x12\x18\n\x10\x61llowed_lateness\x18\x04 \x01(\x03\x12\x16\n\x0esubwindow_size\x18\x05 \x01(\x03\x12\x12\n\npartitions\x18\x06 \x01(\x03\x12\x12\n\nbatch_size\x18\x07 \x01(\x03\x12\x0f\n\x07max_lag\x18\x08 \x01(\x03\x12\x16\n\x0emax_collect_ms\x18\t \x01(\x01\x12\x11\n\tkey_dtype\x18\n \x01(\t\x12/\n\rresult_format\x18\x0b \x01(\x0e\x32\x18.panjoin.v1.ResultFormat\x12\x16\n\x0emax_latency_ms\x18\x0c \x01(\x01\"V\n\tOpenReply\x12\x0f\n\x07join_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\t\x12)\n\x08settings\x18\x02 \x01(\x0b\x32\x17.panjoin.v1.OpenRequest\")\n\x07JoinRef\x12\x0f\n\x07join_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\t\"<\n\x08Payloads\x12\"\n\x07offsets\x18\x01 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"\xbb\x02\n\tJoinInput\x12\x0f\n\x07join_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x0b \x01(\t\x12\x10\n\x08\x62\x61tch_id\x18\x02 \x01(\x04\x12!\n\x06stream\x18\x03 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1d\n\x02id\x18\x04 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1e\n\x03key\x18\x05 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1d\n\x02ts\x18\x06 \x01(\x0b\x32\x11.panjoin.v1.Array\x12%\n\x07payload\x18\x07 \x01(\x0b\x32\x14.panjoin.v1.Payloads\x12\r\n\x05\x66lush\x18\x08 \x01(\x08\x12\x1f\n\x04key2\x18\t \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x16\n\twatermark\x18\n \x01(\x03H\x00\x88\x01\x01\x42\x0c\n\n_watermark\"\xa1\x02\n\nJoinOutput\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12\x1f\n\x04r_id\x18\x02 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x1f\n\x04s_id\x18\x03 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\'\n\tr_payload\x18\x04 \x01(\x0b\x32\x14.panjoin.v1.Payloads\x12\'\n\ts_payload\x18\x05 \x01(\x0b\x32\x14.panjoin.v1.Payloads\x12&\n\x0blate_stream\x18\x06 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\"\n\x07late_id\x18\x07 \x01(\x0b\x32\x11.panjoin.v1.Array\x12\x11\n\tduplicate\x18\x08 \x01(\x08\x12\x0e\n\x06pushed\x18\t \x01(\x08\"\xda\x02\n\nJoinStatus\x12\x0f\n\x07join_id\x18\x01 \x01(\t\x12\x11\n\ttuples_in\x18\x02 \x01(\x03\x12\x0c\n\x04late\x18\x03 \x01(\x03\x12\x0f\n\x07\x62\x61tches\x18\x04 \x01(\x03\x12\x0f\n\x07results\x18\x05 \x01(\x03\x12\x10\n\x08window_r\x18\x06 \x01(\x03\x12\x10\n\x08window_s\x18\x07 \x01(\x03\x12\x14\n\x0csubwindows_r\x18\x08 \x01(\x03\x12\x14\n\x0csubwindows_s\x18\t \x01(\x03\x12\x15\n\rworkers_alive\x18\n \x01(\x03\x12\x15\n\rlast_batch_id\x18\x0b \x01(\x04\x12\x14\n\x0cmemory_bytes\x18\x0c \x01(\x03\x12\'\n\x07workers\x18\r \x03(\x0b\x32\x16.panjoin.v1.WorkerLoad\x12\x18\n\x10probes_in_flight\x18\x0e \x01(\x03\x12\x11\n\tfailovers\x18\x0f \x01(\x03\x12\x0e\n\x06pauses\x18\x10 \x01(\x03\x32\xbc\x02\n\x07Manager\x12\x36\n\x04Open\x12\x17.panjoin.v1.OpenRequest\x1a\x15.panjoin.v1.OpenReply\x12\x39\n\x04Join\x12\x15.panjoin.v1.JoinInput\x1a\x16.panjoin.v1.JoinOutput(\x01\x30\x01\x12\x35\n\x06Status\x12\x13.panjoin.v1.JoinRef\x1a\x16.panjoin.v1.JoinStatus\x12\x34\n\x05\x43lose\x12\x13.panjoin.v1.JoinRef\x1a\x16.panjoin.v1.JoinStatus\x12Q\n\rClusterStatus\x12 .panjoin.v1.ClusterStatusRequest\x1a\x1e.panjoin.v1.ClusterStatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'panjoin.v1.manager_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OPENREQUEST']._serialized_start=91
-  _globals['_OPENREQUEST']._serialized_end=377
-  _globals['_OPENREPLY']._serialized_start=379
-  _globals['_OPENREPLY']._serialized_end=465
-  _globals['_JOINREF']._serialized_start=467
-  _globals['_JOINREF']._serialized_end=508
-  _globals['_PAYLOADS']._serialized_start=510
-  _globals['_PAYLOADS']._serialized_end=570
-  _globals['_JOININPUT']._serialized_start=573
-  _globals['_JOININPUT']._serialized_end=888
-  _globals['_JOINOUTPUT']._serialized_start=891
-  _globals['_JOINOUTPUT']._serialized_end=1180
-  _globals['_JOINSTATUS']._serialized_start=1183
-  _globals['_JOINSTATUS']._serialized_end=1529
-  _globals['_MANAGER']._serialized_start=1532
-  _globals['_MANAGER']._serialized_end=1765
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_start=90
+  _globals['_CLUSTERSTATUSREQUEST']._serialized_end=112
+  _globals['_JOINSUMMARY']._serialized_start=114
+  _globals['_JOINSUMMARY']._serialized_end=210
+  _globals['_WORKERSUMMARY']._serialized_start=212
+  _globals['_WORKERSUMMARY']._serialized_end=320
+  _globals['_CLUSTERSTATUSREPLY']._serialized_start=322
+  _globals['_CLUSTERSTATUSREPLY']._serialized_end=444
+  _globals['_OPENREQUEST']._serialized_start=447
+  _globals['_OPENREQUEST']._serialized_end=733
+  _globals['_OPENREPLY']._serialized_start=735
+  _globals['_OPENREPLY']._serialized_end=821
+  _globals['_JOINREF']._serialized_start=823
+  _globals['_JOINREF']._serialized_end=864
+  _globals['_PAYLOADS']._serialized_start=866
+  _globals['_PAYLOADS']._serialized_end=926
+  _globals['_JOININPUT']._serialized_start=929
+  _globals['_JOININPUT']._serialized_end=1244
+  _globals['_JOINOUTPUT']._serialized_start=1247
+  _globals['_JOINOUTPUT']._serialized_end=1536
+  _globals['_JOINSTATUS']._serialized_start=1539
+  _globals['_JOINSTATUS']._serialized_end=1885
+  _globals['_MANAGER']._serialized_start=1888
+  _globals['_MANAGER']._serialized_end=2204
 # @@protoc_insertion_point(module_scope)

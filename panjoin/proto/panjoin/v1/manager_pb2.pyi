@@ -9,6 +9,40 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ClusterStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class JoinSummary(_message.Message):
+    __slots__ = ("status", "settings")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    status: JoinStatus
+    settings: OpenRequest
+    def __init__(self, status: _Optional[_Union[JoinStatus, _Mapping]] = ..., settings: _Optional[_Union[OpenRequest, _Mapping]] = ...) -> None: ...
+
+class WorkerSummary(_message.Message):
+    __slots__ = ("address", "reachable", "error", "status")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REACHABLE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    reachable: bool
+    error: str
+    status: _worker_pb2.WorkerStatus
+    def __init__(self, address: _Optional[str] = ..., reachable: _Optional[bool] = ..., error: _Optional[str] = ..., status: _Optional[_Union[_worker_pb2.WorkerStatus, _Mapping]] = ...) -> None: ...
+
+class ClusterStatusReply(_message.Message):
+    __slots__ = ("topology", "joins", "workers")
+    TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
+    JOINS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    topology: str
+    joins: _containers.RepeatedCompositeFieldContainer[JoinSummary]
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerSummary]
+    def __init__(self, topology: _Optional[str] = ..., joins: _Optional[_Iterable[_Union[JoinSummary, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerSummary, _Mapping]]] = ...) -> None: ...
+
 class OpenRequest(_message.Message):
     __slots__ = ("window", "predicate", "index", "allowed_lateness", "subwindow_size", "partitions", "batch_size", "max_lag", "max_collect_ms", "key_dtype", "result_format", "max_latency_ms")
     WINDOW_FIELD_NUMBER: _ClassVar[int]

@@ -55,6 +55,11 @@ class ManagerStub:
                 request_serializer=panjoin_dot_v1_dot_manager__pb2.JoinRef.SerializeToString,
                 response_deserializer=panjoin_dot_v1_dot_manager__pb2.JoinStatus.FromString,
                 _registered_method=True)
+        self.ClusterStatus = channel.unary_unary(
+                '/panjoin.v1.Manager/ClusterStatus',
+                request_serializer=panjoin_dot_v1_dot_manager__pb2.ClusterStatusRequest.SerializeToString,
+                response_deserializer=panjoin_dot_v1_dot_manager__pb2.ClusterStatusReply.FromString,
+                _registered_method=True)
 
 
 class ManagerServicer:
@@ -102,6 +107,15 @@ class ManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ClusterStatus(self, request, context):
+        """---- operations (issue 30: `panjoin status`) ----
+        The whole manager at a glance: every open join's counters (no token needed: it
+        names the joins but grants nothing on them) and every worker's own Status.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -124,6 +138,11 @@ def add_ManagerServicer_to_server(servicer, server):
                     servicer.Close,
                     request_deserializer=panjoin_dot_v1_dot_manager__pb2.JoinRef.FromString,
                     response_serializer=panjoin_dot_v1_dot_manager__pb2.JoinStatus.SerializeToString,
+            ),
+            'ClusterStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClusterStatus,
+                    request_deserializer=panjoin_dot_v1_dot_manager__pb2.ClusterStatusRequest.FromString,
+                    response_serializer=panjoin_dot_v1_dot_manager__pb2.ClusterStatusReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -234,6 +253,33 @@ class Manager:
             '/panjoin.v1.Manager/Close',
             panjoin_dot_v1_dot_manager__pb2.JoinRef.SerializeToString,
             panjoin_dot_v1_dot_manager__pb2.JoinStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClusterStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/panjoin.v1.Manager/ClusterStatus',
+            panjoin_dot_v1_dot_manager__pb2.ClusterStatusRequest.SerializeToString,
+            panjoin_dot_v1_dot_manager__pb2.ClusterStatusReply.FromString,
             options,
             channel_credentials,
             insecure,

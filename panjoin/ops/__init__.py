@@ -1,0 +1,4 @@
+"""Operating a running cluster: Prometheus metrics (:mod:`panjoin.ops.metrics`), fed
+by the durations the engine keeps (:mod:`panjoin.ops.timings`). The engine, the
+workers and the pipeline only report to them; none of them serves HTTP itself. The
+terminal view is ``panjoin status`` (:mod:`panjoin.cli.status`)."""
