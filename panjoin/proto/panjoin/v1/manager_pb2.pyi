@@ -9,6 +9,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class WorkerRef(_message.Message):
+    __slots__ = ("address",)
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    def __init__(self, address: _Optional[str] = ...) -> None: ...
+
+class ResizeReply(_message.Message):
+    __slots__ = ("workers", "joins")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    JOINS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedScalarFieldContainer[str]
+    joins: int
+    def __init__(self, workers: _Optional[_Iterable[str]] = ..., joins: _Optional[int] = ...) -> None: ...
+
 class OpenRequest(_message.Message):
     __slots__ = ("window", "predicate", "index", "allowed_lateness", "subwindow_size", "partitions", "batch_size", "max_lag", "max_collect_ms", "key_dtype", "result_format", "max_latency_ms")
     WINDOW_FIELD_NUMBER: _ClassVar[int]
