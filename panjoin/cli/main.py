@@ -19,7 +19,7 @@ import tomllib
 from pathlib import Path
 
 from panjoin import __version__
-from panjoin.cli import bench, demo, gen, replay, serve, status
+from panjoin.cli import bench, ctl, demo, gen, replay, serve, status
 from panjoin.cli.options import rpc_error
 from panjoin.kafka import cli as kafka_cli
 from panjoin.security import Security, use
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--version", action="version", version=f"panjoin {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    for command in (replay, gen, bench, serve, status, demo, kafka_cli, pipeline_cli):
+    for command in (replay, gen, bench, serve, status, demo, ctl, kafka_cli, pipeline_cli):
         command.add_parser(sub)  # each sets its subparsers' ``run``
     return ap
 

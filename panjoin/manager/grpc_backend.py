@@ -159,6 +159,8 @@ class _Session:
         self.deadline = deadline
         self.alive = True
         self.why = ""
+        self.retiring = False  # removed (RemoveWorker): no new subwindow, released when empty
+        self.released = False  # its session ended by us, not a failure
         self.code = ""  # the status code name of a stream that ended (e.g. refused)
         # set once the worker accepted the session (its initial metadata: idle timeout,
         # free memory) or the stream ended
@@ -289,6 +291,17 @@ class _Session:
         self.requests.put(self._END)
         self.channel.close()
 
+    def release(self) -> None:
+        """End the session of a removed worker that holds nothing and owes no answer: the
+        worker frees what the session held; no failover, it is not dead."""
+        with self.lock:
+            self.released = True
+            self.alive = False
+            self.why = f"worker {self.address} was removed from the join"
+            self.load = worker_pb2.WorkerLoad()
+        self.requests.put(self._END)
+        self.channel.close()
+
 
 def _check(call: _Call) -> worker_pb2.Feedback:
     fb = call.wait()
@@ -359,8 +372,11 @@ class GrpcBackend:
         # rounds whose answers are ranges into a mirror: expanded before that mirror
         # changes (an insert may merge into the main array and move its rows)
         self._ranged: list[ProbeRound] = []
+        self.max_replicas = replicas  # what the join asked for; replicas: what it gets
         self.replicas = min(replicas, len(addresses))
         self.want_seq = False  # the engine keeps payloads by seq: answers carry it
+        self.deadline = deadline
+        self._wake = None
         self.sessions = [_Session(a, deadline) for a in addresses]
         self.where: dict[int, int] = {}  # sub_id -> worker of the primary
         self.backup: dict[int, int] = {}  # sub_id -> worker of the backup, while it has one
@@ -383,6 +399,61 @@ class GrpcBackend:
 
     def alive_workers(self) -> list[int]:
         return [i for i, s in enumerate(self.sessions) if s.alive]
+
+    def placeable(self) -> list[int]:
+        """Workers that may get a new subwindow (primary or backup): alive, not removed."""
+        return [i for i, s in enumerate(self.sessions) if s.alive and not s.retiring]
+
+    # ------------------------------------------------------------------ resizing
+
+    def add_worker(self, address: str, timeout: float) -> None:
+        """Open a session on ``address``; new subwindows may go there from now on (the
+        caller holds the join's lock, so no batch is half sent). A worker removed before
+        and still held (its subwindows not all expired) is simply taken back. Raises
+        WorkerError if the worker does not accept the session within ``timeout`` s."""
+        for s in self.sessions:
+            if s.address == address and s.alive:
+                s.retiring = False
+                self.replicas = min(self.max_replicas, len(self.placeable()))
+                return
+        s = _Session(address, self.deadline)
+        if not s.accepted.wait(timeout) or "panjoin-idle-timeout" not in s.meta:
+            why = s.why or f"worker {address} did not accept a session within {timeout:g} s"
+            s.close()
+            raise WorkerError(why, s.code or "UNAVAILABLE")
+        s.wake = self._wake
+        self.sessions.append(s)
+        self.replicas = min(self.max_replicas, len(self.placeable()))
+
+    def can_remove(self, address: str) -> bool:
+        """Would a worker other than ``address`` be left to place new subwindows on?"""
+        return any(self.sessions[i].address != address for i in self.placeable())
+
+    def remove_worker(self, address: str) -> bool:
+        """Stop placing new subwindows (primaries and backups) on ``address``; its
+        subwindows stay where they are, answer probes and get their inserts until they
+        expire, so every subwindow keeps the copies it had and new ones get theirs on
+        the other workers. Its session ends once it holds nothing (at once if it holds
+        nothing now). False if the join has no session there."""
+        mine = [s for s in self.sessions if s.address == address and s.alive]
+        for s in mine:
+            s.retiring = True
+        self.replicas = min(self.max_replicas, max(1, len(self.placeable())))
+        self._release_retired()
+        return bool(mine)
+
+    def _release_retired(self) -> None:
+        """End the sessions of removed workers that hold no copy and owe no answer."""
+        held = set(self.where.values()) | set(self.backup.values())
+        for i, s in enumerate(self.sessions):
+            if s.retiring and s.alive and i not in held:
+                s.flush()
+                with s.lock:
+                    idle = not s.pending
+                if idle:
+                    log.info("worker %s holds nothing of this join any more: session "
+                             "released", s.address)
+                    s.release()
 
     def loads(self) -> list[worker_pb2.WorkerLoad]:
         return [s.load for s in self.sessions]
@@ -425,6 +496,8 @@ class GrpcBackend:
                 return
             self.unchecked.popleft()
             self._settle(sub_id, call)
+        if any(s.retiring and s.alive for s in self.sessions):
+            self._release_retired()  # its last expire may just have been answered
 
     def first_error(self, e: WorkerError) -> WorkerError:
         """The join's first worker error, which caused ``e`` or is ``e``. A command
@@ -532,7 +605,7 @@ class GrpcBackend:
             self.sync()
         if spec.predecessor is not None:
             spec.splitters = self.splitters.pop(spec.predecessor, None)
-        alive = self.alive_workers()
+        alive = self.placeable()  # a removed worker gets no new subwindow, nor a backup
         if not alive:
             raise WorkerError("every worker is down; the join cannot go on", "UNAVAILABLE")
         w = spec.worker % self.n_workers
@@ -667,11 +740,14 @@ class GrpcBackend:
         for d in (self.where, self.backup, self.splitters, self.sizes, self.kinds):
             d.pop(sub_id, None)
         self.stats.expires += 1
+        if any(s.retiring and s.alive for s in self.sessions):
+            self.flush()  # the expire goes out now: the session ends once it is answered
 
     def set_wake(self, fn) -> None:
         """Have every worker's feedback reader call ``fn()`` (no arguments, from its own
         thread) after each answer: a streaming join's loop notices answered probe
         rounds at once instead of polling :meth:`ProbeRound.done`."""
+        self._wake = fn  # sessions added later get it too
         for s in self.sessions:
             s.wake = fn
 
@@ -719,4 +795,5 @@ class GrpcBackend:
     def close(self) -> None:
         self.closed = True  # sessions ending now are not worker failures
         for s in self.sessions:
-            s.close()
+            if not s.released:
+                s.close()

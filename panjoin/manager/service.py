@@ -43,6 +43,7 @@ from panjoin import limits
 from panjoin.handshake.chain import ChainError
 from panjoin.manager.engine import JoinEngine
 from panjoin.manager.grpc_backend import GrpcBackend, WorkerError, status_code
+from panjoin.manager.resize import ResizeError, ResizeGate, add_worker, remove_worker
 from panjoin.manager.streaming import stream_join
 from panjoin.ops.metrics import ManagerCollector, Retired, with_metrics
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
@@ -172,7 +173,8 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             raise ValueError("the manager needs at least one worker address")
         if topology not in ("ring", "handshake"):
             raise ValueError(f"unknown topology {topology!r}; choose 'ring' or 'handshake'")
-        self.workers = workers
+        self.workers = list(workers)  # AddWorker and RemoveWorker change it
+        self.gate = ResizeGate()
         self.threads = threads
         self.topology = topology  # handshake: `workers` are handshake chain nodes, in order
         self.fifo = fifo
@@ -216,6 +218,10 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                     j.backend.keepalive()
 
     def Open(self, request, context):
+        with self.gate.opening():  # the worker list stays as it is until registered
+            return self._open(request, context)
+
+    def _open(self, request, context):
         try:
             limits.check_open(request)
             window = parse_window(request.window, request.allowed_lateness)
@@ -519,6 +525,31 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             finally:  # a status that fails (a worker lost) still closes
                 self._close(request.join_id)
         return st
+
+    # ---- resizing (issue 30; panjoin.manager.resize) ----
+
+    def AddWorker(self, request, context):
+        return self._resize(add_worker, request.address.strip(), context,
+                            timeout=self.worker_timeout)
+
+    def RemoveWorker(self, request, context):
+        return self._resize(remove_worker, request.address.strip(), context)
+
+    def _resize(self, change, address: str, context, **kw) -> manager_pb2.ResizeReply:
+        if self.topology != "ring":
+            context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                          "the handshake topology cannot resize: its chain of nodes is fixed "
+                          "when a join opens; restart the manager with the new --workers")
+        with self.gate.resizing():
+            with self.lock:
+                joins = list(self.joins.items())
+            try:
+                n = change(self.workers, joins, address, **kw)
+            except ResizeError as e:
+                context.abort(e.code, str(e))
+            return manager_pb2.ResizeReply(workers=self.workers, joins=n)
+
+    # ---- end of resizing ----
 
     def _close_after(self, j: _Join) -> None:
         """Close join ``j`` (its caller may hold its lock: the reentrant lock allows it)."""

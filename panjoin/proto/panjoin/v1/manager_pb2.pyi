@@ -43,6 +43,20 @@ class ClusterStatusReply(_message.Message):
     workers: _containers.RepeatedCompositeFieldContainer[WorkerSummary]
     def __init__(self, topology: _Optional[str] = ..., joins: _Optional[_Iterable[_Union[JoinSummary, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerSummary, _Mapping]]] = ...) -> None: ...
 
+class WorkerRef(_message.Message):
+    __slots__ = ("address",)
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    def __init__(self, address: _Optional[str] = ...) -> None: ...
+
+class ResizeReply(_message.Message):
+    __slots__ = ("workers", "joins")
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    JOINS_FIELD_NUMBER: _ClassVar[int]
+    workers: _containers.RepeatedScalarFieldContainer[str]
+    joins: int
+    def __init__(self, workers: _Optional[_Iterable[str]] = ..., joins: _Optional[int] = ...) -> None: ...
+
 class OpenRequest(_message.Message):
     __slots__ = ("window", "predicate", "index", "allowed_lateness", "subwindow_size", "partitions", "batch_size", "max_lag", "max_collect_ms", "key_dtype", "result_format", "max_latency_ms")
     WINDOW_FIELD_NUMBER: _ClassVar[int]

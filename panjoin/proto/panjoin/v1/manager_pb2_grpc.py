@@ -60,6 +60,16 @@ class ManagerStub:
                 request_serializer=panjoin_dot_v1_dot_manager__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=panjoin_dot_v1_dot_manager__pb2.ClusterStatusReply.FromString,
                 _registered_method=True)
+        self.AddWorker = channel.unary_unary(
+                '/panjoin.v1.Manager/AddWorker',
+                request_serializer=panjoin_dot_v1_dot_manager__pb2.WorkerRef.SerializeToString,
+                response_deserializer=panjoin_dot_v1_dot_manager__pb2.ResizeReply.FromString,
+                _registered_method=True)
+        self.RemoveWorker = channel.unary_unary(
+                '/panjoin.v1.Manager/RemoveWorker',
+                request_serializer=panjoin_dot_v1_dot_manager__pb2.WorkerRef.SerializeToString,
+                response_deserializer=panjoin_dot_v1_dot_manager__pb2.ResizeReply.FromString,
+                _registered_method=True)
 
 
 class ManagerServicer:
@@ -116,6 +126,29 @@ class ManagerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddWorker(self, request, context):
+        """---- Resizing: workers added and removed while joins run (issue 30) ----
+        Add a worker: every open join (ring topology) and every join opened later puts new
+        subwindows on it from its next batch on. The manager checks it first (its health
+        service, then a session per open join); an unreachable or refusing worker is not
+        added (UNAVAILABLE, RESOURCE_EXHAUSTED), one already in the list is ALREADY_EXISTS.
+        The handshake topology answers UNIMPLEMENTED (its chain is fixed at Open).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveWorker(self, request, context):
+        """Remove a worker: it gets no new subwindow (primary or backup) from the next batch
+        on; its subwindows stay and answer probes until they expire, then each join
+        releases its session there. FAILED_PRECONDITION for the last worker (of the
+        manager, or of an open join), NOT_FOUND for an address not in the list.
+        ---- end of resizing ----
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ManagerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +176,16 @@ def add_ManagerServicer_to_server(servicer, server):
                     servicer.ClusterStatus,
                     request_deserializer=panjoin_dot_v1_dot_manager__pb2.ClusterStatusRequest.FromString,
                     response_serializer=panjoin_dot_v1_dot_manager__pb2.ClusterStatusReply.SerializeToString,
+            ),
+            'AddWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddWorker,
+                    request_deserializer=panjoin_dot_v1_dot_manager__pb2.WorkerRef.FromString,
+                    response_serializer=panjoin_dot_v1_dot_manager__pb2.ResizeReply.SerializeToString,
+            ),
+            'RemoveWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveWorker,
+                    request_deserializer=panjoin_dot_v1_dot_manager__pb2.WorkerRef.FromString,
+                    response_serializer=panjoin_dot_v1_dot_manager__pb2.ResizeReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -280,6 +323,60 @@ class Manager:
             '/panjoin.v1.Manager/ClusterStatus',
             panjoin_dot_v1_dot_manager__pb2.ClusterStatusRequest.SerializeToString,
             panjoin_dot_v1_dot_manager__pb2.ClusterStatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/panjoin.v1.Manager/AddWorker',
+            panjoin_dot_v1_dot_manager__pb2.WorkerRef.SerializeToString,
+            panjoin_dot_v1_dot_manager__pb2.ResizeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/panjoin.v1.Manager/RemoveWorker',
+            panjoin_dot_v1_dot_manager__pb2.WorkerRef.SerializeToString,
+            panjoin_dot_v1_dot_manager__pb2.ResizeReply.FromString,
             options,
             channel_credentials,
             insecure,
