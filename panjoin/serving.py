@@ -61,6 +61,73 @@ def start_server(add_servicer, service_name: str, port: int = 0, host: str = "12
     return server, bound
 
 
+class _Capture:
+    """Stands in for a server while a generated ``add_*Servicer_to_server`` registers:
+    keeps the service name and its method handlers."""
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass
+
+    def add_registered_method_handlers(self, name: str, handlers: dict) -> None:
+        self.name, self.handlers = name, handlers
+
+
+def register(server, add_generated, servicer, serializers: dict | None = None) -> None:
+    """Register ``servicer`` on ``server`` as the generated ``add_generated(servicer,
+    server)`` does, with two changes: each request is parsed inside its rpc, so that
+    bytes that are no message of the rpc's type end the call with INVALID_ARGUMENT
+    (gRPC's own parsing answers INTERNAL, as if the server had failed); and
+    ``serializers`` replaces response serialisers by method name (a manager's Join
+    sends outputs it has encoded itself)."""
+    cap = _Capture()
+    add_generated(servicer, cap)
+    handlers = {name: _parsing_inside(h, (serializers or {}).get(name))
+                for name, h in cap.handlers.items()}
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(cap.name, handlers),))
+    server.add_registered_method_handlers(cap.name, handlers)
+
+
+def _parsing_inside(h, serializer=None):
+    parse, ser = h.request_deserializer, serializer or h.response_serializer
+
+    def one(raw, context):
+        try:
+            return parse(raw)
+        except Exception as e:  # protobuf's DecodeError, or any parser's refusal
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"not a valid {_type_name(parse)} message: {e}")
+
+    def many(raws, context):
+        """The stream's messages; at one that does not parse, its end, with the call's
+        status INVALID_ARGUMENT (the servicer, maybe on another thread, sees the stream
+        end and releases what it holds)."""
+        for raw in raws:
+            try:
+                msg = parse(raw)
+            except Exception as e:
+                context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+                context.set_details(f"not a valid {_type_name(parse)} message: {e}")
+                return
+            yield msg
+
+    if h.unary_unary:
+        fn, make = (lambda r, c: h.unary_unary(one(r, c), c)), grpc.unary_unary_rpc_method_handler
+    elif h.unary_stream:
+        fn, make = (lambda r, c: h.unary_stream(one(r, c), c)), grpc.unary_stream_rpc_method_handler
+    elif h.stream_unary:
+        fn, make = (lambda it, c: h.stream_unary(many(it, c), c)), \
+            grpc.stream_unary_rpc_method_handler
+    else:
+        fn, make = (lambda it, c: h.stream_stream(many(it, c), c)), \
+            grpc.stream_stream_rpc_method_handler
+    return make(fn, request_deserializer=None, response_serializer=ser)
+
+
+def _type_name(parse) -> str:
+    owner = getattr(parse, "__self__", None)
+    return getattr(owner, "__name__", None) or getattr(parse, "__qualname__", "request")
+
+
 def set_serving(server: grpc.Server) -> None:
     """Have a server from :func:`start_server` report SERVING on its health service."""
     hs, service_name = server.panjoin_health

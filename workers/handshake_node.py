@@ -26,7 +26,7 @@ from panjoin.handshake.protocol import LEFT, RIGHT, Node
 from panjoin.handshake.transport import KEY_WIRE, LinkSender, from_proto, to_proto
 from panjoin.proto.panjoin.v1 import handshake_pb2, handshake_pb2_grpc
 from panjoin.semantics import SpecError, parse_predicate, parse_window
-from panjoin.serving import start_server
+from panjoin.serving import register, start_server
 from panjoin.wire import WireError, to_array
 
 log = logging.getLogger("panjoin.handshake.node")
@@ -210,6 +210,7 @@ def serve(port: int = 0, threads: int = 1, host: str = "127.0.0.1", serving: boo
     NOT_SERVING until :func:`panjoin.serving.set_serving` (after the warm-up)."""
     servicer = HandshakeNodeServicer(threads)
     return start_server(
-        lambda srv: handshake_pb2_grpc.add_HandshakeNodeServicer_to_server(servicer, srv),
+        lambda srv: register(srv, handshake_pb2_grpc.add_HandshakeNodeServicer_to_server,
+                             servicer),
         handshake_pb2.DESCRIPTOR.services_by_name["HandshakeNode"].full_name, port, host,
         max_workers=32, serving=serving)

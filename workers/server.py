@@ -40,7 +40,7 @@ from panjoin.config import tune_allocator
 from panjoin.limits import MAX_PARTITIONS, default_memory_limit, fmt, subwindow_bytes
 from panjoin.ops.metrics import WorkerCollector, with_metrics
 from panjoin.proto.panjoin.v1 import worker_pb2, worker_pb2_grpc
-from panjoin.serving import start_server
+from panjoin.serving import register, start_server
 from panjoin.wire import WireError, to_array
 
 log = logging.getLogger("panjoin.worker")
@@ -357,7 +357,7 @@ def serve(port: int = 0, threads: int = 1, host: str = "127.0.0.1", index_backen
     servicer = WorkerServicer(threads, index_backend, device, null, max_sessions, idle_timeout,
                               memory_limit)
     server, port = start_server(
-        lambda srv: worker_pb2_grpc.add_WorkerServicer_to_server(servicer, srv),
+        lambda srv: register(srv, worker_pb2_grpc.add_WorkerServicer_to_server, servicer),
         worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name, port, host,
         max_workers=max_sessions + SPARE_THREADS, serving=serving)
     with_metrics(server, WorkerCollector(servicer), metrics_port, host)

@@ -49,7 +49,7 @@ from panjoin.ops.metrics import ManagerCollector, Retired, with_metrics
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
 from panjoin.security import current
 from panjoin.semantics import SpecError, parse_predicate, parse_window
-from panjoin.serving import start_server
+from panjoin.serving import register, start_server
 from panjoin.wire import Encoded, WireError, from_array, from_payloads, to_payloads
 
 log = logging.getLogger("panjoin.manager")
@@ -595,25 +595,10 @@ def _serialize_output(out) -> bytes:
 
 
 def add_manager(servicer, server) -> None:
-    """Register ``servicer``'s rpcs as the generated code does, with Join's outputs
-    serialised by :func:`_serialize_output` (they come :class:`Encoded`)."""
-
-    class _Capture:
-        def add_generic_rpc_handlers(self, handlers):
-            pass
-
-        def add_registered_method_handlers(self, name, handlers):
-            self.name, self.handlers = name, handlers
-
-    cap = _Capture()
-    manager_pb2_grpc.add_ManagerServicer_to_server(servicer, cap)
-    join = cap.handlers["Join"]
-    cap.handlers["Join"] = grpc.stream_stream_rpc_method_handler(
-        join.stream_stream, request_deserializer=join.request_deserializer,
-        response_serializer=_serialize_output)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(cap.name,
-                                                                          cap.handlers),))
-    server.add_registered_method_handlers(cap.name, cap.handlers)
+    """Register ``servicer``'s rpcs (:func:`panjoin.serving.register`), with Join's
+    outputs serialised by :func:`_serialize_output` (they come :class:`Encoded`)."""
+    register(server, manager_pb2_grpc.add_ManagerServicer_to_server, servicer,
+             {"Join": _serialize_output})
 
 
 def _abort_worker_error(context, e: Exception) -> None:
