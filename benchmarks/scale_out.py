@@ -104,7 +104,7 @@ def _replay(wl: Workload, events: str, out: str, host, extra: list[str], hosts: 
     its timed join starts."""
     net0 = None
     cmd = command(["replay", events, "--window", f"count:{wl.window},{wl.window}",
-                   "--predicate", wl.predicate, "--index", "bisort", "--threads", "1",
+                   "--predicate", wl.predicate, "--index", "bisort",
                    "--warm-up", "--out", out, "--no-progress", *extra], host=host)
     with tempfile.TemporaryFile("w+") as err:
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
@@ -162,8 +162,10 @@ def run_in_process(wl: Workload, events: str, work: str, quota: float,
                    memory_mib: float | None) -> dict:
     with Hosts(quota, memory_mib) as hs:
         h = hs.new("in-process")
-        t, cpu, net = _replay(wl, events, os.path.join(work, "local.parquet"), h, [],
-                              {"in-process": h})
+        # one thread, as on a host of Q cores (a join on --cluster has no --threads:
+        # its workers' is theirs)
+        t, cpu, net = _replay(wl, events, os.path.join(work, "local.parquet"), h,
+                              ["--threads", "1"], {"in-process": h})
         return {"n": 0, "time_s": t, "tuples_per_s": wl.tuples / t, "wire_b_per_tuple":
                 net / wl.tuples,
                 "hosts": _hosts_report({"in-process": h}, t, quota, {"in-process": cpu})}

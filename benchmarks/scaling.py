@@ -53,7 +53,7 @@ def _replay(events: str, w: int, e: int, out: str, extra: list[str],
     """One ``panjoin replay`` (on ``cpus``): its printed join time, CPU-s and peak RSS."""
     cmd = pinned([sys.executable, "-m", "panjoin.cli", "replay", events, "--window",
                   f"count:{w},{w}", "--predicate", f"band:{e}", "--index", "bisort",
-                  "--threads", "1", "--out", out, "--no-progress", *extra], cpus)
+                  "--out", out, "--no-progress", *extra], cpus)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _, status, ru = os.wait4(p.pid, 0)
     text = p.stdout.read()
@@ -78,7 +78,7 @@ def one_window(w: int, work: str, n: int, config: str = "pinned") -> dict:
         write_events(generate(n, "uniform", key_min=0, key_max=KEY_MAX, seed=1), events)
     e = int(band_for_selectivity(1.0, w, 0, KEY_MAX))
     pin = config == "pinned"
-    local = _replay(events, w, e, os.path.join(work, "local.parquet"), [], {0})
+    local = _replay(events, w, e, os.path.join(work, "local.parquet"), ["--threads", "1"], {0})
     with start_cluster(1 if pin else 2, 1, cpus={1} if pin else None,
                        manager_args=["--replicas", "1" if pin else "2"],
                        manager_cpus={0} if pin else None) as c:

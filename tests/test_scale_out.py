@@ -115,3 +115,17 @@ def test_the_pairs_digest_is_order_free_and_sees_a_changed_pair(tmp_path):
     d = {k: pairs_digest(str(tmp_path / f"{k}.parquet")) for k in "abc"}
     assert d["a"] == d["b"] and d["a"][0] == 1000
     assert d["a"] != d["c"]
+
+
+@needs_hosts
+def test_groups_of_a_killed_run_are_removed_by_the_next():
+    from panjoin.bench.hosts import CGROUP
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid: a run that was killed -9 and left its groups
+    stale = [os.path.join(CGROUP, c, f"panjoin-hosts-{dead.pid}") for c in CONTROLLERS]
+    for d in stale:
+        os.makedirs(os.path.join(d, "worker0"))
+    with Hosts(0.5) as hs:
+        hs.new("client")
+        assert not any(os.path.exists(d) for d in stale)

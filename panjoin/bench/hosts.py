@@ -129,6 +129,29 @@ class Host:
             os.rmdir(d)
 
 
+def remove_stale(root: str = CGROUP) -> list[str]:
+    """Remove the groups of runs whose process is gone (a run killed with -9 cannot
+    clean up after itself); returns the parent groups removed. A group that still
+    holds a process stays."""
+    gone = []
+    for c in CONTROLLERS:
+        base = os.path.join(root, c)
+        for name in os.listdir(base) if os.path.isdir(base) else ():
+            pid = name.removeprefix("panjoin-hosts-")
+            if name == pid or not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+                continue
+            parent = os.path.join(base, name)
+            try:
+                for child in os.listdir(parent):
+                    if os.path.isdir(os.path.join(parent, child)):
+                        os.rmdir(os.path.join(parent, child))
+                os.rmdir(parent)
+                gone.append(parent)
+            except OSError:  # a process still in it
+                continue
+    return gone
+
+
 class Hosts:
     """The emulated hosts of one benchmark run, under one parent group per controller
     (``panjoin-hosts-<pid>``); a context manager that removes every group it made."""
@@ -144,6 +167,7 @@ class Hosts:
             raise ValueError(f"a host's memory limit must be positive (MiB), got {memory_mib}")
         self.root = root
         self.quota, self.memory_mib = quota, memory_mib
+        remove_stale(root)
         self.parent = f"panjoin-hosts-{os.getpid()}"
         self.hosts: dict[str, Host] = {}
         self.made: list[str] = []
@@ -185,4 +209,4 @@ class Hosts:
         self.close()
 
 
-__all__ = ["CONTROLLERS", "Host", "Hosts", "unsupported"]
+__all__ = ["CONTROLLERS", "Host", "Hosts", "remove_stale", "unsupported"]
