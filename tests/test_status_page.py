@@ -98,7 +98,7 @@ def test_the_page_shows_the_cluster_and_follows_a_join(browser, manager, workers
                                    ".includes(id)", arg=jid, timeout=SHOWN_S)
             rings = page.locator("table.ring tbody tr")
             assert rings.count() > 0
-            held = page.locator("table.ring").inner_text()
+            held = page.locator("#joins").inner_text()
             assert sum(w.address in held for w in workers) >= 2, held
             assert page.locator("#chart-rates canvas").count() == 1  # uPlot drew
             if shot := os.environ.get("PANJOIN_SCREENSHOT"):
