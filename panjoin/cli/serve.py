@@ -33,6 +33,7 @@ def add_parser(sub) -> None:
     add_max_latency(p)
     add_idle_timeout(p)
     add_metrics_port(p)
+    add_http_port(p)
     add_topology(p)
     add_security(p, "manager")
     add_common(p)
@@ -48,6 +49,7 @@ def add_parser(sub) -> None:
     add_max_latency(p)
     add_idle_timeout(p)
     add_metrics_port(p)
+    add_http_port(p)
     add_topology(p)
     add_security(p, "manager")
     add_common(p)
@@ -108,6 +110,23 @@ def add_metrics_port(p) -> None:
                         "printed at start (default: no metrics; README: Metrics)")
 
 
+def add_http_port(p) -> None:
+    p.add_argument("--http-port", type=int, metavar="PORT",
+                   help="serve the live status page at http://HOST:PORT/ (its data at "
+                        "/api/status), on the gRPC server's --host (HTTPS with its "
+                        "--tls-cert; with --auth-token-file open it as /?token=TOKEN); 0: "
+                        "any free port, printed at start (default: no page; README: Status "
+                        "page)")
+
+
+def page_note(server, host: str) -> str:
+    """``, status page on http://HOST:PORT/`` for the ready line, or ''."""
+    port = getattr(server, "http_port", None)
+    if port is None:
+        return ""
+    return f", status page on http{'s' if current().cert else ''}://{host}:{port}/"
+
+
 def metrics_note(server, host: str) -> str:
     """``, metrics on HOST:PORT`` for the ready line (panjoin.launch reads it), or ''."""
     from panjoin.launch import METRICS
@@ -149,13 +168,15 @@ def run_cluster(args) -> int:
                                      fast_forward=args.fast_forward,
                                      worker_timeout=args.worker_timeout,
                                      idle_timeout=args.idle_timeout,
-                                     metrics_port=args.metrics_port)
+                                     metrics_port=args.metrics_port,
+                                     http_port=args.http_port)
     except BaseException:
         cluster.stop()
         raise
     print(f"panjoin cluster: manager on 127.0.0.1:{port}, workers "
           f"{', '.join(cluster.addresses)}"
-          + (" (handshake chain)" if args.topology == "handshake" else ""), flush=True)
+          + (" (handshake chain)" if args.topology == "handshake" else "")
+          + page_note(server, "127.0.0.1"), flush=True)
     if server.metrics_port is not None:
         print(f"panjoin cluster: metrics of the manager on 127.0.0.1:{server.metrics_port}"
               + "".join(f", of {w.address} on {w.metrics}" for w in cluster.workers
@@ -184,9 +205,9 @@ def run_manager(args) -> int:
                                  max_latency_ms=args.max_latency, fast_forward=args.fast_forward,
                                  worker_timeout=args.worker_timeout,
                                  idle_timeout=args.idle_timeout,
-                                 metrics_port=args.metrics_port)
-    print(f"{MANAGER_READY}{args.host}:{port}{metrics_note(server, args.host)}, workers "
-          f"{', '.join(addrs)}", flush=True)
+                                 metrics_port=args.metrics_port, http_port=args.http_port)
+    print(f"{MANAGER_READY}{args.host}:{port}{metrics_note(server, args.host)}"
+          f"{page_note(server, args.host)}, workers {', '.join(addrs)}", flush=True)
     return serve_until_stopped(lambda: server.stop(grace=2).wait())
 
 

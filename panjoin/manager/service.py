@@ -46,6 +46,7 @@ from panjoin.manager.grpc_backend import GrpcBackend, WorkerError, status_code
 from panjoin.manager.resize import ResizeError, ResizeGate, add_worker, remove_worker
 from panjoin.manager.streaming import stream_join
 from panjoin.ops.metrics import ManagerCollector, Retired, with_metrics
+from panjoin.ops.page import with_page
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
 from panjoin.security import current
 from panjoin.semantics import SpecError, parse_predicate, parse_window
@@ -489,6 +490,9 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             return self._status_or_abort(request.join_id, j, context)
 
     def ClusterStatus(self, request, context):
+        return self.cluster_status()
+
+    def cluster_status(self) -> manager_pb2.ClusterStatusReply:
         """Every open join's counters (unsynced: a busy join is not waited for) and every
         worker's own Status, asked in parallel with a short deadline."""
         from concurrent.futures import ThreadPoolExecutor
@@ -616,13 +620,15 @@ def serve_manager(workers: list[str], port: int = 0, host: str = "127.0.0.1",
                   fast_forward: bool = False, worker_timeout: float = 60.0,
                   idle_timeout: float = IDLE_TIMEOUT_S,
                   max_input_tuples: int = limits.MAX_INPUT_TUPLES,
-                  metrics_port: int | None = None) -> tuple[grpc.Server, int]:
+                  metrics_port: int | None = None,
+                  http_port: int | None = None) -> tuple[grpc.Server, int]:
     """Start the manager endpoint; returns the server and its port. ``max_latency_ms``:
     the latency bound of joins opened without one (None: such joins do not stream);
     ``idle_timeout``: close a join with no Join stream and no call for this many s;
     ``max_input_tuples``: most tuples in one JoinInput; ``metrics_port``: serve
     Prometheus metrics on ``host`` there (0: any free port; ``server.metrics_port``
-    says which), None: none."""
+    says which), None: none; ``http_port``: the live status page likewise
+    (:mod:`panjoin.ops.page`, ``server.http_port``)."""
     servicer = ManagerServicer(workers, threads, topology, fifo, segment, replicas,
                                max_latency_ms, fast_forward, worker_timeout, idle_timeout,
                                max_input_tuples)
@@ -630,5 +636,10 @@ def serve_manager(workers: list[str], port: int = 0, host: str = "127.0.0.1",
         lambda srv: add_manager(servicer, srv),
         manager_pb2.DESCRIPTOR.services_by_name["Manager"].full_name, port, host)
     server.servicer = servicer
-    with_metrics(server, ManagerCollector(servicer), metrics_port, host)
+    try:
+        with_metrics(server, ManagerCollector(servicer), metrics_port, host)
+        with_page(server, servicer, http_port, host)
+    except BaseException:
+        server.stop(None)  # e.g. a port taken: no half-started manager stays behind
+        raise
     return server, port

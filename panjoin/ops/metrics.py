@@ -76,6 +76,11 @@ def with_metrics(server, collector, port: int | None, host: str) -> None:
     if port is None:
         return
     httpd, server.metrics_port = serve_metrics(collector, port, host)
+    stop_with(server, httpd)
+
+
+def stop_with(server, httpd) -> None:
+    """Make gRPC ``server``'s ``stop`` shut HTTP server ``httpd`` down first."""
     stop = server.stop
 
     def stop_both(grace):
@@ -170,6 +175,33 @@ def _placement(engine, backend, workers: list[str]) -> dict[tuple[str, str], lis
     return out
 
 
+def manager_totals(sv) -> tuple[list, dict]:
+    """The open joins ``[(join_id, join, join_numbers)]`` of manager servicer ``sv``, and
+    its totals over all joins, the closed ones (:class:`Retired`) included: the keys of
+    :func:`join_numbers` (``batch_s`` and ``latency_s`` merged :class:`Timings`) plus
+    ``joins_open`` and ``joins_opened``. The metrics and the status page
+    (:mod:`panjoin.ops.page`) both read these."""
+    with sv.lock:
+        joins = list(sv.joins.items())
+    old: Retired = sv.retired
+    per = [(jid, j, join_numbers(j.engine, j.backend)) for jid, j in joins]
+    tot = {"tuples_by": {s: old.tuples_by[s] + sum(n["tuples_by"][s] for *_, n in per)
+                         for s in STREAMS},
+           "late_by": {s: old.late_by[s] + sum(n["late_by"][s] for *_, n in per)
+                       for s in STREAMS},
+           "joins_open": len(joins), "joins_opened": old.joins + len(joins)}
+    for key in ("pairs", "batches", "failovers", "promoted", "pauses"):
+        tot[key] = getattr(old, key) + sum(n[key] for *_, n in per)
+    for key in ("batch_s", "latency_s"):
+        t = Timings()
+        t.add(getattr(old, key))
+        for *_, n in per:
+            if n[key] is not None:
+                t.add(n[key])
+        tot[key] = t
+    return per, tot
+
+
 class ManagerCollector:
     """The manager's metrics, read from its open joins and :class:`Retired` at scrape
     time. ``servicer``: a :class:`panjoin.manager.service.ManagerServicer`."""
@@ -179,17 +211,13 @@ class ManagerCollector:
 
     def collect(self):
         sv = self.servicer
-        with sv.lock:
-            joins = list(sv.joins.items())
-        old: Retired = sv.retired
-        per = [(jid, j, join_numbers(j.engine, j.backend)) for jid, j in joins]
-
+        per, tot = manager_totals(sv)
         tin = _counter("panjoin_tuples_in", "Tuples pushed, all joins", ["stream"])
         late = _counter("panjoin_late", "Late tuples (neither joined nor stored), all joins",
                         ["stream"])
         for s in STREAMS:
-            tin.add_metric([s], old.tuples_by[s] + sum(n["tuples_by"][s] for *_, n in per))
-            late.add_metric([s], old.late_by[s] + sum(n["late_by"][s] for *_, n in per))
+            tin.add_metric([s], tot["tuples_by"][s])
+            late.add_metric([s], tot["late_by"][s])
         yield tin
         yield late
         for key, name, doc in (
@@ -201,24 +229,19 @@ class ManagerCollector:
                 ("pauses", "panjoin_admission_pauses",
                  "Times a handshake chain held its input back (a result FIFO was full)")):
             c = _counter(name, doc)
-            c.add_metric([], getattr(old, key) + sum(n[key] for *_, n in per))
+            c.add_metric([], tot[key])
             yield c
         for key, name, doc in (
                 ("batch_s", "panjoin_batch_seconds", "Wall time to process one batch"),
                 ("latency_s", "panjoin_pair_latency_seconds",
                  "Event-to-result latency of each pair: its probe round collected minus "
                  "the arrival of the oldest tuple of the probing batch")):
-            t = Timings()
-            t.add(getattr(old, key))
-            for *_, n in per:
-                if n[key] is not None:
-                    t.add(n[key])
-            yield _histogram(name, doc, t)
+            yield _histogram(name, doc, tot[key])
         g = _gauge("panjoin_joins_open", "Joins open now")
-        g.add_metric([], len(joins))
+        g.add_metric([], tot["joins_open"])
         yield g
         c = _counter("panjoin_joins_opened", "Joins opened since the manager started")
-        c.add_metric([], old.joins + len(joins))
+        c.add_metric([], tot["joins_opened"])
         yield c
         yield from self._per_join(per, sv.workers)
 

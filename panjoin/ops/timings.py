@@ -12,6 +12,14 @@ buckets, which :meth:`Timings.cumulative` gives:
     [('0.005', 1), ('0.25', 3), ('+Inf', 3)]
     >>> t.count, round(t.sum, 3)
     (3, 0.403)
+
+The status page (:mod:`panjoin.ops.page`) shows percentiles of the last seconds: the
+observations since an earlier copy, and a quantile interpolated inside its bucket as
+Prometheus' ``histogram_quantile`` does (0.2 s lies in the bucket (0.1, 0.25]):
+
+    >>> before = t.copy(); t.observe(0.2, n=2)
+    >>> d = t.since(before); d.count, round(d.quantile(0.5), 3)
+    (2, 0.175)
 """
 
 from __future__ import annotations
@@ -42,6 +50,34 @@ class Timings:
         for i, c in enumerate(other.counts):
             self.counts[i] += c
         self.sum += other.sum
+
+    def copy(self) -> Timings:
+        t = Timings()
+        t.add(self)
+        return t
+
+    def since(self, earlier: Timings) -> Timings:
+        """The observations made after ``earlier`` (a copy of these, taken before)."""
+        t = Timings()
+        t.counts = [a - b for a, b in zip(self.counts, earlier.counts, strict=True)]
+        t.sum = self.sum - earlier.sum
+        return t
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q``-quantile (0..1), linear inside its bucket (the largest bound for
+        the bucket above it); None without observations."""
+        n = self.count
+        if n == 0:
+            return None
+        rank, run = q * n, 0
+        for i, c in enumerate(self.counts):
+            if c and run + c >= rank:
+                if i == len(BUCKETS):
+                    return BUCKETS[-1]
+                lo = BUCKETS[i - 1] if i else 0.0
+                return lo + (BUCKETS[i] - lo) * (rank - run) / c
+            run += c
+        return BUCKETS[-1]
 
     @property
     def count(self) -> int:
