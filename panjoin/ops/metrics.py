@@ -72,10 +72,18 @@ def with_metrics(server, collector, port: int | None, host: str) -> None:
     """Serve ``collector`` next to gRPC ``server`` (:func:`serve_metrics`), unless
     ``port`` is None; ``server.metrics_port`` is the bound port (None: no metrics), and
     ``server.stop`` stops the metrics too."""
-    server.metrics_port = None
+    beside(server, "metrics_port", port, lambda p: serve_metrics(collector, p, host))
+
+
+def beside(server, attr: str, port: int | None, serve) -> None:
+    """Start an HTTP server next to gRPC ``server`` with ``serve(port) -> (httpd, bound
+    port)``, unless ``port`` is None; ``server.<attr>`` is the bound port (None: not
+    started), and ``server.stop`` stops it too."""
+    setattr(server, attr, None)
     if port is None:
         return
-    httpd, server.metrics_port = serve_metrics(collector, port, host)
+    httpd, bound = serve(port)
+    setattr(server, attr, bound)
     stop_with(server, httpd)
 
 

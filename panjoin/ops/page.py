@@ -45,7 +45,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from urllib.parse import parse_qs, urlsplit
 
-from panjoin.ops.metrics import STREAMS, manager_totals, stop_with
+from panjoin.ops.metrics import STREAMS, beside, manager_totals
 
 log = logging.getLogger("panjoin.page")
 
@@ -252,8 +252,4 @@ def with_page(server, servicer, port: int | None, host: str) -> None:
     """Serve ``servicer``'s page next to gRPC ``server`` (:func:`serve_page`), unless
     ``port`` is None; ``server.http_port`` is the bound port (None: no page), and
     ``server.stop`` stops the page too."""
-    server.http_port = None
-    if port is None:
-        return
-    httpd, server.http_port = serve_page(servicer, port, host)
-    stop_with(server, httpd)
+    beside(server, "http_port", port, lambda p: serve_page(servicer, p, host))
