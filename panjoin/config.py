@@ -14,7 +14,7 @@ NJIT_PAR = dict(cache=True, nogil=True, parallel=True)
 #: the subwindow indexes, by the names every command, option and message uses
 #: (:func:`panjoin.subwindow.make_index` builds them; this list imports nothing heavy,
 #: so the CLI's parser has it without loading Numba)
-INDEX_KINDS = ("rap", "wib", "bisort", "nested", "sortedlist", "bisort-opencl")
+INDEX_KINDS = ("rap", "wib", "bisort", "hash", "nested", "sortedlist", "bisort-opencl")
 
 #: default partition count P (paper: 64K for NSub = 8M)
 DEFAULT_PARTITIONS = 1024

@@ -40,10 +40,10 @@ MAX_INPUT_TUPLES = 1 << 22
 KEY_DTYPES = ("", "int64", "float64")
 
 #: bytes a full subwindow holds per tuple and per partition, by index kind
-PER_TUPLE = {"rap": 72, "wib": 184, "bisort": 40, "bisort-opencl": 40, "nested": 32,
-             "sortedlist": 176}
-PER_PARTITION = {"rap": 144, "wib": 176, "bisort": 16, "bisort-opencl": 16, "nested": 0,
-                 "sortedlist": 0}
+PER_TUPLE = {"rap": 72, "wib": 184, "bisort": 40, "bisort-opencl": 40, "hash": 96,
+             "nested": 32, "sortedlist": 176}
+PER_PARTITION = {"rap": 144, "wib": 176, "bisort": 16, "bisort-opencl": 16, "hash": 0,
+                 "nested": 0, "sortedlist": 0}
 #: a backup logs its inserts (key, ts, seq, id and key2) and builds no index
 BACKUP_PER_TUPLE = 48
 #: the default worker budget: this share of the host's available memory at start

@@ -30,7 +30,7 @@ log = logging.getLogger("panjoin.worker")
 
 #: what a ring worker may be asked to hold and probe with (the OpenCL backend and the
 #: sortedlist peer compile nothing of Numba's)
-INDEXES = ("rap", "wib", "bisort", "nested")
+INDEXES = ("rap", "wib", "bisort", "hash", "nested")
 KEY_DTYPES = ("int64", "float64")
 #: eq and band probes, each without and with a residual on key2
 PREDICATES = ("eq", "band:1", "eq&band2:1", "band:1&band2:1")

@@ -19,6 +19,7 @@ from panjoin.config import INDEX_KINDS
 from panjoin.semantics import SpecError, parse_size
 
 INDEX_HELP = ("subwindow index: rap (RaP-Table), wib (WiB+-Tree), bisort (BI-Sort), "
+              "hash (a hash table: eq and narrow integer bands, fastest at small batches), "
               "nested (nested loop, the baseline), sortedlist (a sortedcontainers "
               "SortedList, a peer), bisort-opencl (BI-Sort on an OpenCL device: "
               "$PANJOIN_OPENCL_DEVICE, else the pocl CPU device)")

@@ -261,6 +261,9 @@ class JoinEngine:
         self.pred = parse_predicate(predicate)
         if index not in INDEX_KINDS:
             raise ValueError(f"unknown index {index!r}; choose one of {', '.join(INDEX_KINDS)}")
+        if index == "hash":
+            from panjoin.subwindow.hash_table import warn_predicate
+            warn_predicate(self.pred, key_dtype)
         self.index = index
         self.key_dtype = np.dtype(key_dtype) if key_dtype else None
         self.nsub = int(subwindow_size or default_subwindow_size(

@@ -5,6 +5,8 @@
 - ``rap``     RaP-Table: range partitions (splitters) + histograms + LLAT storage
 - ``wib``     WiB+-Tree: small sorted internal nodes, wide unsorted leaves in an LLAT
 - ``bisort``  BI-Sort: sorted main array + insertion buffer + index array
+- ``hash``    a hash table on the key over arrival order: equi joins at small batches
+  (not in the paper; ``panjoin.subwindow.hash_table`` says when it wins)
 - ``nested``  nested loop, the baseline
 - ``sortedlist``  a ``sortedcontainers.SortedList`` (panjoin/baselines/sorted_list.py), the
   peer a Python programmer would write first
@@ -23,6 +25,7 @@ _CLASSES = {
     "rap": ("panjoin.subwindow.rap_table", "RaPTable"),
     "wib": ("panjoin.subwindow.wib_tree", "WiBTree"),
     "bisort": ("panjoin.subwindow.bi_sort", "BISort"),
+    "hash": ("panjoin.subwindow.hash_table", "HashTable"),
     "nested": ("panjoin.subwindow.nested_loop", "NestedLoop"),
     "sortedlist": ("panjoin.baselines.sorted_list", "SortedListIndex"),
     "bisort-opencl": ("opencl.bisort", "OpenCLBISort"),
