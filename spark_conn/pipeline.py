@@ -103,6 +103,7 @@ from panjoin.kafka.fetcher import Fetcher
 from panjoin.kafka.io import BATCH_HEADER, SEQ_HEADER
 from panjoin.kafka.protocol import ProtocolError
 from panjoin.kafka.writer import BatchWriter
+from panjoin.ops.timings import Timings
 from panjoin.semantics import I64_MIN, parse_predicate, parse_window
 from spark_conn.config import PipelineConfig
 from spark_conn.join_log import JoinLog, first_needed
@@ -116,6 +117,34 @@ log = logging.getLogger("panjoin.pipeline")
 
 
 # --------------------------------------------------------------------------- the job
+
+
+def later_ts(p: Parsed, r: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Per pair (r[i], s[i]) joined in micro-batch ``p``, the event time of its later
+    tuple. At least one of the two is ``p``'s own (a pair is made when its later tuple
+    comes; a partner from an earlier batch came before it); when both are, the larger
+    ts. Example: R 7 (ts 100) from an earlier batch, S 3 (ts 180) in ``p`` -> 180."""
+    t = np.full(len(r), I64_MIN, np.int64)
+    for st, ids in ((0, r), (1, s)):
+        pos = np.flatnonzero(p.stream == st)
+        if not len(pos):
+            continue
+        by = pos[np.argsort(p.id[pos], kind="stable")]
+        k = np.minimum(np.searchsorted(p.id[by], ids), len(by) - 1)
+        hit = p.id[by[k]] == ids  # ids of the window are unique per stream (IdWindow)
+        np.maximum(t, np.where(hit, p.ts[by[k]], I64_MIN), out=t)
+    return t
+
+
+def records_per_stream(table: pa.Table | Records, s_topic: str) -> tuple[int, int]:
+    """How many of a micro-batch's records came from the R topic and the S topic."""
+    if isinstance(table, Records):
+        n_s = int(table.stream.sum())
+        return len(table.stream) - n_s, n_s
+    import pyarrow.compute as pc
+
+    n_s = int(pc.sum(pc.equal(table.column("topic"), s_topic)).as_py() or 0)
+    return table.num_rows - n_s, n_s
 
 
 @dataclass
@@ -133,6 +162,9 @@ class BatchOutput:
     stored: list = field(default_factory=lambda: [0, 0])
     ts_max: list = field(default_factory=lambda: [None, None])
     wm_after: list = field(default_factory=list)
+    # per joined record, the event time (ms) of the later of its two tuples: its
+    # event-to-result latency is measured from there once the record is written
+    pair_ts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
 
     def log_fields(self) -> dict:
         return {"watermark": self.watermark, "dups": self.dups, "stored": self.stored,
@@ -165,9 +197,14 @@ class Pipeline:
         self.entries: dict | None = None
         self.done_to: dict = {}  # {topic: {partition: end of the last range processed}}
         self.read_to: dict = {}  # {topic: {partition: end of the last range joined}}
-        self.stats = {"batches": 0, "tuples": 0, "joined": 0, "late": 0, "dead": 0,
-                      "replayed_batches": 0, "skipped_records": 0, "joined_ahead": 0,
-                      "joined_ahead_wrong": 0}
+        self.stats = {"batches": 0, "tuples": 0, "tuples_r": 0, "tuples_s": 0, "joined": 0,
+                      "late": 0, "dead": 0, "replayed_batches": 0, "skipped_records": 0,
+                      "joined_ahead": 0, "joined_ahead_wrong": 0}
+        # histograms for the metrics (panjoin.ops.metrics.PipelineCollector): each
+        # micro-batch's time in foreachBatch, each written pair's event-to-result latency
+        self.batch_s = Timings()
+        self.latency_s = Timings()
+        self.metrics_port: int | None = None  # where run() serves them, if it does
 
     # -- join log
 
@@ -235,6 +272,7 @@ class Pipeline:
         if len(order):
             r, s = r[order], s[order]
             out.joined = self.records.joined(r, s)
+            out.pair_ts = later_ts(p, r, s)
         # late tuples are this batch's own: find their records by (stream, id)
         lorder = np.lexsort((li, ls))
         ls, li = ls[lorder], li[lorder]
@@ -404,7 +442,7 @@ class Pipeline:
         partition range that Spark planned for this batch, and the records are read
         here in bulk (the next batch's are read ahead meanwhile: :class:`ReadAhead`);
         otherwise ``df`` holds the records themselves."""
-        t0 = time.perf_counter()
+        t0 = started = time.perf_counter()
         parsed = None
         if "value" in df.columns:
             table = df.select("topic", "partition", "offset", "value").toArrow()
@@ -423,7 +461,7 @@ class Pipeline:
             done = self._joined_ahead(batch_id, ranges)
             if done is not None:
                 self._time("read", t0)
-                self.process_table(done[0], batch_id, done[1], done[2])
+                self.process_table(done[0], batch_id, done[1], done[2], started=started)
                 return
             if self._stale:  # before the read-ahead starts: a rebuild takes the reader
                 self.apply_reconnecting(batch_id, None)
@@ -431,7 +469,7 @@ class Pipeline:
             table, parsed = ahead if ahead is not None else (self.fetch(ranges), None)
             self.read_ahead.start(self.reader(), ranges)
         self._time("read", t0)
-        self.process_table(table, batch_id, parsed)
+        self.process_table(table, batch_id, parsed, started=started)
 
     # -- joining ahead
 
@@ -555,13 +593,16 @@ class Pipeline:
         return now
 
     def process_table(self, table: pa.Table | Records, batch: int,
-                      parsed: Parsed | None = None, out: BatchOutput | None = None) -> None:
+                      parsed: Parsed | None = None, out: BatchOutput | None = None,
+                      started: float | None = None) -> None:
         """One micro-batch: log it, join it (unless ``out`` is its output, joined
-        ahead), join the next one ahead, and write this one's output."""
+        ahead), join the next one ahead, and write this one's output. ``started``
+        (``perf_counter``): when foreachBatch began, for the batch-time histogram."""
         if self.entries is None:  # the first batch of this run: rebuild what came before
             self.entries = self.log.read()
             self._stale = True  # apply_reconnecting rebuilds, waiting for the manager
         t0 = time.perf_counter()
+        started = t0 if started is None else started
         p = parsed if parsed is not None else parse_batch(table, self.cfg)
         t0 = self._time("parse", t0)
         for t, ps in p.ranges.items():
@@ -595,11 +636,17 @@ class Pipeline:
             for q, (_, e) in ps.items():
                 self.done_to.setdefault(t, {})[q] = max(e, self.done_to.get(t, {}).get(q, 0))
         self._ends = self.read_ahead.pool.submit(self.out_ends)
-        self._time("write", t0)
+        t0 = self._time("write", t0)
+        if len(out.pair_ts):  # written now: the pairs' results exist from here on
+            self.latency_s.observe_many(time.time() - out.pair_ts / 1000.0)
+        self.batch_s.observe(t0 - started)
         st = self.stats
         st["batches"] += 1
-        n_in = len(table.offset) if isinstance(table, Records) else table.num_rows
+        n_r, n_s = records_per_stream(table, self.cfg.s_topic)
+        n_in = n_r + n_s
         st["tuples"] += n_in
+        st["tuples_r"] += n_r
+        st["tuples_s"] += n_s
         st["joined"] += len(out.joined)
         st["late"] += len(out.late)
         st["dead"] += len(out.dead)
@@ -705,6 +752,7 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
         from panjoin.ops.metrics import PipelineCollector, serve_metrics
 
         httpd, port = serve_metrics(PipelineCollector(pipe), cfg.metrics_port)
+        pipe.metrics_port = port
         print(f"pipeline: metrics on http://127.0.0.1:{port}/metrics", flush=True)
     if (ending is not None and cfg.source == "python" and cfg.starting_offsets == "earliest"
             and not pipe.log.read()):  # a fresh query starts at the earliest offsets

@@ -3,17 +3,18 @@
 Real worker processes and a real manager process (``panjoin.launch``), each with
 ``--metrics-port 0``; the test scrapes ``/metrics`` over HTTP during and after a join,
 parses the text with prometheus_client's parser and checks the counters against what
-was pushed and what the reference join (:mod:`panjoin.reference`) produces.
+was pushed and what the reference join (:mod:`panjoin.reference`) produces. The
+pipeline job's metrics are checked in tests/test_pipeline.py, on the Spark run it makes
+anyway (``_check_metrics``).
 """
 
 import subprocess
 import sys
 import time
-import urllib.request
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from metrics_helpers import one, scrape, total
 
 from panjoin.client import Client
 from panjoin.generate import generate
@@ -35,25 +36,6 @@ def cluster():
         for p in [m, *ws]:
             if p is not None:
                 p.stop()
-
-
-def scrape(address: str) -> dict:
-    """``{(sample name, ((label, value), ...)): value}`` of the metrics at ``address``."""
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=60) as r:
-        assert r.headers["Content-Type"].startswith("text/plain")
-        text = r.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
-
-
-def one(samples: dict, name: str, **labels) -> float:
-    return samples[(name, tuple(sorted(labels.items())))]
-
-
-def total(samples: dict, name: str, **labels) -> float:
-    """The sum over the samples of ``name`` that carry ``labels`` (and any others)."""
-    return sum(v for (n, ls), v in samples.items()
-               if n == name and set(labels.items()) <= set(ls))
 
 
 def reference(ev):

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from kafka_helpers import RangesFrame, topic
+from metrics_helpers import one, scrape
 
 from panjoin.events import EventTable
 from panjoin.generate import generate
@@ -141,8 +142,16 @@ def test_band_join_equals_reference_with_late_and_malformed(broker, manager, spa
     ev = _events(1200, seed=1, key_max=3000)
     r, s = topic("R"), topic("S")
     _produce(broker.bootstrap, ev, r, s)
-    cfg = _config(broker.bootstrap, manager, tmp_path, r=r, s=s, max_offsets_per_trigger=500)
-    stats = run(cfg, spark)
+    cfg = _config(broker.bootstrap, manager, tmp_path, r=r, s=s, max_offsets_per_trigger=500,
+                  metrics_port=0)
+    scrapes = []  # the job's /metrics after each micro-batch: (before, samples, after)
+
+    def on_batch(_b, pipe):
+        t0 = time.time()
+        scrapes.append((t0, scrape(f"127.0.0.1:{pipe.metrics_port}"), time.time()))
+
+    started = time.time()
+    stats = run(cfg, spark, on_batch=on_batch)
     assert stats["batches"] == 3  # 1210 records, at most 500 per micro-batch
     # batch 0 was read while Spark started, 1 and 2 while the one before joined
     assert (stats["read_ahead_hits"], stats["read_ahead_misses"]) == (3, 0)
@@ -161,6 +170,7 @@ def test_band_join_equals_reference_with_late_and_malformed(broker, manager, spa
             assert spans[0][0] == 0 and spans[-1][1] == end
             assert all(x[1] == y[0] for x, y in zip(spans, spans[1:], strict=False))
     _check_outputs(broker.bootstrap, cfg, ev)
+    _check_metrics(broker.bootstrap, cfg, started, scrapes, logged)
     # both sides' fields travel with each pair
     m = io.read_topic(broker.bootstrap, cfg.out_topic)[0]
     rec = json.loads(m.value())
@@ -171,6 +181,46 @@ def test_band_join_equals_reference_with_late_and_malformed(broker, manager, spa
     again = run(cfg, spark)
     assert again["batches"] == 0
     _check_outputs(broker.bootstrap, cfg, ev)
+
+
+def _check_metrics(bootstrap, cfg, started: float, scrapes: list, logged: dict) -> None:
+    """The job's Prometheus metrics (issue 30, item 1), scraped after each of its three
+    micro-batches, against the topics: records in per stream = what was produced
+    (malformed and late ones included), pairs, late and dead letters = what the output
+    topics hold, offsets read and committed = the input's ends, the watermark = the
+    one the join log gives the last batch, and one latency per pair."""
+    assert len(scrapes) == 3
+    for (_, a, _), (_, b, _) in zip(scrapes, scrapes[1:], strict=False):
+        for k, v in a.items():  # counters and histograms never go down
+            if k[0].endswith(("_total", "_count", "_bucket")):
+                assert b[k] >= v, k
+    t0, m, t1 = scrapes[-1]
+    for name, t in (("R", cfg.r_topic), ("S", cfg.s_topic)):
+        ends = io.end_offsets(bootstrap, t)
+        assert one(m, "panjoin_pipeline_records_in_total", stream=name) == \
+            sum(e - lo for lo, e in ends.values())
+        for q, (_, e) in ends.items():
+            assert one(m, "panjoin_pipeline_offset_read", topic=t, partition=str(q)) == e
+            assert one(m, "panjoin_pipeline_offset_committed", topic=t, partition=str(q)) == e
+    joined = [json.loads(x.value()) for x in io.read_topic(bootstrap, cfg.out_topic)]
+    assert one(m, "panjoin_pipeline_pairs_out_total") == len(joined) > 0
+    assert one(m, "panjoin_pipeline_late_total") == \
+        len(io.read_topic(bootstrap, cfg.late_topic)) == 3
+    assert one(m, "panjoin_pipeline_dead_letters_total") == \
+        len(io.read_topic(bootstrap, cfg.dead_letter_topic)) == len(MALFORMED)
+    assert one(m, "panjoin_pipeline_batches_total") == 3
+    assert one(m, "panjoin_pipeline_batch_seconds_count") == 3
+    assert one(m, "panjoin_pipeline_batch_seconds_bucket", le="+Inf") == 3
+    assert 0 < one(m, "panjoin_pipeline_batch_seconds_sum") < t1 - started
+    # a pair's latency: written (during the run) minus the event time of its later tuple
+    later = np.array([max(x["r"]["ts"], x["s"]["ts"]) for x in joined]) / 1000.0
+    assert one(m, "panjoin_pipeline_pair_latency_seconds_count") == len(joined)
+    assert one(m, "panjoin_pipeline_pair_latency_seconds_bucket", le="+Inf") == len(joined)
+    lat = one(m, "panjoin_pipeline_pair_latency_seconds_sum")
+    assert (started - later).sum() <= lat <= (t1 - later).sum()
+    w = logged[max(logged)]["watermark"] / 1000.0
+    assert one(m, "panjoin_pipeline_watermark_seconds") == w
+    assert t0 - w <= one(m, "panjoin_pipeline_watermark_lag_seconds") <= t1 - w
 
 
 def test_equi_join_equals_reference(manager, spark, brokers, tmp_path):

@@ -22,9 +22,11 @@ out, batches, batch time and pair latency histograms, failovers, promoted backup
 admission pauses, over all joins; per open join (label ``join_id``) the same counters
 plus subwindows and tuples held per worker and stream, and bytes held. A worker's: its
 sessions, commands, subwindows and tuples per stream, bytes held and reserved, and the
-seconds spent inserting and probing. The pipeline's: records read and written per kind
-(joined, late, dead-letter), batches, the watermark and the lag behind it, and the
-Kafka offsets read and committed per partition.
+seconds spent inserting and probing. The pipeline's: records read per stream, records
+written per kind (joined, late, dead-letter), batches, the batch time and the pairs'
+event-to-result latency (written minus the event time of the later tuple, as Kafka
+Streams' ``record-e2e-latency``) as histograms, the watermark and the lag behind it,
+and the Kafka offsets read and committed per partition.
 """
 
 from __future__ import annotations
@@ -362,8 +364,13 @@ class PipelineCollector:
     def collect(self):
         p = self.pipeline
         st = dict(p.stats)
+        c = _counter("panjoin_pipeline_records_in",
+                     "Records read from the input topics (malformed ones included)",
+                     ["stream"])
+        for s in STREAMS:
+            c.add_metric([s], st.get(f"tuples_{s.lower()}", 0))
+        yield c
         for key, name, doc in (
-                ("tuples", "panjoin_pipeline_records_in", "Records read from the input topics"),
                 ("joined", "panjoin_pipeline_pairs_out", "Joined records written"),
                 ("late", "panjoin_pipeline_late", "Late records written to the late topic"),
                 ("dead", "panjoin_pipeline_dead_letters",
@@ -372,6 +379,13 @@ class PipelineCollector:
             c = _counter(name, doc)
             c.add_metric([], st.get(key, 0))
             yield c
+        for t, name, doc in (
+                (p.batch_s, "panjoin_pipeline_batch_seconds",
+                 "Wall time of one micro-batch in foreachBatch: read, join, log and write"),
+                (p.latency_s, "panjoin_pipeline_pair_latency_seconds",
+                 "Event-to-result latency of each joined record: the time it was written "
+                 "minus the event time (ts) of the later of its two tuples")):
+            yield _histogram(name, doc, t.copy())
         wm = p.metrics_watermark()
         g = _gauge("panjoin_pipeline_watermark_seconds",
                    "The job's event-time watermark W (min over partitions of the largest ts)")
