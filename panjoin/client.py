@@ -37,6 +37,7 @@ import grpc
 import numpy as np
 import pyarrow as pa
 
+from panjoin.config import DEFAULT_INDEX
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
 from panjoin.security import Security, current
 from panjoin.security import channel as make_channel
@@ -380,7 +381,7 @@ class Client:
     def close(self) -> None:
         self.channel.close()
 
-    def open(self, window: str, predicate: str, index: str = "bisort", **settings) -> str:
+    def open(self, window: str, predicate: str, index: str = DEFAULT_INDEX, **settings) -> str:
         """Open a join; settings are OpenRequest fields (batch_size, subwindow_size, ...).
         Returns its id; its token stays here (:meth:`token`)."""
         return self.adopt(self.stub.Open(manager_pb2.OpenRequest(
@@ -434,7 +435,7 @@ class Client:
         without waiting, poll the pairs that have arrived (:class:`LiveJoin`)."""
         return LiveJoin(self, join_id, first_batch_id, linger_ms)
 
-    def join(self, events, window: str, predicate: str, index: str = "bisort",
+    def join(self, events, window: str, predicate: str, index: str = DEFAULT_INDEX,
              chunk: int = 1 << 18, **settings) -> Result:
         """Join a whole event table; returns a :class:`Result` (which unpacks as
         ``r_id, s_id, late_ids_by_stream``)."""

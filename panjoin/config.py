@@ -15,6 +15,10 @@ NJIT_PAR = dict(cache=True, nogil=True, parallel=True)
 #: (:func:`panjoin.subwindow.make_index` builds them; this list imports nothing heavy,
 #: so the CLI's parser has it without loading Numba)
 INDEX_KINDS = ("rap", "wib", "bisort", "hash", "nested", "sortedlist", "bisort-opencl")
+#: what a join may name: an index, or ``auto`` (the engine picks one per subwindow,
+#: :mod:`panjoin.manager.index_choice`), the default
+INDEX_CHOICES = ("auto", *INDEX_KINDS)
+DEFAULT_INDEX = "auto"
 
 #: default partition count P (paper: 64K for NSub = 8M)
 DEFAULT_PARTITIONS = 1024

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from panjoin.config import DEFAULT_INDEX
 from panjoin.security import Security, channel, current
 
 READY = "panjoin worker listening on "
@@ -197,7 +198,7 @@ class LocalCluster:
             raise ValueError("this cluster has no manager: start it with manager=True")
         return self.manager.address
 
-    def warm_up(self, index: str = "bisort") -> None:
+    def warm_up(self, index: str = DEFAULT_INDEX) -> None:
         """Run a small join through the workers (:func:`panjoin.manager.engine.warm_up`)."""
         from panjoin.manager.engine import warm_up
         from panjoin.manager.grpc_backend import GrpcBackend

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-from panjoin.config import INDEX_KINDS
+from panjoin.config import INDEX_CHOICES
 from panjoin.semantics import Window
 
 #: the largest count window (tuples a stream), subwindow (NSub), partition count (P),
@@ -40,9 +40,10 @@ MAX_INPUT_TUPLES = 1 << 22
 KEY_DTYPES = ("", "int64", "float64")
 
 #: bytes a full subwindow holds per tuple and per partition, by index kind
-PER_TUPLE = {"rap": 72, "wib": 184, "bisort": 40, "bisort-opencl": 40, "hash": 96,
+#: (auto: the most its choices, hash and BI-Sort, may hold)
+PER_TUPLE = {"auto": 96, "rap": 72, "wib": 184, "bisort": 40, "bisort-opencl": 40, "hash": 96,
              "nested": 32, "sortedlist": 176}
-PER_PARTITION = {"rap": 144, "wib": 176, "bisort": 16, "bisort-opencl": 16, "hash": 0,
+PER_PARTITION = {"auto": 16, "rap": 144, "wib": 176, "bisort": 16, "bisort-opencl": 16, "hash": 0,
                  "nested": 0, "sortedlist": 0}
 #: a backup logs its inserts (key, ts, seq, id and key2) and builds no index
 BACKUP_PER_TUPLE = 48
@@ -53,8 +54,8 @@ MEMORY_SHARE = 0.8
 def check_open(req) -> None:
     """Range-check an OpenRequest's numbers (window and predicate are parsed by the
     caller); raises ValueError saying which field and its range."""
-    if req.index and req.index not in INDEX_KINDS:
-        raise ValueError(f"unknown index {req.index!r}; choose one of {', '.join(INDEX_KINDS)}")
+    if req.index and req.index not in INDEX_CHOICES:
+        raise ValueError(f"unknown index {req.index!r}; choose one of {', '.join(INDEX_CHOICES)}")
     if req.key_dtype not in KEY_DTYPES:
         raise ValueError(f"key_dtype must be 'int64' or 'float64' (or empty: taken from the "
                          f"first batch), not {req.key_dtype!r}")

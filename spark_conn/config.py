@@ -32,7 +32,7 @@ class PipelineConfig:
     ts_field: str = "ts"
     id_field: str = "id"
     key_type: str = "int64"
-    index: str = "bisort"
+    index: str = "auto"
     allowed_lateness: int = 0
     subwindow_size: int | None = None
     partitions: int | None = None

@@ -15,7 +15,7 @@ latency under an open-loop source (the sweeps and plots are in ``benchmarks/``).
 from __future__ import annotations
 
 from panjoin.cli.options import INDEX_HELP, add_common, size
-from panjoin.config import INDEX_KINDS
+from panjoin.config import DEFAULT_INDEX, INDEX_CHOICES, INDEX_KINDS
 
 
 def add_parser(sub) -> None:
@@ -108,7 +108,7 @@ def add_parser(sub) -> None:
                    help="count:WR,WS (default: count:1M,1M; --pipeline: time:TR,TS, default "
                         "time:5000,5000)")
     b.add_argument("--predicate", default="eq", metavar="SPEC", help="(default: %(default)s)")
-    b.add_argument("--index", default="bisort", choices=INDEX_KINDS, help=INDEX_HELP)
+    b.add_argument("--index", default=DEFAULT_INDEX, choices=INDEX_CHOICES, help=INDEX_HELP)
     b.add_argument("--dist", default="uniform", help="key distribution (default: %(default)s)")
     b.add_argument("--key-max", type=size, default=1_000_000,
                    help="keys uniform in [0, KEY_MAX] (default: %(default)s: about one "

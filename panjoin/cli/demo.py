@@ -8,14 +8,14 @@ from __future__ import annotations
 import time
 
 from panjoin.cli.options import add_common, fmt_bytes, progress, size
-from panjoin.config import INDEX_KINDS
+from panjoin.config import DEFAULT_INDEX, INDEX_CHOICES
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="the join alone through a local cluster, no Kafka or "
                                     "Spark (`make demo` runs the Kafka path)")
     p.add_argument("--n", type=size, default=3 << 20, help="tuples in all (default: 3M)")
-    p.add_argument("--index", default="bisort", choices=INDEX_KINDS)
+    p.add_argument("--index", default=DEFAULT_INDEX, choices=INDEX_CHOICES)
     p.add_argument("--window", type=size, default=1 << 20, help="count window per stream")
     p.add_argument("--workers", type=int, default=2,
                    help="worker processes of the local cluster; 0 runs in-process (default: 2)")

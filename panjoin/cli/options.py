@@ -15,14 +15,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from panjoin.config import INDEX_KINDS
+from panjoin.config import DEFAULT_INDEX, INDEX_CHOICES
 from panjoin.semantics import SpecError, parse_size
 
-INDEX_HELP = ("subwindow index: rap (RaP-Table), wib (WiB+-Tree), bisort (BI-Sort), "
-              "hash (a hash table: eq and narrow integer bands, fastest at small batches), "
-              "nested (nested loop, the baseline), sortedlist (a sortedcontainers "
-              "SortedList, a peer), bisort-opencl (BI-Sort on an OpenCL device: "
-              "$PANJOIN_OPENCL_DEVICE, else the pocl CPU device)")
+INDEX_HELP = ("subwindow index: auto (per subwindow, from the batches and the predicate: "
+              "hash for lookups at small batches, else BI-Sort; the log says which and "
+              "why), rap (RaP-Table), wib (WiB+-Tree), bisort (BI-Sort), hash (a hash "
+              "table: eq and narrow integer bands, fastest at small batches), nested "
+              "(nested loop, the baseline), sortedlist (a sortedcontainers SortedList, a "
+              "peer), bisort-opencl (BI-Sort on an OpenCL device: $PANJOIN_OPENCL_DEVICE, "
+              "else the pocl CPU device)")
 
 
 def size(text: str) -> int:
@@ -79,8 +81,8 @@ def add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
                    help="eq | ne | band:E (|r.key-s.key|<=E) | bands:A,B;C,D (s.key-r.key in ...);"
                         " append &band2:E, &bands2:A,B or &eq2 for a residual on the events'"
                         " key2 column, e.g. band:10&band2:10")
-    g.add_argument("--index", choices=INDEX_KINDS,  # None: check_topology tells it was left out
-                   help=INDEX_HELP + " (default: bisort)")
+    g.add_argument("--index", choices=INDEX_CHOICES,  # None: check_topology tells it was left out
+                   help=INDEX_HELP + f" (default: {DEFAULT_INDEX})")
     g.add_argument("--allowed-lateness", type=int, default=0, metavar="MS",
                    help="time windows: a tuple more than MS behind the largest ts so far is "
                         "late (default: %(default)s)")
@@ -111,7 +113,7 @@ def add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
 #: argparse's are None, so that :func:`check_topology` tells a flag the user gave from
 #: one left out; it fills these in after its checks.
 DEFAULTS = {"topology": "ring", "fifo": 1 << 16, "segment": "nested", "worker_timeout": 60.0,
-            "replicas": 2, "index": "bisort", "result_format": "pairs"}
+            "replicas": 2, "index": DEFAULT_INDEX, "result_format": "pairs"}
 
 
 def add_topology(p: argparse.ArgumentParser) -> None:

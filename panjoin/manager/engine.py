@@ -53,7 +53,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import numba
@@ -63,11 +63,14 @@ import pyarrow as pa
 from panjoin.backend import CreateSpec, IdPairs, LocalBackend, SortedBatch
 from panjoin.config import (
     DEFAULT_BATCH,
+    DEFAULT_INDEX,
+    INDEX_CHOICES,
     advise_heap_hugepages,
     default_threads,
     thread_budget,
     tune_allocator,
 )
+from panjoin.manager.index_choice import IndexChooser
 from panjoin.manager.kernels import pack_rows, split_streams, unpack_rows
 from panjoin.manager.latency import CAP_MAX, LatencyBound
 from panjoin.manager.ring import SubwindowRing
@@ -80,7 +83,6 @@ from panjoin.semantics import (
     parse_window,
     saturating_add,
 )
-from panjoin.subwindow import INDEX_KINDS
 from panjoin.wire import PAYLOAD_TYPE
 
 log = logging.getLogger("panjoin.manager")
@@ -113,6 +115,8 @@ class EngineStats:
     # per stream (R, S): tuples pushed and late ones (the metrics, panjoin.ops.metrics)
     tuples_by: dict = field(default_factory=lambda: {"R": 0, "S": 0})
     late_by: dict = field(default_factory=lambda: {"R": 0, "S": 0})
+    #: subwindows created per index kind (``--index auto`` may mix them)
+    index_by: Counter = field(default_factory=Counter)
     #: wall time of each batch's steps 2-3 (and of collecting the rounds beyond the
     #: pipeline), and each pair's latency: its round collected minus the arrival of the
     #: oldest tuple of the probing batch (an upper bound: the later tuple of a pair is
@@ -241,7 +245,7 @@ class JoinEngine:
         self,
         window: str | Window,
         predicate: str | Predicate,
-        index: str = "bisort",
+        index: str = DEFAULT_INDEX,
         *,
         allowed_lateness: int = 0,
         key_dtype: str | None = None,
@@ -259,18 +263,23 @@ class JoinEngine:
     ):
         self.window = parse_window(window, allowed_lateness) if isinstance(window, str) else window
         self.pred = parse_predicate(predicate)
-        if index not in INDEX_KINDS:
-            raise ValueError(f"unknown index {index!r}; choose one of {', '.join(INDEX_KINDS)}")
+        if index not in INDEX_CHOICES:
+            raise ValueError(f"unknown index {index!r}; choose one of {', '.join(INDEX_CHOICES)}")
         if index == "hash":
             from panjoin.subwindow.hash_table import warn_predicate
             warn_predicate(self.pred, key_dtype)
         self.index = index
         self.key_dtype = np.dtype(key_dtype) if key_dtype else None
+        # auto: each new subwindow's index from what the engine observes
+        self.chooser = IndexChooser(self.pred, key_dtype) if index == "auto" else None
+        self._choice = None  # the last auto choice (logged when it changes)
+        self.partitions_given = partitions
         self.nsub = int(subwindow_size or default_subwindow_size(
             self.window, latency_bound=max_latency_ms is not None))
         if self.nsub <= 0:
             raise ValueError(f"subwindow size must be positive, got {self.nsub}")
-        self.partitions = int(partitions or default_partitions(self.nsub, index))
+        self.partitions = int(partitions or default_partitions(
+            self.nsub, "bisort" if index == "auto" else index))
         if batch_size is not None and batch_size <= 0:
             raise ValueError(f"batch size must be positive, got {batch_size}")
         # with a latency bound the engine sizes its batches itself (panjoin.manager.latency):
@@ -564,6 +573,8 @@ class JoinEngine:
         since = self.buf_since[x]
         self._process_batch(x, since)
         self.stats.batch_s.observe(time.perf_counter() - t_batch)
+        if self.chooser is not None:
+            self.chooser.observe_batch(n_batch)
         if self.bound is not None:
             f = self._inflight[-1] if len(self._inflight) > rounds else None
             if f is not None and not f.answers.done():
@@ -687,8 +698,9 @@ class JoinEngine:
                 pred = sub.sub_id if sub is not None else None
                 sub = ring.new_subwindow(self._next_sub)
                 self._next_sub += 1
+                sub.index, parts = self._index_for(sub)
                 self.backend.create(CreateSpec(
-                    sub.sub_id, x, self.index, self.nsub, str(self.key_dtype), self.partitions,
+                    sub.sub_id, x, sub.index, self.nsub, str(self.key_dtype), parts,
                     predecessor=pred, opts=self.index_opts, worker=sub.worker))
             b = min(n, a + sub.room)
             # split by arrival, so each subwindow keeps a contiguous seq range (seq is in
@@ -696,6 +708,22 @@ class JoinEngine:
             self.backend.insert(sub.sub_id, batch, int(seq[a]), int(seq[b - 1]) + 1)
             sub.add(seq[a:b], tscol[a:b], pay.slice(a, b - a) if pay is not None else None)
             a = b
+
+    def _index_for(self, sub) -> tuple[str, int]:
+        """The index kind and P of a new subwindow: the join's, or auto's choice now."""
+        if self.chooser is None:
+            kind = self.index
+        else:
+            c = self.chooser.choose(self.batch_size, self.key_dtype)
+            if self._choice is None or c.kind != self._choice.kind:
+                log.info("index auto: subwindow %d (%s) on: %s, as %s", sub.sub_id,
+                         sub.stream, c.kind, c.why)
+                self._choice = c
+            kind = c.kind
+        self.stats.index_by[kind] += 1
+        if kind == self.index or self.partitions_given:
+            return kind, self.partitions
+        return kind, int(default_partitions(self.nsub, kind))
 
     def _expire(self, y: str) -> None:
         """Expire oldest subwindows of ``y`` that no buffered or future tuple can reach."""
@@ -791,7 +819,7 @@ class JoinEngine:
         }
 
 
-def warm_up(index: str = "bisort", backend=None, n_workers: int = 1) -> None:
+def warm_up(index: str = DEFAULT_INDEX, backend=None, n_workers: int = 1) -> None:
     """A small join (in this process, or over ``backend``'s workers), so that the index
     kernels are compiled, or loaded from Numba's disk cache, before anything is timed;
     in this process once with one thread and once with the default, as a probe on one
@@ -799,13 +827,17 @@ def warm_up(index: str = "bisort", backend=None, n_workers: int = 1) -> None:
     from panjoin.generate import generate
 
     events = generate(20_000, "uniform", key_min=0, key_max=1 << 20, seed=1)
-    for threads in ((None,) if backend is not None else sorted({1, default_threads()})):
-        # BI-Sort merges big runs on threads (merge_plan, merge_piece) from 64K rows on:
-        # merge even this small join's runs so, or the first big merge loads them mid-join
-        opts = {"par_merge_min": 2} if index == "bisort" else None
-        eng = JoinEngine("count:4096,4096", "band:10", index=index, batch_size=1024,
-                         subwindow_size=2048, backend=backend, n_workers=n_workers,
-                         threads=threads, index_opts=opts)
-        eng.push(events)
-        eng.flush()
-        eng.take_results()
+    # auto picks hash or BI-Sort per subwindow: load both
+    for kind in (("bisort", "hash") if index == "auto" else (index,)):
+        for threads in ((None,) if backend is not None else sorted({1, default_threads()})):
+            # BI-Sort merges big runs on threads (merge_plan, merge_piece) from 64K rows
+            # on: merge even this small join's runs so, or the first big merge loads them
+            # mid-join
+            opts = {"par_merge_min": 2} if kind == "bisort" else None
+            eng = JoinEngine("count:4096,4096", "eq" if kind == "hash" else "band:10",
+                             index=kind, batch_size=1024, subwindow_size=2048,
+                             backend=backend, n_workers=n_workers, threads=threads,
+                             index_opts=opts)
+            eng.push(events)
+            eng.flush()
+            eng.take_results()

@@ -50,6 +50,7 @@ class Subwindow:
     stream: str
     worker: int
     capacity: int
+    index: str = ""  # its index kind (``--index auto`` picks one per subwindow)
     state: SubState = SubState.CREATED
     count: int = 0
     seq_start: int = -1  # seqs of a subwindow are contiguous: [seq_start, seq_start + count)

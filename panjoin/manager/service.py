@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from panjoin import limits
+from panjoin.config import DEFAULT_INDEX
 from panjoin.handshake.chain import ChainError
 from panjoin.manager.engine import JoinEngine
 from panjoin.manager.grpc_backend import GrpcBackend, WorkerError, status_code
@@ -233,7 +234,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             if self.topology == "handshake":
                 return self._open_handshake(request, window, pred, bound)
             engine = JoinEngine(
-                window, pred, index=request.index or "bisort",
+                window, pred, index=request.index or DEFAULT_INDEX,
                 key_dtype=request.key_dtype or None,
                 subwindow_size=request.subwindow_size or None,
                 partitions=request.partitions or None,

@@ -97,6 +97,7 @@ def _ring(engine, backend) -> dict:
                 continue
         out[s] = [{"sub_id": x.sub_id, "worker": name(where.get(x.sub_id, x.worker)),
                    "backup": name(backup.get(x.sub_id)), "state": x.state.value,
+                   "index": x.index,
                    "count": x.count, "capacity": x.capacity,
                    "seq_start": x.seq_start if x.count else None,
                    "seq_end": x.seq_end if x.count else None,

@@ -1,0 +1,118 @@
+"""``--index auto``: which index each new subwindow gets and why, that the choice follows
+the stream (batch sizes under a latency bound), that mixed rings stay exact against the
+reference (in-process and on real workers), and that the default is auto."""
+
+import logging
+
+import numpy as np
+import pytest
+
+from panjoin.generate import generate
+from panjoin.manager.engine import JoinEngine
+from panjoin.manager.index_choice import HASH_MAX_BATCH, IndexChooser
+from panjoin.reference import reference_join, sort_pairs
+from panjoin.semantics import parse_predicate, parse_window
+
+
+def _ref(ev, window, pred, lateness=0):
+    return reference_join(ev.stream, ev.id, ev.key, ev.ts, parse_window(window, lateness),
+                          parse_predicate(pred)).pairs
+
+
+def _pairs(eng):
+    r, s = eng.take_results()
+    return sort_pairs(np.stack([r, s], axis=1))
+
+
+@pytest.mark.parametrize("pred,dtype,nbat,kind", [
+    ("eq", None, 1024, "hash"),
+    ("eq", "float64", 1024, "hash"),
+    ("band:3", "int64", HASH_MAX_BATCH, "hash"),
+    ("eq", None, HASH_MAX_BATCH + 1, "bisort"),
+    ("band:3", "float64", 1024, "bisort"),    # float bands are ranges, not lookups
+    ("band:64", None, 1024, "bisort"),
+    ("ne", None, 1024, "bisort"),
+    ("eq&band2:1", None, 1024, "hash"),       # the residual is checked after the lookup
+])
+def test_the_rule(pred, dtype, nbat, kind):
+    c = IndexChooser(parse_predicate(pred), dtype)
+    assert c.choose(nbat).kind == kind
+    c.observe_batch(nbat)
+    choice = c.choose(1 << 20)  # an observed batch outweighs the cap
+    assert choice.kind == kind and str(parse_predicate(pred)) in choice.why
+
+
+def test_the_choice_follows_the_batches():
+    c = IndexChooser(parse_predicate("eq"))
+    c.observe_batch(512)
+    assert c.choose().kind == "hash"
+    for _ in range(30):
+        c.observe_batch(64 << 10)
+    assert c.choose().kind == "bisort"
+    for _ in range(30):
+        c.observe_batch(256)
+    assert c.choose().kind == "hash"
+
+
+def test_a_ring_of_both_kinds_is_exact_and_logged(caplog, monkeypatch):
+    """Small batches, then large ones, then small: subwindows of both kinds live in the
+    window at once, and every pair is found once (the threshold scaled down with the
+    data, so that the reference stays quick)."""
+    monkeypatch.setattr("panjoin.manager.index_choice.HASH_MAX_BATCH", 256)
+    ev = generate(15_000, "zipf", key_max=3_000, seed=3)
+    window, pred = "count:1500,1200", "eq"
+    eng = JoinEngine(window, pred, index="auto", subwindow_size=250, batch_size=16,
+                     threads=1)
+    with caplog.at_level(logging.INFO, logger="panjoin.manager"):
+        for a, b, nbat in ((0, 3000, 16), (3000, 12_000, 1000), (12_000, 15_000, 16)):
+            eng.batch_size = eng.max_lag = nbat
+            for c in range(a, b, 250):
+                eng.push(ev.slice(c, c + 250))
+        eng.flush()
+    got = _pairs(eng)
+    assert eng.stats.index_by["hash"] > 3 and eng.stats.index_by["bisort"] > 3
+    kinds = [x.index for ring in eng.rings.values() for x in ring]
+    assert set(kinds) <= {"hash", "bisort"}
+    said = [r.getMessage() for r in caplog.records if "index auto" in r.getMessage()]
+    assert any(": hash, as eq over batches" in m for m in said)
+    assert any(": bisort, as eq over batches" in m for m in said)
+    np.testing.assert_array_equal(got, _ref(ev, window, pred))
+
+
+@pytest.mark.parametrize("window,pred", [("time:300,200", "band:2"), ("count:900,700", "band:40")])
+def test_auto_under_a_latency_bound_is_exact(window, pred):
+    lateness = 20 if window.startswith("time") else 0
+    ev = generate(8000, "uniform", key_max=2_000, rate=20_000,
+                  disorder_ms=10 if lateness else 0, seed=5)
+    eng = JoinEngine(parse_window(window, lateness), pred, index="auto", subwindow_size=256,
+                     max_latency_ms=5, threads=1)
+    for a in range(0, len(ev), 97):
+        eng.push(ev.slice(a, a + 97))
+        eng.tick()
+    eng.flush()
+    np.testing.assert_array_equal(_pairs(eng), _ref(ev, window, pred, lateness))
+    assert sum(eng.stats.index_by.values()) > 2
+
+
+def test_the_default_is_auto():
+    from panjoin.cli.main import build_parser
+    from panjoin.cli.options import check_topology  # fills in the ring's defaults
+
+    args = build_parser().parse_args(["replay", "x.parquet", "--window", "count:4,4",
+                                      "--predicate", "eq", "--out", "o.parquet"])
+    check_topology(args, "panjoin replay")
+    assert args.index == "auto"
+    assert JoinEngine("count:4,4", "eq").index == "auto"
+
+
+def test_auto_on_workers_is_exact():
+    """A cluster join with auto: the workers build hash and BI-Sort subwindows alike."""
+    from panjoin.client import Client
+    from panjoin.launch import start_cluster
+
+    ev = generate(6000, "uniform", key_max=1_500, seed=9)
+    window = "count:1500,1500"
+    with start_cluster(2) as cluster, Client(cluster.address) as c:
+        r, s, _ = c.join(ev, window, "eq", subwindow_size=300, batch_size=128)
+    got = sort_pairs(np.stack([r, s], axis=1))
+    np.testing.assert_array_equal(got, _ref(ev, window, "eq"))
