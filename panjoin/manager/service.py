@@ -369,9 +369,9 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         many for one message (:func:`output_parts`)."""
         if j.applied and msg.batch_id <= j.last_batch_id:
             return [manager_pb2.JoinOutput(batch_id=msg.batch_id, duplicate=True)]
-        if not context.is_active():  # the client's deadline passed, or it went away
-            context.abort(grpc.StatusCode.CANCELLED, "the client is gone; the input was "
-                          "not applied")
+        if _gone(context):  # read after the client's deadline, or the client went away
+            context.abort(grpc.StatusCode.CANCELLED, "the client is gone (its deadline "
+                          "passed or it went away); the input was not applied")
         n = max(len(msg.stream.data), len(msg.id.data) // 8)  # before decoding any
         if n > self.max_input_tuples:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -603,6 +603,14 @@ def add_manager(servicer, server) -> None:
     outputs serialised by :func:`_serialize_output` (they come :class:`Encoded`)."""
     register(server, manager_pb2_grpc.add_ManagerServicer_to_server, servicer,
              {"Join": _serialize_output})
+
+
+def _gone(context) -> bool:
+    """Has the call's client gone: cancelled, disconnected, or past its deadline? The
+    deadline counts by the server's clock: gRPC cancels the call a moment after it
+    passes, and an input read in that moment is the client's no more."""
+    left = context.time_remaining()
+    return not context.is_active() or (left is not None and left <= 0)
 
 
 def _abort_worker_error(context, e: Exception) -> None:
