@@ -245,6 +245,8 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             limits.check_sizes(engine.nsub, engine.partitions)
         except (SpecError, ValueError, TypeError, OverflowError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except ChainError as e:  # a chain with a key dtype is configured at Open
+            _abort_worker_error(context, e)
         # everything checked: now the workers are asked, and released on any failure
         backend = GrpcBackend(self.workers, deadline=self.worker_timeout,
                               result_format=fmt, replicas=self.replicas)
@@ -615,9 +617,11 @@ def _gone(context) -> bool:
 
 def _abort_worker_error(context, e: Exception) -> None:
     """End the call with the status of a worker's (or a chain node's) error: its own
-    code (RESOURCE_EXHAUSTED, DATA_LOSS, ...; :func:`status_code`), UNAVAILABLE for a
-    chain, and the first cause as the detail."""
-    code = status_code(e) if isinstance(e, WorkerError) else grpc.StatusCode.UNAVAILABLE
+    code (RESOURCE_EXHAUSTED, DATA_LOSS, ...; :func:`status_code`; a chain's: UNAVAILABLE
+    unless a node refused it, e.g. RESOURCE_EXHAUSTED at its --max-chains), and the
+    first cause as the detail."""
+    code = (status_code(e) if isinstance(e, WorkerError)
+            else getattr(grpc.StatusCode, getattr(e, "code", ""), grpc.StatusCode.UNAVAILABLE))
     context.abort(code, str(e))
 
 
