@@ -103,8 +103,8 @@ def add_parser(sub) -> None:
                         "with RESOURCE_EXHAUSTED (default: %(default)s)")
     p.add_argument("--idle-timeout", type=float, default=600.0, metavar="S",
                    help="release a chain that gets no message and no call for S seconds, "
-                        "ending its streams (a manager keeps its joins' chains alive; "
-                        "default: %(default)s)")
+                        "ending its streams (a driver, the manager or replay, keeps its "
+                        "open chain alive; default: %(default)s)")
     add_security(p, "worker")
     add_common(p)
     p.set_defaults(run=run_handshake_node)
