@@ -14,6 +14,10 @@ Two kinds, both asked at ``Open`` by the manager, before it connects to a worker
   to each new session, and reserves each subwindow's bytes at Create: a join or a
   subwindow that does not fit is RESOURCE_EXHAUSTED, naming the numbers.
 
+A handshake chain node checks each ``ChainConfig`` the same way
+(:func:`check_chain_config`) before it builds anything: chain length, result FIFO and
+message sizes within the caps below, and its neighbours' addresses given.
+
 Example: ``count:1M,1M``, NSub 256K, BI-Sort (P 32K), 2 workers, 2 replicas. A stream
 holds at most ceil(1M / 256K) + 1 = 5 subwindows (the oldest expiring, the newest
 filling), so 10 in all; a subwindow takes 256K x 40 + 32K x 16 = 11 MB, its backup
@@ -38,6 +42,15 @@ MAX_LAG = 1 << 40
 #: bytes while it is collected and sorted; 10M in one message took 1.4 GB)
 MAX_INPUT_TUPLES = 1 << 22
 KEY_DTYPES = ("", "int64", "float64")
+
+#: a handshake chain: most nodes, pairs in a node's result FIFO (16 bytes each), tuples in
+#: one forwarded message (about 48 bytes each on the wire: within the message limit),
+#: characters in a chain id and in a neighbour's address
+MAX_CHAIN_NODES = 1 << 10
+MAX_RESULT_FIFO = 1 << 24
+MAX_CHAIN_MESSAGE = 1 << 20
+MAX_CHAIN_ID = 128
+MAX_ADDRESS = 256
 
 #: bytes a full subwindow holds per tuple and per partition, by index kind
 #: (auto: the most its choices, hash and BI-Sort, may hold)
@@ -75,6 +88,34 @@ def check_open(req) -> None:
                          f"default, < 0: none), got {req.max_latency_ms}")
     if req.result_format not in (0, 1):
         raise ValueError(f"unknown result_format {req.result_format}; 0 (pairs) or 1 (ranges)")
+
+
+def check_chain_sizes(n_nodes: int, result_fifo: int, max_batch: int) -> None:
+    """A handshake chain's sizes within range (the driver's settings, a node's config);
+    raises ValueError naming the field and its range."""
+    for name, v, top in (("n_nodes", n_nodes, MAX_CHAIN_NODES),
+                         ("result_fifo", result_fifo, MAX_RESULT_FIFO),
+                         ("max_batch", max_batch, MAX_CHAIN_MESSAGE)):
+        if not 1 <= v <= top:
+            raise ValueError(f"{name} must be between 1 and {top}, got {v}")
+
+
+def check_chain_config(cfg) -> None:
+    """Range-check a ``ChainConfig`` before the node allocates anything for it (window,
+    predicate, key dtype and segment index are parsed by the node)."""
+    if not 1 <= len(cfg.chain_id) <= MAX_CHAIN_ID:
+        raise ValueError(f"chain_id must have 1 to {MAX_CHAIN_ID} characters, got "
+                         f"{len(cfg.chain_id)}")
+    check_chain_sizes(cfg.n_nodes, cfg.result_fifo, cfg.max_batch)
+    if not 0 <= cfg.position < cfg.n_nodes:
+        raise ValueError(f"position {cfg.position} outside 0..{cfg.n_nodes - 1}")
+    for name, address, needed in (("left", cfg.left, cfg.position > 0),
+                                  ("right", cfg.right, cfg.position < cfg.n_nodes - 1)):
+        if len(address) > MAX_ADDRESS:
+            raise ValueError(f"{name} must be a host:port of at most {MAX_ADDRESS} characters")
+        if needed and not address:
+            raise ValueError(f"{name} must be the {name} neighbour's host:port at position "
+                             f"{cfg.position} of {cfg.n_nodes}")
 
 
 def check_window(window: Window) -> None:

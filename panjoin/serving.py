@@ -6,11 +6,20 @@ process's :class:`panjoin.security.Security` decides TLS, who may call (a client
 certificate or a token; health checks stay open), the message limit, and whether it
 may bind off loopback at all. The port is bound exclusively: a second server on a
 busy port fails with :class:`BindError` instead of sharing its connections.
+
+Long-lived streams (a worker's sessions, a handshake node's links and result streams)
+each hold one of the server's threads while they live, so the servers that have them
+cap them (``--max-sessions``, ``--max-chains``), refuse one more at once
+(:func:`abort_full`), size their thread pool as the cap plus :data:`SPARE_THREADS`
+(idle streams then never starve the short calls), and read each stream through
+:func:`read_ahead`, so that a stream whose client sends nothing can be ended.
 """
 
 from __future__ import annotations
 
+import queue
 import re
+import threading
 from concurrent import futures
 
 import grpc
@@ -18,6 +27,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from panjoin.security import Security, current
+
+#: server threads besides the capped streams' (unary calls, health, reflection, refusals)
+SPARE_THREADS = 8
+#: what :func:`read_ahead`'s queue holds after a stream's last message
+END = object()
 
 
 class BindError(ValueError):
@@ -149,3 +163,30 @@ def serve_until_stopped(stop_fn) -> int:
         pass
     stop_fn()
     return 0
+
+
+def read_ahead(request_iterator, name: str = "stream-reader") -> queue.SimpleQueue:
+    """A queue that a thread fills with a request stream's messages, then :data:`END`
+    (also when the client cancels or goes away). The rpc's own thread waits on the
+    queue with a timeout: blocked on the stream itself, it could not notice that the
+    client has been idle, or that what it serves was released."""
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
+
+    def read():
+        try:
+            for m in request_iterator:
+                inbox.put(m)
+        except Exception:  # grpc.RpcError: the client went away
+            pass
+        inbox.put(END)
+
+    threading.Thread(target=read, daemon=True, name=name).start()
+    return inbox
+
+
+def abort_full(context, holds: str, flag: str, fix: str, idle_timeout: float) -> None:
+    """End a call with RESOURCE_EXHAUSTED: the server ``holds`` (e.g. "worker holds 64
+    sessions") as many as its ``flag`` allows; ``fix``: what the caller can do first."""
+    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                  f"{holds}, its {flag}: {fix} (idle ones end after its --idle-timeout of "
+                  f"{idle_timeout:g} s) or raise {flag}")

@@ -1,11 +1,13 @@
-"""Hostile input against every rpc of the manager and the worker (issue 29).
+"""Hostile input against every rpc of the manager, the worker and the handshake node
+(issue 29).
 
 Random bytes, truncated messages and random field values go to each rpc of a real
-``panjoin manager`` process and of real worker processes, over real gRPC. Every
-answer must be a client's error (INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED, ...)
-or a success; never INTERNAL, UNKNOWN or a dead server. Afterwards the processes'
-memory has not grown without bound, the workers hold no session, and a known join
-is exact against the reference.
+``panjoin manager`` process, of real worker processes and of real ``panjoin
+handshake-node`` processes, over real gRPC. Every answer must be a client's error
+(INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED, ...) or a success; never INTERNAL,
+UNKNOWN or a dead server. Afterwards the processes' memory has not grown without
+bound, the workers hold no session, the nodes no chain and no stream, and a known
+join (and a known handshake chain) is exact against the reference.
 """
 
 from __future__ import annotations
@@ -21,8 +23,17 @@ from hypothesis import strategies as st
 
 from panjoin.client import Client
 from panjoin.generate import generate
-from panjoin.launch import start_manager
-from panjoin.proto.panjoin.v1 import common_pb2, manager_pb2, worker_pb2, worker_pb2_grpc
+from panjoin.handshake.chain import HandshakeChain
+from panjoin.handshake.transport import CHAIN_KEY
+from panjoin.launch import start_manager, start_workers
+from panjoin.proto.panjoin.v1 import (
+    common_pb2,
+    handshake_pb2,
+    handshake_pb2_grpc,
+    manager_pb2,
+    worker_pb2,
+    worker_pb2_grpc,
+)
 from panjoin.reference import reference_join, sort_pairs
 from panjoin.semantics import parse_predicate, parse_window
 
@@ -64,9 +75,25 @@ def rss(pid: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def baseline(manager, workers):
-    """Resident memory of the manager and the workers before any fuzzing."""
-    return {p.proc.pid: rss(p.proc.pid) for p in [manager, *workers]}
+def nodes():
+    """Two handshake nodes; a chain left behind is released after 5 s."""
+    ns = start_workers(2, role="handshake-node",
+                       worker_args=[["--idle-timeout", "5", "--max-chains", "8"]] * 2)
+    yield ns
+    for n in ns:
+        n.stop()
+
+
+@pytest.fixture(scope="module")
+def node_channel(nodes):
+    with grpc.insecure_channel(nodes[0].address) as ch:
+        yield ch
+
+
+@pytest.fixture(scope="module")
+def baseline(manager, workers, nodes):
+    """Resident memory of the manager, the workers and the nodes before any fuzzing."""
+    return {p.proc.pid: rss(p.proc.pid) for p in [manager, *workers, *nodes]}
 
 
 def open_joins(address: str) -> list[tuple]:
@@ -239,6 +266,170 @@ def test_random_commands_to_a_worker(workers, baseline, cmds, junk, mode):
                                            "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION"}, fb
     check_answer(lambda: worker_pb2_grpc.WorkerStub(grpc.insecure_channel(
         workers[0].address)).Status(worker_pb2.StatusRequest(), timeout=60))
+
+
+# ------------------------------------------------------------------ handshake nodes
+
+#: the node's rpcs: (request type, reply type, kind)
+NODE_RPCS = {
+    "Configure": (handshake_pb2.ChainConfig, handshake_pb2.NodeStatus, "unary"),
+    "Status": (handshake_pb2.ChainRef, handshake_pb2.NodeStatus, "unary"),
+    "Release": (handshake_pb2.ChainRef, handshake_pb2.NodeStatus, "unary"),
+    "Load": (handshake_pb2.LoadRequest, handshake_pb2.NodeStatus, "unary"),
+    "Outbox": (handshake_pb2.ChainRef, handshake_pb2.ChainMessage, "out"),
+    "Results": (handshake_pb2.ChainRef, handshake_pb2.ResultBatch, "out"),
+    "Link": (handshake_pb2.ChainMessage, handshake_pb2.LinkSummary, "in"),
+}
+#: a stream on a live chain runs until the caller's deadline: that ends it
+STREAM_END = CLIENT_ERRORS | {C.DEADLINE_EXCEEDED}
+#: neighbour addresses a random config may name (none of them resolves names: a
+#: random host would be looked up in DNS)
+ADDRESSES = ["", "127.0.0.1:1", "nonsense:::", "[::1]:0", "h" * 300]
+
+
+def node_call(channel, method: str, data, timeout: float = 60):
+    """Call the node's ``method`` with raw bytes (a list of frames for Link); returns
+    the reply (a list for a server stream)."""
+    _, reply, kind = NODE_RPCS[method]
+    path = f"/panjoin.v1.HandshakeNode/{method}"
+    if kind == "unary":
+        return channel.unary_unary(path, request_serializer=None,
+                                   response_deserializer=reply.FromString)(data, timeout=timeout)
+    if kind == "out":
+        return list(channel.unary_stream(path, request_serializer=None,
+                                         response_deserializer=reply.FromString)(
+            data, timeout=timeout))
+    return channel.stream_unary(path, request_serializer=None,
+                                response_deserializer=reply.FromString)(iter(data),
+                                                                        timeout=timeout)
+
+
+def release_if_configured(channel, reply) -> None:
+    if reply is not None and reply.chain_id:
+        check_answer(lambda: node_call(channel, "Release", handshake_pb2.ChainRef(
+            chain_id=reply.chain_id).SerializeToString()), CLIENT_ERRORS)
+
+
+def valid_node_bytes(method: str) -> bytes:
+    if method == "Configure":
+        return handshake_pb2.ChainConfig(chain_id="fz", n_nodes=1, window="count:5,5",
+                                         predicate="eq", key_dtype="int64", result_fifo=8,
+                                         max_batch=8).SerializeToString()
+    if method == "Link":
+        return handshake_pb2.ChainMessage(chain_id="fz", side=1, kind=1).SerializeToString()
+    return NODE_RPCS[method][0](chain_id="fz").SerializeToString()
+
+
+@FUZZ
+@given(method=st.sampled_from(sorted(NODE_RPCS)), raw=st.binary(max_size=300),
+       cut=st.integers(0, 400), truncate=st.booleans())
+def test_random_and_truncated_bytes_to_every_node_rpc(node_channel, baseline, method, raw, cut,
+                                                      truncate):
+    data = valid_node_bytes(method)[:cut] if truncate else raw
+    reply = check_answer(lambda: node_call(node_channel, method,
+                                           [data] if method == "Link" else data, timeout=5),
+                         STREAM_END)
+    if method == "Configure":
+        release_if_configured(node_channel, reply)
+
+
+chain_configs = st.builds(
+    handshake_pb2.ChainConfig, chain_id=st.one_of(st.text(max_size=10), st.just("x" * 200)),
+    position=st.integers(-2**31, 2**31 - 1) | st.integers(-1, 3),
+    n_nodes=st.integers(-2**31, 2**31 - 1) | st.integers(-1, 4),
+    left=st.sampled_from(ADDRESSES), right=st.sampled_from(ADDRESSES), index=words,
+    window=words, predicate=words, allowed_lateness=ints, key_dtype=words,
+    result_fifo=ints, max_batch=ints, fast_forward=st.booleans())
+
+
+@FUZZ
+@given(cfg=chain_configs)
+def test_random_chain_configs(node_channel, baseline, cfg):
+    reply = check_answer(lambda: handshake_pb2_grpc.HandshakeNodeStub(node_channel).Configure(
+        cfg, timeout=60))
+    release_if_configured(node_channel, reply)
+
+
+chain_messages = st.builds(
+    handshake_pb2.ChainMessage, chain_id=st.sampled_from([OWN, "", "nope"]),
+    side=st.integers(0, 3), kind=st.integers(0, 8), stream=st.integers(0, 3),
+    n=st.integers(-2**63, 2**63 - 1) | st.integers(-2, 50),
+    size=st.integers(-2**63, 2**63 - 1) | st.integers(-2, 50),
+    received=st.integers(-2**63, 2**63 - 1) | st.integers(-2, 50),
+    id=arrays(), key=arrays(), ts=arrays(), seq=arrays(), opp=arrays())
+load_requests = st.builds(
+    handshake_pb2.LoadRequest, chain_id=st.sampled_from([OWN, "", "nope"]),
+    r=chain_messages, s=chain_messages, left_s=ints, right_r=ints, fed_r=ints, fed_s=ints)
+
+
+@FUZZ
+@given(msgs=st.lists(chain_messages, min_size=1, max_size=4),
+       named=st.sampled_from([None, OWN, "nope"]), load=load_requests,
+       ref=st.sampled_from([OWN, "", "nope"]), cut=st.integers(-1, 200),
+       calls=st.lists(st.sampled_from(["Link", "Load", "Outbox", "Results", "Status"]),
+                      min_size=1, max_size=4))
+def test_random_calls_on_a_configured_chain(nodes, node_channel, baseline, msgs, named, load,
+                                            ref, cut, calls):
+    # everything drawn before the chain is configured (see the join inputs' test)
+    chain = f"fz-{time.monotonic_ns()}"
+
+    def own(v: str) -> str:
+        return chain if v == OWN else v
+
+    for m in [*msgs, load.r, load.s]:
+        m.chain_id = own(m.chain_id)
+    load.chain_id = own(load.chain_id)
+    frames = [m.SerializeToString() for m in msgs]
+    if cut >= 0:
+        frames[-1] = frames[-1][:min(cut, max(0, len(frames[-1]) - 1))]
+    stub = handshake_pb2_grpc.HandshakeNodeStub(node_channel)
+    stub.Configure(handshake_pb2.ChainConfig(
+        chain_id=chain, n_nodes=1, window="count:20,20", predicate="band:1",
+        key_dtype="int64", result_fifo=64, max_batch=8), timeout=60)
+    try:
+        path = "/panjoin.v1.HandshakeNode/Link"
+        meta = () if named is None else ((CHAIN_KEY, own(named)),)
+        for method in calls:
+            if method == "Link":
+                check_answer(lambda: node_channel.stream_unary(
+                    path, request_serializer=None,
+                    response_deserializer=handshake_pb2.LinkSummary.FromString)(
+                    iter(frames), timeout=10, metadata=meta))
+            elif method == "Load":
+                check_answer(lambda: stub.Load(load, timeout=60))
+            else:  # a live chain's streams run until the deadline
+                data = handshake_pb2.ChainRef(chain_id=own(ref)).SerializeToString()
+                check_answer(lambda m=method, d=data: node_call(node_channel, m, d, timeout=1),
+                             STREAM_END)
+    finally:
+        check_answer(lambda: stub.Release(handshake_pb2.ChainRef(chain_id=chain), timeout=60))
+
+
+def test_after_the_node_fuzzing_a_chain_is_exact_and_nothing_is_held(nodes, baseline):
+    for p in nodes:
+        assert p.alive(), "a node died"
+        grown = rss(p.proc.pid) - baseline[p.proc.pid]
+        assert grown < RSS_GROWTH, f"pid {p.proc.pid} grew {grown >> 20} MiB"
+    ev = generate(2000, "uniform", key_min=0, key_max=80, rate=1000, seed=12)
+    w, pred = parse_window("count:300,300"), parse_predicate("band:1")
+    with HandshakeChain([n.address for n in nodes], w, pred, batch_size=100,
+                        max_batch=40) as ch:
+        for a in range(0, len(ev), 500):
+            ch.push(ev.slice(a, a + 500))
+        ch.flush()
+        r, s = ch.take_results()
+    ref = reference_join(ev.stream, ev.id, ev.key, ev.ts, w, pred)
+    assert len(ref.pairs) > 0
+    assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+    end = time.monotonic() + 60  # released, or left idle by a fuzzed call: 5 s
+    while True:
+        sts = [handshake_pb2_grpc.HandshakeNodeStub(grpc.insecure_channel(n.address)).Status(
+            handshake_pb2.ChainRef(), timeout=30) for n in nodes]
+        if all(st.chains == 0 and st.streams == 0 for st in sts):
+            break
+        if time.monotonic() > end:
+            raise AssertionError(f"the nodes still hold chains or streams: {sts}")
+        time.sleep(0.5)
 
 
 def test_after_the_fuzzing_servers_are_up_bounded_and_exact(manager, workers, baseline):

@@ -287,3 +287,50 @@ def test_a_join_belongs_to_its_client(cluster, events):
     s = np.concatenate([o.s_id for o in outs + more])
     assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
     wait_workers_empty(ws)
+
+
+def test_an_input_read_after_the_clients_deadline_is_not_applied(cluster, events):
+    """The client's deadline passes while its input waits for the join (held busy here
+    by its lock, as by another of the owner's streams with a long batch): the client
+    gets DEADLINE_EXCEEDED, and the manager, reading the input late, does not apply it;
+    the client went away, so the join closes (manager.proto) with only the inputs that
+    were applied."""
+    from panjoin.manager.service import serve_manager
+
+    ws, _, _ = cluster
+    server, port = serve_manager([w.address for w in ws], 0)
+    try:
+        with Client(f"127.0.0.1:{port}") as c:
+            jid = c.open("count:200,200", "band:2", batch_size=64)
+            first = list(c.stream(jid, [events.slice(0, 700)]))
+            j = server.servicer.joins[jid]
+            with j.lock:
+                call = c.stub.Join(iter([join_input(jid, 2, events.slice(700, 1500),
+                                                    flush=True, token=c.token(jid))]),
+                                   timeout=1.0)
+                with pytest.raises(grpc.RpcError) as e:
+                    list(call)
+                assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                end = time.monotonic() + 30  # the manager has read the input by now
+                while j.attached == 0 and time.monotonic() < end:
+                    time.sleep(0.05)
+                assert j.attached == 1
+                # and its deadline, the client's as it reached the server (a moment
+                # later than the client's own clock says), has passed too
+                time.sleep(1.0)
+            end = time.monotonic() + 60  # the late input's stream ends, closing the join
+            while jid in server.servicer.joins and time.monotonic() < end:
+                time.sleep(0.05)
+            assert jid not in server.servicer.joins
+            assert j.engine.stats.tuples_in == 700, "the input after the deadline was applied"
+            assert j.last_batch_id == 1
+    finally:
+        server.stop(0).wait()
+    head = events.slice(0, 700)
+    ref = reference_join(head.stream, head.id, head.key, head.ts, parse_window("count:200,200"),
+                         parse_predicate("band:2"))
+    r = np.concatenate([o.r_id for o in first])
+    s = np.concatenate([o.s_id for o in first])
+    assert len(ref.pairs) > 0
+    assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+    wait_workers_empty(ws)

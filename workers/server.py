@@ -40,7 +40,7 @@ from panjoin.config import tune_allocator
 from panjoin.limits import MAX_PARTITIONS, default_memory_limit, fmt, subwindow_bytes
 from panjoin.ops.metrics import WorkerCollector, with_metrics
 from panjoin.proto.panjoin.v1 import worker_pb2, worker_pb2_grpc
-from panjoin.serving import register, start_server
+from panjoin.serving import END, SPARE_THREADS, abort_full, read_ahead, register, start_server
 from panjoin.wire import WireError, to_array
 
 log = logging.getLogger("panjoin.worker")
@@ -49,8 +49,6 @@ log = logging.getLogger("panjoin.worker")
 MAX_SESSIONS = 64
 #: seconds a session may send nothing before the worker ends it, by default
 IDLE_TIMEOUT_S = 600.0
-#: server threads besides the sessions' (Status, health checks, reflection, refusals)
-SPARE_THREADS = 8
 
 
 class ResourceExhausted(Exception):
@@ -102,10 +100,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 self._next += 1
                 sess = self.sessions[sid] = _Session(None)
         if full:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"worker holds {self.max_sessions} sessions, its --max-sessions: "
-                          "close joins (idle ones end after its --idle-timeout of "
-                          f"{self.idle_timeout:g} s) or raise --max-sessions")
+            abort_full(context, f"worker holds {self.max_sessions} sessions", "--max-sessions",
+                       "close joins", self.idle_timeout)
         try:
             # Numba's thread count is per calling thread: without this a session's parallel
             # kernels would use every core, and idle team threads spin
@@ -129,21 +125,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             log.info("session %d closed", sid)
 
     def _serve(self, sess: _Session, request_iterator, context):
-        """Answer the session's messages until it ends or sends none for idle_timeout.
-        The messages come through a reader thread: a server thread blocked on the
-        stream could not otherwise notice idleness."""
-        inbox: queue.SimpleQueue = queue.SimpleQueue()
-        end = object()
-
-        def read():
-            try:
-                for m in request_iterator:
-                    inbox.put(m)
-            except Exception:  # grpc.RpcError: the manager went away
-                pass
-            inbox.put(end)
-
-        threading.Thread(target=read, daemon=True, name="session-reader").start()
+        """Answer the session's messages until it ends or sends none for idle_timeout
+        (they come through :func:`panjoin.serving.read_ahead`)."""
+        inbox = read_ahead(request_iterator, "session-reader")
         while True:
             try:
                 cmds = inbox.get(timeout=self.idle_timeout)
@@ -152,7 +136,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                               f"session sent nothing for {self.idle_timeout:g} s (the "
                               "worker's --idle-timeout): ended, its subwindows released")
-            if cmds is end:
+            if cmds is END:
                 return
             out = worker_pb2.Feedbacks()
             for cmd in cmds.commands:

@@ -98,6 +98,13 @@ def add_parser(sub) -> None:
                                                            "(default: %(default)s)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="scan threads (default: %(default)s)")
+    p.add_argument("--max-chains", type=int, default=16, metavar="N",
+                   help="chains (one per handshake join) held at once; one more is refused "
+                        "with RESOURCE_EXHAUSTED (default: %(default)s)")
+    p.add_argument("--idle-timeout", type=float, default=600.0, metavar="S",
+                   help="release a chain that gets no message and no call for S seconds, "
+                        "ending its streams (a driver, the manager or replay, keeps its "
+                        "open chain alive; default: %(default)s)")
     add_security(p, "worker")
     add_common(p)
     p.set_defaults(run=run_handshake_node)
@@ -258,7 +265,12 @@ def run_handshake_node(args) -> int:
     from workers.warm_up import warm_up_handshake
 
     die_with_parent()
-    server, port = serve(args.port, args.threads, args.host, serving=False)
+    try:
+        server, port = serve(args.port, args.threads, args.host, serving=False,
+                             max_chains=args.max_chains, idle_timeout=args.idle_timeout)
+    except ValueError as e:
+        print(f"panjoin handshake-node: {e}", file=sys.stderr)
+        return 2
     print(f"{READY}{args.host}:{port}", flush=True)
     n, s = warm_up_handshake()  # NOT_SERVING until its scans are compiled
     log.info("warm-up: %d chains in %.1f s", n, s)

@@ -15,6 +15,12 @@ acknowledgements expire tuples at the far ends as the ends report arrivals.
 Admission control: before each input batch the driver waits while any FIFO of
 the merging network is full, counting a pause. ``flush`` drains the chain
 (every pair meets) and waits until every node's pairs have come through.
+
+A node releases a chain that gets no message and no call for its idle timeout
+(:mod:`workers.handshake_node`), and a join may pause longer than that: the driver
+calls Status on every node every third of it while the chain is open. If a node
+refuses the chain (e.g. RESOURCE_EXHAUSTED: it holds its --max-chains), the nodes
+already configured release it at once.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import uuid
 import grpc
 import numpy as np
 
+from panjoin import limits
 from panjoin.handshake.merge import AdmissionControl, MergingNetwork
 from panjoin.handshake.protocol import LEFT, RIGHT, TUPLES, Driver, Msg
 from panjoin.handshake.segment import SEGMENT_KINDS
@@ -40,7 +47,12 @@ log = logging.getLogger("panjoin.handshake")
 
 
 class ChainError(RuntimeError):
-    """A node failed or went away; the message says which and why."""
+    """A node failed or went away; the message says which and why. ``code``: a
+    grpc.StatusCode name, what the manager's client gets."""
+
+    def __init__(self, msg: str, code: str = "UNAVAILABLE"):
+        super().__init__(msg)
+        self.code = code
 
 
 class _Stats:
@@ -66,6 +78,7 @@ class HandshakeChain:
         self.pred = parse_predicate(predicate)
         if batch_size < 1 or node_fifo < 1 or merger_fifo < 1 or max_batch < 1:
             raise ValueError("batch_size, FIFO sizes and max_batch must be >= 1")
+        limits.check_chain_sizes(len(addresses), node_fifo, max_batch)  # the nodes' limits
         self.batch_size = int(batch_size)
         self.node_fifo, self.merger_fifo, self.max_batch = node_fifo, merger_fifo, max_batch
         self.timeout = timeout
@@ -113,9 +126,10 @@ class HandshakeChain:
 
     def _start(self) -> None:
         n = len(self.addresses)
-        try:
-            for i, stub in enumerate(self.stubs):
-                stub.Configure(handshake_pb2.ChainConfig(
+        idle = []  # each node's idle timeout (s)
+        for i, stub in enumerate(self.stubs):
+            try:
+                st = stub.Configure(handshake_pb2.ChainConfig(
                     chain_id=self.chain_id, position=i, n_nodes=n,
                     left=self.addresses[i - 1] if i > 0 else "",
                     right=self.addresses[i + 1] if i < n - 1 else "",
@@ -123,8 +137,13 @@ class HandshakeChain:
                     allowed_lateness=self.window.lateness, key_dtype=str(self.key_dtype),
                     result_fifo=self.node_fifo, max_batch=self.max_batch,
                     index=self.index, fast_forward=self.fast_forward), timeout=30)
-        except grpc.RpcError as e:
-            raise ChainError(f"configuring the chain failed: {e.details()}") from e
+            except grpc.RpcError as e:
+                self._release(self.stubs[:i])  # what the others hold, now
+                raise ChainError(f"configuring the chain failed on node {i} "
+                                 f"({self.addresses[i]}): {e.details()}",
+                                 e.code().name if e.code() else "UNAVAILABLE") from e
+            if st.idle_timeout_s > 0:
+                idle.append(st.idle_timeout_s)
         self.started = True
         # the driver sits on node 0's left and on node N-1's right
         self.links = {LEFT: LinkSender(self.addresses[0], self.chain_id, LEFT),
@@ -135,6 +154,8 @@ class HandshakeChain:
         for i in range(n):
             self._thread(self._read_results, i)
         self._thread(self._pump)
+        if idle:
+            self._thread(self._keep_alive, min(idle) / 3)
 
     def _thread(self, fn, *args) -> None:
         t = threading.Thread(target=fn, args=args, daemon=True, name=f"{fn.__name__}{args}")
@@ -156,6 +177,9 @@ class HandshakeChain:
         except grpc.RpcError as e:
             if not self.stop.is_set():
                 self._fail(f"node {i} ({self.addresses[i]}): outbox stream broke: {e.details()}")
+        except ConnectionError as e:  # a link of ours broke: its node says why
+            if not self.stop.is_set():
+                self._fail(f"node {i} ({self.addresses[i]}): {e}")
 
     def _read_results(self, i: int) -> None:
         leaf = self.net.leaves[i]
@@ -170,6 +194,29 @@ class HandshakeChain:
         except grpc.RpcError as e:
             if not self.stop.is_set():
                 self._fail(f"node {i} ({self.addresses[i]}): result stream broke: {e.details()}")
+
+    def _keep_alive(self, every: float) -> None:
+        """A Status call on every node each ``every`` s while the chain is open: each
+        node then counts the chain active, however long the join pauses."""
+        while not self.stop.wait(every):
+            for i, stub in enumerate(self.stubs):
+                try:
+                    stub.Status(handshake_pb2.ChainRef(chain_id=self.chain_id),
+                                timeout=max(every, 10.0))
+                except grpc.RpcError as e:
+                    # a busy node may answer late (the call counted on arrival); one
+                    # that no longer has the chain fails the join
+                    if e.code() == grpc.StatusCode.NOT_FOUND and not self.stop.is_set():
+                        self._fail(f"node {i} ({self.addresses[i]}) released the chain: "
+                                   f"{e.details()}")
+                        return
+
+    def _release(self, stubs) -> None:
+        for stub in stubs:
+            try:
+                stub.Release(handshake_pb2.ChainRef(chain_id=self.chain_id), timeout=10)
+            except grpc.RpcError:
+                pass
 
     def _pump(self) -> None:
         """The merging network's clock: every merger steps, the manager drains the root."""
@@ -430,11 +477,7 @@ class HandshakeChain:
         for link in self.links.values():
             link.close()
         if self.started:
-            for stub in self.stubs:
-                try:
-                    stub.Release(handshake_pb2.ChainRef(chain_id=self.chain_id), timeout=10)
-                except grpc.RpcError:
-                    pass
+            self._release(self.stubs)
         for t in self.threads:
             t.join(5)
         for c in self.channels:

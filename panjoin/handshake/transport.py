@@ -6,7 +6,9 @@ client-streaming ``HandshakeNode.Link`` call open to a neighbour (or, from the
 driver, to an end node) and writes queued messages to it in order, so the
 channel is FIFO as the protocol requires. The queue does not block the
 sender's protocol loop (two neighbours that both waited for room in the other's
-inbox would deadlock); what travels is bounded by what the driver admits.
+inbox would deadlock); what travels is bounded by what the driver admits. The call
+opens with its first message, and names its chain in its metadata too
+(:data:`CHAIN_KEY`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ STREAM_NAMES = {v: k for k, v in STREAMS.items()}
 SIDES = {LEFT: handshake_pb2.SIDE_LEFT, RIGHT: handshake_pb2.SIDE_RIGHT}
 SIDE_NAMES = {v: k for k, v in SIDES.items()}
 KEY_WIRE = {"int64": "<i8", "float64": "<f8"}
+#: call metadata naming a Link's chain: the node gives the stream its chain's place at
+#: once (a Link without it waits in one of few pending places for its first message)
+CHAIN_KEY = "panjoin-chain-id"
 
 
 def to_proto(msg: Msg, side: str, chain_id: str = "") -> handshake_pb2.ChainMessage:
@@ -86,30 +91,37 @@ class LinkSender:
         self.channel = channel(address)
         self.stub = handshake_pb2_grpc.HandshakeNodeStub(self.channel)
         self.error: BaseException | None = None
+        self.closing = False
         self.sent = 0
         self.thread = threading.Thread(target=self._run, daemon=True,
                                        name=f"link->{address}")
         self.thread.start()
 
-    def _messages(self):
-        first = True
+    def _messages(self, item):
+        pb = to_proto(item, self.side, self.chain_id)  # the first names the chain
         while True:
+            self.sent += 1
+            yield pb
             item = self.q.get()
             if item is _CLOSE:
                 return
-            pb = to_proto(item, self.side, self.chain_id if first else "")
-            if first:
-                pb.chain_id = self.chain_id
-                first = False
-            self.sent += 1
-            yield pb
+            pb = to_proto(item, self.side)
 
     def _run(self):
+        # the call opens with the first message, not before: the receiver then knows at
+        # once which chain the stream is for (a Link that names none is ended), and the
+        # neighbour is configured by then (the driver configures every node first)
+        first = self.q.get()
+        if first is _CLOSE:
+            return
         try:
-            self.stub.Link(self._messages())
+            self.stub.Link(self._messages(first), metadata=((CHAIN_KEY, self.chain_id),))
+            if not self.closing:  # the receiver ended it: what we sent next would be lost
+                self.error = ConnectionError("the receiver ended the link")
         except grpc.RpcError as e:
             self.error = e
-            log.warning("link to %s failed: %s", self.address, e)
+            if not self.closing:
+                log.warning("link to %s failed: %s", self.address, e)
 
     def send(self, msg: Msg) -> None:
         if self.error is not None:
@@ -117,6 +129,7 @@ class LinkSender:
         self.q.put(msg)
 
     def close(self, timeout: float = 10.0) -> None:
+        self.closing = True
         self.q.put(_CLOSE)
         self.thread.join(timeout)
         self.channel.close()

@@ -246,6 +246,8 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             limits.check_sizes(engine.nsub, engine.partitions)
         except (SpecError, ValueError, TypeError, OverflowError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except ChainError as e:  # a chain with a key dtype is configured at Open
+            _abort_worker_error(context, e)
         # everything checked: now the workers are asked, and released on any failure
         backend = GrpcBackend(self.workers, deadline=self.worker_timeout,
                               result_format=fmt, replicas=self.replicas)
@@ -370,9 +372,9 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         many for one message (:func:`output_parts`)."""
         if j.applied and msg.batch_id <= j.last_batch_id:
             return [manager_pb2.JoinOutput(batch_id=msg.batch_id, duplicate=True)]
-        if not context.is_active():  # the client's deadline passed, or it went away
-            context.abort(grpc.StatusCode.CANCELLED, "the client is gone; the input was "
-                          "not applied")
+        if _gone(context):  # read after the client's deadline, or the client went away
+            context.abort(grpc.StatusCode.CANCELLED, "the client is gone (its deadline "
+                          "passed or it went away); the input was not applied")
         n = max(len(msg.stream.data), len(msg.id.data) // 8)  # before decoding any
         if n > self.max_input_tuples:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -606,11 +608,21 @@ def add_manager(servicer, server) -> None:
              {"Join": _serialize_output})
 
 
+def _gone(context) -> bool:
+    """Has the call's client gone: cancelled, disconnected, or past its deadline? The
+    deadline counts by the server's clock: gRPC cancels the call a moment after it
+    passes, and an input read in that moment is the client's no more."""
+    left = context.time_remaining()
+    return not context.is_active() or (left is not None and left <= 0)
+
+
 def _abort_worker_error(context, e: Exception) -> None:
     """End the call with the status of a worker's (or a chain node's) error: its own
-    code (RESOURCE_EXHAUSTED, DATA_LOSS, ...; :func:`status_code`), UNAVAILABLE for a
-    chain, and the first cause as the detail."""
-    code = status_code(e) if isinstance(e, WorkerError) else grpc.StatusCode.UNAVAILABLE
+    code (RESOURCE_EXHAUSTED, DATA_LOSS, ...; :func:`status_code`; a chain's: UNAVAILABLE
+    unless a node refused it, e.g. RESOURCE_EXHAUSTED at its --max-chains), and the
+    first cause as the detail."""
+    code = (status_code(e) if isinstance(e, WorkerError)
+            else getattr(grpc.StatusCode, getattr(e, "code", ""), grpc.StatusCode.UNAVAILABLE))
     context.abort(code, str(e))
 
 

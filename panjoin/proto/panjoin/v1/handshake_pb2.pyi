@@ -135,7 +135,7 @@ class ResultBatch(_message.Message):
     def __init__(self, r_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., s_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("chain_id", "position", "segment_r", "segment_s", "tuples_in", "results", "forwarded", "messages", "scanned_pairs", "stalls", "error")
+    __slots__ = ("chain_id", "position", "segment_r", "segment_s", "tuples_in", "results", "forwarded", "messages", "scanned_pairs", "stalls", "error", "chains", "streams", "max_chains", "idle_timeout_s")
     CHAIN_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_R_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +147,10 @@ class NodeStatus(_message.Message):
     SCANNED_PAIRS_FIELD_NUMBER: _ClassVar[int]
     STALLS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    CHAINS_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHAINS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     chain_id: str
     position: int
     segment_r: int
@@ -158,4 +162,8 @@ class NodeStatus(_message.Message):
     scanned_pairs: int
     stalls: int
     error: str
-    def __init__(self, chain_id: _Optional[str] = ..., position: _Optional[int] = ..., segment_r: _Optional[int] = ..., segment_s: _Optional[int] = ..., tuples_in: _Optional[int] = ..., results: _Optional[int] = ..., forwarded: _Optional[int] = ..., messages: _Optional[int] = ..., scanned_pairs: _Optional[int] = ..., stalls: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    chains: int
+    streams: int
+    max_chains: int
+    idle_timeout_s: float
+    def __init__(self, chain_id: _Optional[str] = ..., position: _Optional[int] = ..., segment_r: _Optional[int] = ..., segment_s: _Optional[int] = ..., tuples_in: _Optional[int] = ..., results: _Optional[int] = ..., forwarded: _Optional[int] = ..., messages: _Optional[int] = ..., scanned_pairs: _Optional[int] = ..., stalls: _Optional[int] = ..., error: _Optional[str] = ..., chains: _Optional[int] = ..., streams: _Optional[int] = ..., max_chains: _Optional[int] = ..., idle_timeout_s: _Optional[float] = ...) -> None: ...

@@ -77,14 +77,17 @@ class HandshakeNodeServicer:
 
     def Configure(self, request, context):
         """Create this node's part of a chain. INVALID_ARGUMENT for a bad window,
-        predicate, key dtype or position; ALREADY_EXISTS if the chain_id is taken.
+        predicate, key dtype, position or a size beyond the node's limits (checked before
+        anything is allocated); ALREADY_EXISTS if the chain_id is taken;
+        RESOURCE_EXHAUSTED when the node holds --max-chains chains.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Link(self, request_iterator, context):
-        """Messages from the neighbour (or driver) on one side; the first names the chain.
+        """Messages from the neighbour (or driver) on one side; the first names the chain
+        (and so does the metadata "panjoin-chain-id", if given).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -105,7 +108,8 @@ class HandshakeNodeServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Status(self, request, context):
-        """Counters and segment sizes of this node in one chain.
+        """Counters and segment sizes of this node in one chain; an empty chain_id: the
+        node's own totals only (chains, streams, limits).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

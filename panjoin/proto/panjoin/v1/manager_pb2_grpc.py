@@ -93,7 +93,9 @@ class ManagerServicer:
         outputs between the answers, sent by the manager on its own (pushed = true,
         batch_id = 0): each probe round's pairs as soon as the workers answer it, and
         batches cut by the collect deadline, without waiting for the next input.
-        A client that goes away (cancels or disconnects) closes the join. A stream the
+        A client that goes away (cancels, disconnects, or its deadline passes) closes the
+        join; an input the manager reads after the call's deadline is not applied (the
+        client gets DEADLINE_EXCEEDED; the inputs applied before stand). A stream the
         client ends (half-closes) leaves it open: another Join stream may go on (a replay
         after a crash) until Close, or until --idle-timeout seconds with no stream.
         The first message must carry the join's token (else PERMISSION_DENIED, and the
