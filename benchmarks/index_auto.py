@@ -1,0 +1,117 @@
+"""``--index auto`` against every fixed index, cell by cell (issue 31, item 1).
+
+A grid of the peer benchmark's workloads (:mod:`panjoin.bench.peers.workloads`: key
+distribution x predicate x count window W), each joined in this process by the engine
+with one thread, at a small batch (1K, a latency-bound stream) and the default one (32K),
+once per index: ``auto`` and the fixed ones that apply (``hash`` only where it answers
+by lookups). Each run fills both windows (2W tuples, untimed), then times the next M
+tuples pushed in chunks of the batch size; the CPU seconds of that part are the figure
+(the machine is shared). Rounds interleave the indexes; the best of the rounds is kept.
+Every run of a cell must give the same number of pairs. Prints per cell the best fixed
+index, auto's choice and auto's time over the best (target: <= 1.15).
+
+    python -m benchmarks.index_auto --quick        # W 16K, M 64K: a minute or two
+    python -m benchmarks.index_auto --json benchmarks/results/index_auto.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from panjoin.bench.peers.workloads import Workload, calibrate, events_for
+from panjoin.manager.engine import JoinEngine, warm_up
+from panjoin.semantics import parse_predicate, parse_size
+from panjoin.subwindow.hash_table import predicate_fits
+
+FIXED = ("bisort", "hash", "rap", "wib")
+
+
+def run(data, wl: Workload, index: str, nbat: int) -> tuple[float, int, dict]:
+    """CPU seconds of the measured part, pairs found in it, subwindows per index kind."""
+    ev = data.events
+    fill = 2 * wl.window
+    eng = JoinEngine(wl.window_spec(), wl.predicate(), index=index, batch_size=nbat,
+                     threads=1)
+    for a in range(0, fill, 1 << 16):
+        eng.push(ev.slice(a, min(fill, a + (1 << 16))))
+        eng.take_results()
+    eng.flush()
+    eng.take_results()
+    t0 = time.process_time()
+    pairs = 0
+    for a in range(fill, len(ev), nbat):
+        eng.push(ev.slice(a, a + nbat))
+        r, _ = eng.take_results()
+        pairs += r.shape[0]
+    eng.flush()
+    r, _ = eng.take_results()
+    pairs += r.shape[0]
+    return time.process_time() - t0, pairs, dict(eng.stats.index_by)
+
+
+def grid(windows, dists, preds, batches, measure: int, rounds: int, seed: int = 1):
+    cells = []
+    for w in windows:
+        for dist in dists:
+            for pred in preds:
+                kind, s = ("eq", 1.0) if pred == "eq" else ("band", float(pred.split("=")[1]))
+                wl = Workload(kind, s, dist, w)
+                data = events_for(wl, measure, seed)
+                wl = calibrate(wl, data)
+                indexes = ["auto"] + [i for i in FIXED if i != "hash" or predicate_fits(
+                    parse_predicate(wl.predicate()), "int64")]
+                for nbat in batches:
+                    best: dict[str, float] = {}
+                    pairs: dict[str, int] = {}
+                    kinds: dict = {}
+                    for _ in range(rounds):
+                        for index in indexes:
+                            cpu, n, by = run(data, wl, index, nbat)
+                            best[index] = min(best.get(index, float("inf")), cpu)
+                            pairs[index] = n
+                            if index == "auto":
+                                kinds = by
+                    if len(set(pairs.values())) != 1:
+                        raise AssertionError(f"{wl.name} W {w} NBat {nbat}: pairs differ {pairs}")
+                    fixed = {i: t for i, t in best.items() if i != "auto"}
+                    top = min(fixed, key=fixed.get)
+                    cell = {"window": w, "workload": wl.name, "predicate": wl.predicate(),
+                            "nbat": nbat, "pairs": pairs["auto"], "cpu_s": best,
+                            "best_fixed": top, "auto_kinds": kinds,
+                            "auto_over_best": best["auto"] / fixed[top]}
+                    cells.append(cell)
+                    print(f"W {w:>8,} {wl.name:<22} NBat {nbat:>6,}: best {top:<6} "
+                          f"{fixed[top]:6.3f} s, auto {best['auto']:6.3f} s "
+                          f"({'+'.join(sorted(kinds))}) = {cell['auto_over_best']:.2f}x  "
+                          + "  ".join(f"{i} {t:.3f}" for i, t in sorted(fixed.items())),
+                          flush=True)
+    return cells
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="W 16K, M 64K, one round")
+    ap.add_argument("--windows", default="64K,256K")
+    ap.add_argument("--measure", type=parse_size, default=256 * 1024)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", help="write the cells here")
+    a = ap.parse_args(argv)
+    windows = [16 * 1024] if a.quick else [parse_size(x) for x in a.windows.split(",")]
+    measure = 64 * 1024 if a.quick else a.measure
+    rounds = 1 if a.quick else a.rounds
+    for index in ("auto", *FIXED):
+        warm_up(index)
+    cells = grid(windows, ["uniform", "zipf", "increasing"], ["eq", "band S=1", "band S=64"],
+                 [1024, 32 * 1024], measure, rounds)
+    worst = max(cells, key=lambda c: c["auto_over_best"])
+    print(f"worst cell: {worst['workload']} W {worst['window']:,} NBat {worst['nbat']:,}: "
+          f"auto {worst['auto_over_best']:.2f}x the best fixed index ({worst['best_fixed']})")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(cells, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
