@@ -9,7 +9,7 @@ import pytest
 
 from panjoin.generate import generate
 from panjoin.manager.engine import JoinEngine
-from panjoin.manager.index_choice import HASH_MAX_BATCH, IndexChooser
+from panjoin.manager.index_choice import HASH_MAX_BATCH, HASH_MIN_NSUB, IndexChooser
 from panjoin.reference import reference_join, sort_pairs
 from panjoin.semantics import parse_predicate, parse_window
 
@@ -35,15 +35,22 @@ def _pairs(eng):
     ("eq&band2:1", None, 1024, "hash"),       # the residual is checked after the lookup
 ])
 def test_the_rule(pred, dtype, nbat, kind):
-    c = IndexChooser(parse_predicate(pred), dtype)
+    c = IndexChooser(parse_predicate(pred), dtype, nsub=1 << 20)
     assert c.choose(nbat).kind == kind
     c.observe_batch(nbat)
     choice = c.choose(1 << 20)  # an observed batch outweighs the cap
     assert choice.kind == kind and str(parse_predicate(pred)) in choice.why
 
 
+def test_small_subwindows_stay_bisort():
+    c = IndexChooser(parse_predicate("eq"), nsub=HASH_MIN_NSUB - 1)
+    c.observe_batch(64)
+    assert c.choose().kind == "bisort" and "in cache" in c.choose().why
+    assert IndexChooser(parse_predicate("eq"), nsub=HASH_MIN_NSUB).choose(64).kind == "hash"
+
+
 def test_the_choice_follows_the_batches():
-    c = IndexChooser(parse_predicate("eq"))
+    c = IndexChooser(parse_predicate("eq"), nsub=1 << 20)
     c.observe_batch(512)
     assert c.choose().kind == "hash"
     for _ in range(30):
@@ -59,6 +66,7 @@ def test_a_ring_of_both_kinds_is_exact_and_logged(caplog, monkeypatch):
     window at once, and every pair is found once (the threshold scaled down with the
     data, so that the reference stays quick)."""
     monkeypatch.setattr("panjoin.manager.index_choice.HASH_MAX_BATCH", 256)
+    monkeypatch.setattr("panjoin.manager.index_choice.HASH_MIN_NSUB", 1)
     ev = generate(15_000, "zipf", key_max=3_000, seed=3)
     window, pred = "count:1500,1200", "eq"
     eng = JoinEngine(window, pred, index="auto", subwindow_size=250, batch_size=16,
@@ -79,8 +87,10 @@ def test_a_ring_of_both_kinds_is_exact_and_logged(caplog, monkeypatch):
     np.testing.assert_array_equal(got, _ref(ev, window, pred))
 
 
-@pytest.mark.parametrize("window,pred", [("time:300,200", "band:2"), ("count:900,700", "band:40")])
-def test_auto_under_a_latency_bound_is_exact(window, pred):
+@pytest.mark.parametrize("window,pred", [("time:300,200", "band:2"), ("count:900,700", "band:40"),
+                                         ("count:900,700", "eq")])
+def test_auto_under_a_latency_bound_is_exact(window, pred, monkeypatch):
+    monkeypatch.setattr("panjoin.manager.index_choice.HASH_MIN_NSUB", 1)
     lateness = 20 if window.startswith("time") else 0
     ev = generate(8000, "uniform", key_max=2_000, rate=20_000,
                   disorder_ms=10 if lateness else 0, seed=5)
@@ -92,6 +102,8 @@ def test_auto_under_a_latency_bound_is_exact(window, pred):
     eng.flush()
     np.testing.assert_array_equal(_pairs(eng), _ref(ev, window, pred, lateness))
     assert sum(eng.stats.index_by.values()) > 2
+    if pred != "band:40":
+        assert eng.stats.index_by["hash"] > 0
 
 
 def test_the_default_is_auto():
@@ -105,14 +117,24 @@ def test_the_default_is_auto():
     assert JoinEngine("count:4,4", "eq").index == "auto"
 
 
-def test_auto_on_workers_is_exact():
-    """A cluster join with auto: the workers build hash and BI-Sort subwindows alike."""
-    from panjoin.client import Client
+def test_auto_on_workers_is_exact(monkeypatch):
+    """Real workers build the subwindows auto picks (hash, then BI-Sort once the batches
+    grow), and the pairs are exact."""
     from panjoin.launch import start_cluster
+    from panjoin.manager.grpc_backend import GrpcBackend
 
-    ev = generate(6000, "uniform", key_max=1_500, seed=9)
+    monkeypatch.setattr("panjoin.manager.index_choice.HASH_MIN_NSUB", 1)
+    monkeypatch.setattr("panjoin.manager.index_choice.HASH_MAX_BATCH", 256)
+    ev = generate(9000, "uniform", key_max=1_500, seed=9)
     window = "count:1500,1500"
-    with start_cluster(2) as cluster, Client(cluster.address) as c:
-        r, s, _ = c.join(ev, window, "eq", subwindow_size=300, batch_size=128)
-    got = sort_pairs(np.stack([r, s], axis=1))
+    with start_cluster(2, manager=False) as cluster, GrpcBackend(cluster.addresses) as be:
+        eng = JoinEngine(window, "eq", index="auto", subwindow_size=300, batch_size=64,
+                         backend=be, n_workers=2)
+        for a, b, nbat in ((0, 3000, 64), (3000, 9000, 2000)):
+            eng.batch_size = eng.max_lag = nbat
+            for c in range(a, b, 500):
+                eng.push(ev.slice(c, c + 500))
+        eng.flush()
+        got = _pairs(eng)
+    assert eng.stats.index_by["hash"] > 0 and eng.stats.index_by["bisort"] > 0
     np.testing.assert_array_equal(got, _ref(ev, window, "eq"))

@@ -87,15 +87,16 @@ def add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
                    help="time windows: a tuple more than MS behind the largest ts so far is "
                         "late (default: %(default)s)")
     g.add_argument("--subwindow-size", type=size, metavar="NSUB",
-                   help="tuples per subwindow (default: a quarter of a count window, else "
-                        "64K). For a large time window give about half the tuples it holds "
-                        "per stream: each batch probes fewer subwindows (1.75x faster at 1M "
-                        "tuples per stream with 512K, benchmarks/RESULTS.md)")
+                   help="tuples per subwindow (default: replay of a file: the window's "
+                        "tuples per stream W for count windows, W/2 (at least 64K) for time "
+                        "windows; a stream: a quarter of a count window (a half under "
+                        "--max-latency), else 64K; README: the knobs)")
     g.add_argument("--partitions", type=size, metavar="P",
                    help="partitions per subwindow (default: NSub/128, at most 64K)")
     g.add_argument("--batch-size", type=size, metavar="NBAT",
-                   help="max tuples per batch (default: 32768; with --max-latency the engine "
-                        "picks it, at most NBAT)")
+                   help="max tuples per batch (default: replay of a file: W clamped to "
+                        "32K..256K; a stream: 32768; with --max-latency the engine picks it, "
+                        "at most NBAT)")
     g.add_argument("--max-latency", type=float, metavar="MS",
                    help="hold pair latency within MS: the engine sizes its batches and collect "
                         "deadline itself from the measured batch costs and input rate (small "

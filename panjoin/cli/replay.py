@@ -98,6 +98,8 @@ def run(args) -> int:
     if args.warm_up and args.topology == "handshake":
         raise SystemExit("panjoin replay: error: --warm-up is for the ring topology (the "
                          "handshake nodes' scan loads in the first messages)")
+    if args.topology != "handshake" and args.max_latency is None:
+        _fill_knobs(args, window, events)
     if args.cluster:
         return _replay_on_manager(args, events, window, pred)
     if args.topology == "handshake":
@@ -115,6 +117,21 @@ def run(args) -> int:
                          result_format=args.result_format,
                          replicas=args.replicas) as backend:
             return _replay_engine(args, events, window, pred, backend, args.workers)
+
+
+def _fill_knobs(args, window, events) -> None:
+    """NSub and NBat left out: the whole-file rule (:mod:`panjoin.manager.knobs`)."""
+    from panjoin.manager.knobs import offline_knobs
+
+    if args.subwindow_size is not None and args.batch_size is not None:
+        return
+    nsub, nbat = offline_knobs(window, events.ts, events.stream)
+    if args.subwindow_size is None:
+        args.subwindow_size = nsub
+    if args.batch_size is None:
+        args.batch_size = nbat
+    log.info("knobs for the whole file (panjoin/manager/knobs.py; --subwindow-size and "
+             "--batch-size override): NSub %d, NBat %d", args.subwindow_size, args.batch_size)
 
 
 def _replay_on_manager(args, events, window, pred) -> int:

@@ -271,13 +271,15 @@ class JoinEngine:
         self.index = index
         self.key_dtype = np.dtype(key_dtype) if key_dtype else None
         # auto: each new subwindow's index from what the engine observes
-        self.chooser = IndexChooser(self.pred, key_dtype) if index == "auto" else None
+        self.chooser = None
         self._choice = None  # the last auto choice (logged when it changes)
         self.partitions_given = partitions
         self.nsub = int(subwindow_size or default_subwindow_size(
             self.window, latency_bound=max_latency_ms is not None))
         if self.nsub <= 0:
             raise ValueError(f"subwindow size must be positive, got {self.nsub}")
+        if index == "auto":
+            self.chooser = IndexChooser(self.pred, key_dtype, self.nsub)
         self.partitions = int(partitions or default_partitions(
             self.nsub, "bisort" if index == "auto" else index))
         if batch_size is not None and batch_size <= 0:

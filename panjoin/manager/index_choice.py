@@ -12,13 +12,17 @@ else WiB+-Tree. This project's measurements refine it (benchmarks/RESULTS.md):
   lower under a latency bound; from 32K tuples a batch on, BI-Sort's sequential
   merge-probe is faster (1.4x at 256K; issue 27).
 
-So: ``hash`` while the predicate is lookups (:func:`panjoin.subwindow.hash_table.
-predicate_fits`) and the batches the engine cuts are at most :data:`HASH_MAX_BATCH`
-tuples (an average over the last batches: under ``--max-latency`` the engine sizes them
-to the load, so a join that speeds up moves its new subwindows to BI-Sort and back);
-``bisort`` otherwise. A subwindow keeps its index for life; new ones follow the stream::
+- but only over subwindows too large for the caches: at NSub 16K (W 64K, NBat 1K) BI-Sort's
+  searches stay in cache and beat the lookups 1.17x (benchmarks/index_auto.py).
 
-    >>> c = IndexChooser(parse_predicate("eq"))
+So: ``hash`` while the predicate is lookups (:func:`panjoin.subwindow.hash_table.
+predicate_fits`), subwindows hold at least :data:`HASH_MIN_NSUB` tuples and the batches
+the engine cuts are at most :data:`HASH_MAX_BATCH` tuples (an average over the last
+batches: under ``--max-latency`` the engine sizes them to the load, so a join that
+speeds up moves its new subwindows to BI-Sort and back); ``bisort`` otherwise. A
+subwindow keeps its index for life; new ones follow the stream::
+
+    >>> c = IndexChooser(parse_predicate("eq"), nsub=512 * 1024)
     >>> c.observe_batch(1024); c.choose()
     Choice(kind='hash', why='eq over batches of ~1,024 tuples (<= 4,096): lookups')
     >>> for _ in range(20): c.observe_batch(65536)
@@ -37,6 +41,8 @@ from panjoin.subwindow.hash_table import predicate_fits
 
 #: batches of at most this many tuples (on average) go to hash subwindows
 HASH_MAX_BATCH = 4096
+#: subwindows of fewer tuples stay BI-Sort (their searches run in cache)
+HASH_MIN_NSUB = 1 << 17
 #: weight of the newest batch in the running average of batch sizes
 EWMA = 0.2
 
@@ -50,8 +56,9 @@ class Choice:
 class IndexChooser:
     """Picks the index of each new subwindow of one join (see the module docstring)."""
 
-    def __init__(self, pred: Predicate, key_dtype=None):
+    def __init__(self, pred: Predicate, key_dtype=None, nsub: int = HASH_MIN_NSUB):
         self.pred = pred
+        self.nsub = int(nsub)
         self.key_dtype = np.dtype(key_dtype) if key_dtype is not None else None
         self.mean_batch: float | None = None
 
@@ -65,6 +72,9 @@ class IndexChooser:
         dt = np.dtype(key_dtype) if key_dtype is not None else self.key_dtype
         if not predicate_fits(self.pred, dt):
             return Choice("bisort", f"{self.pred} is a band, not lookups: sorted ranges")
+        if self.nsub < HASH_MIN_NSUB:
+            return Choice("bisort", f"subwindows of {self.nsub:,} tuples (< "
+                                    f"{HASH_MIN_NSUB:,}): searches in cache")
         nb = self.mean_batch if self.mean_batch is not None else batch_size
         if nb is not None and nb <= HASH_MAX_BATCH:
             return Choice("hash", f"{self.pred} over batches of ~{nb:,.0f} tuples "
