@@ -279,7 +279,7 @@ class JoinEngine:
         if self.nsub <= 0:
             raise ValueError(f"subwindow size must be positive, got {self.nsub}")
         if index == "auto":
-            self.chooser = IndexChooser(self.pred, key_dtype, self.nsub)
+            self.chooser = IndexChooser(self.pred, self.nsub)
         self.partitions = int(partitions or default_partitions(
             self.nsub, "bisort" if index == "auto" else index))
         if batch_size is not None and batch_size <= 0:
@@ -716,7 +716,7 @@ class JoinEngine:
         if self.chooser is None:
             kind = self.index
         else:
-            c = self.chooser.choose(self.batch_size, self.key_dtype)
+            c = self.chooser.choose(self.batch_size)
             if self._choice is None or c.kind != self._choice.kind:
                 log.info("index auto: subwindow %d (%s) on: %s, as %s", sub.sub_id,
                          sub.stream, c.kind, c.why)

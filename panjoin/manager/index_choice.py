@@ -12,11 +12,13 @@ else WiB+-Tree. This project's measurements refine it (benchmarks/RESULTS.md):
   lower under a latency bound; from 32K tuples a batch on, BI-Sort's sequential
   merge-probe is faster (1.4x at 256K; issue 27).
 
-- but only over subwindows too large for the caches: at NSub 16K (W 64K, NBat 1K) BI-Sort's
+- but only for point lookups: a band of a few integer keys (``band:3``, S about 1 on zipf
+  keys) costs the hash table one lookup a key, 2-3x BI-Sort's one range;
+- and only over subwindows too large for the caches: at NSub 16K (W 64K, NBat 1K) BI-Sort's
   searches stay in cache and beat the lookups 1.17x (benchmarks/index_auto.py).
 
-So: ``hash`` while the predicate is lookups (:func:`panjoin.subwindow.hash_table.
-predicate_fits`), subwindows hold at least :data:`HASH_MIN_NSUB` tuples and the batches
+So: ``hash`` while the predicate is equality (its bands are points: ``eq``, with any
+residual), subwindows hold at least :data:`HASH_MIN_NSUB` tuples and the batches
 the engine cuts are at most :data:`HASH_MAX_BATCH` tuples (an average over the last
 batches: under ``--max-latency`` the engine sizes them to the load, so a join that
 speeds up moves its new subwindows to BI-Sort and back); ``bisort`` otherwise. A
@@ -34,10 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from panjoin.semantics import Predicate, parse_predicate  # noqa: F401 (the doctest's)
-from panjoin.subwindow.hash_table import predicate_fits
 
 #: batches of at most this many tuples (on average) go to hash subwindows
 HASH_MAX_BATCH = 4096
@@ -56,21 +55,19 @@ class Choice:
 class IndexChooser:
     """Picks the index of each new subwindow of one join (see the module docstring)."""
 
-    def __init__(self, pred: Predicate, key_dtype=None, nsub: int = HASH_MIN_NSUB):
+    def __init__(self, pred: Predicate, nsub: int = HASH_MIN_NSUB):
         self.pred = pred
         self.nsub = int(nsub)
-        self.key_dtype = np.dtype(key_dtype) if key_dtype is not None else None
         self.mean_batch: float | None = None
 
     def observe_batch(self, n: int) -> None:
         self.mean_batch = float(n) if self.mean_batch is None else \
             (1 - EWMA) * self.mean_batch + EWMA * n
 
-    def choose(self, batch_size: int | None = None, key_dtype=None) -> Choice:
+    def choose(self, batch_size: int | None = None) -> Choice:
         """The index for a new subwindow; ``batch_size``: the engine's batch cap now (used
         until a batch was seen)."""
-        dt = np.dtype(key_dtype) if key_dtype is not None else self.key_dtype
-        if not predicate_fits(self.pred, dt):
+        if self.pred.negated or any(a != b for a, b in self.pred.bands):
             return Choice("bisort", f"{self.pred} is a band, not lookups: sorted ranges")
         if self.nsub < HASH_MIN_NSUB:
             return Choice("bisort", f"subwindows of {self.nsub:,} tuples (< "
