@@ -57,6 +57,8 @@ def warm_up(threads: int = 1) -> tuple[int, float]:
         ev = _events(200, key_dtype)
         for index in INDEXES:
             for pred in PREDICATES:
+                if index == "hash" and key_dtype == "float64" and not pred.startswith("eq"):
+                    continue  # a float band on hash is the nested loop's scan (warmed)
                 # a time window runs the same kernels, told apart by an argument
                 for window in WINDOWS if pred == "band:1" else WINDOWS[:1]:
                     # subwindows of 16 and batches of 8: creates, inserts, probes and

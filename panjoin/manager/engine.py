@@ -273,6 +273,7 @@ class JoinEngine:
         # auto: each new subwindow's index from what the engine observes
         self.chooser = None
         self._choice = None  # the last auto choice (logged when it changes)
+        self._pairs_seen = 0  # results when auto last looked
         self.partitions_given = partitions
         self.nsub = int(subwindow_size or default_subwindow_size(
             self.window, latency_bound=max_latency_ms is not None))
@@ -575,8 +576,6 @@ class JoinEngine:
         since = self.buf_since[x]
         self._process_batch(x, since)
         self.stats.batch_s.observe(time.perf_counter() - t_batch)
-        if self.chooser is not None:
-            self.chooser.observe_batch(n_batch)
         if self.bound is not None:
             f = self._inflight[-1] if len(self._inflight) > rounds else None
             if f is not None and not f.answers.done():
@@ -593,6 +592,10 @@ class JoinEngine:
     def _process_batch(self, x: str, since: float | None = None) -> None:
         key, ev, seq, ids, opp, pay, key2 = self.buffers[x].take()
         self.buf_since[x] = None
+        if self.chooser is not None:  # what --index auto decides from
+            self.chooser.observe_batch(key.shape[0], self.stats.results - self._pairs_seen,
+                                       key)
+            self._pairs_seen = self.stats.results
         self.stats.batches += 1
         y = "S" if x == "R" else "R"
         tscol = opp if self.window.kind == "count" else ev

@@ -2,32 +2,34 @@
 
 The paper's rule (section V-A4): BI-Sort when batches are large or the selectivity is
 high; otherwise RaP-Table if the key distribution is stable and keys do not increase,
-else WiB+-Tree. This project's measurements refine it (benchmarks/RESULTS.md):
+else WiB+-Tree. This project's measurements refine it (benchmarks/RESULTS.md, issues
+20, 27 and 31; ``benchmarks/index_auto.py``):
 
-- BI-Sort beat RaP-Table and WiB+-Tree on every workload measured here, small batches
-  included (issue 20; at NBat 1K, W 256K: 706K against 378K and 284K tuples/s), and
-  increasing keys make its merges appends, so it takes their place;
-- a hash table answers an equi join (or a band of a few integer keys) with one lookup
-  a probe tuple and never merges: 1.26x BI-Sort at NBat 1K, even at 4K, and a p99 2-4x
-  lower under a latency bound; from 32K tuples a batch on, BI-Sort's sequential
-  merge-probe is faster (1.4x at 256K; issue 27).
+- BI-Sort was at least as fast as RaP-Table and WiB+-Tree on every workload measured
+  here, small batches and increasing keys included (increasing keys make its merges
+  appends), so it takes both their places;
+- a hash table answers an equi join with one lookup a probe tuple and never merges:
+  1.08-1.26x BI-Sort at 1K-tuple batches over subwindows of 256K-1M tuples, a p99 2-4x
+  lower under a latency bound; but BI-Sort wins
+  - from 32K tuples a batch on (its sequential merge-probe; 1.4x at 256K),
+  - over subwindows that fit the caches (NSub 16K-64K: its searches stay in cache),
+  - with many pairs a probe tuple (zipf keys, 11 pairs a tuple at W 1M: a hash chain
+    reads one row per pair at random, BI-Sort one contiguous range; 2.2x),
+  - on increasing keys (1.3x: BI-Sort's probes and appends stay at the end),
+  - on bands, even of a few integer keys (one lookup a key: 2-3x BI-Sort's one range).
 
-- but only for point lookups: a band of a few integer keys (``band:3``, S about 1 on zipf
-  keys) costs the hash table one lookup a key, 2-3x BI-Sort's one range;
-- and only over subwindows too large for the caches: at NSub 16K (W 64K, NBat 1K) BI-Sort's
-  searches stay in cache and beat the lookups 1.17x (benchmarks/index_auto.py).
-
-So: ``hash`` while the predicate is equality (its bands are points: ``eq``, with any
-residual), subwindows hold at least :data:`HASH_MIN_NSUB` tuples and the batches
-the engine cuts are at most :data:`HASH_MAX_BATCH` tuples (an average over the last
-batches: under ``--max-latency`` the engine sizes them to the load, so a join that
-speeds up moves its new subwindows to BI-Sort and back); ``bisort`` otherwise. A
-subwindow keeps its index for life; new ones follow the stream::
+So: ``hash`` while the predicate is equality (``eq``, with any residual), subwindows
+hold at least :data:`HASH_MIN_NSUB` tuples, the batches average at most
+:data:`HASH_MAX_BATCH` tuples, probe tuples average at most :data:`HASH_MAX_PAIRS`
+pairs, and keys do not arrive increasing; ``bisort`` otherwise. The averages are running
+ones (the newest batch weighs :data:`EWMA`): under ``--max-latency`` the engine sizes
+batches to the load, so a join that speeds up moves its new subwindows to BI-Sort and
+back. A subwindow keeps its index for life; new ones follow the stream::
 
     >>> c = IndexChooser(parse_predicate("eq"), nsub=512 * 1024)
-    >>> c.observe_batch(1024); c.choose()
-    Choice(kind='hash', why='eq over batches of ~1,024 tuples (<= 4,096): lookups')
-    >>> for _ in range(20): c.observe_batch(65536)
+    >>> c.observe_batch(1024, pairs=900, keys=np.array([5, 1, 9, 2])); c.choose()
+    Choice(kind='hash', why='eq, batches of ~1,024 tuples, ~0.9 pairs a tuple: lookups')
+    >>> for _ in range(20): c.observe_batch(65536, pairs=60000)
     >>> c.choose().kind
     'bisort'
 """
@@ -36,20 +38,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from panjoin.semantics import Predicate, parse_predicate  # noqa: F401 (the doctest's)
 
-#: batches of at most this many tuples (on average) go to hash subwindows
+#: batches of at most this many tuples (on average) may go to hash subwindows
 HASH_MAX_BATCH = 4096
 #: subwindows of fewer tuples stay BI-Sort (their searches run in cache)
 HASH_MIN_NSUB = 1 << 17
-#: weight of the newest batch in the running average of batch sizes
+#: more pairs a probe tuple than this (on average): BI-Sort's contiguous ranges
+HASH_MAX_PAIRS = 2.0
+#: keys count as increasing when this share of batches has a higher median key than
+#: the batch before (stationary keys: about half)
+INCREASING = 0.8
+#: weight of the newest batch in the running averages
 EWMA = 0.2
+#: keys of a batch whose median is taken (its first ones, in arrival order)
+ORDER_SAMPLE = 512
 
 
 @dataclass(frozen=True)
 class Choice:
     kind: str
     why: str
+
+
+def _avg(old: float | None, new: float) -> float:
+    return new if old is None else (1 - EWMA) * old + EWMA * new
 
 
 class IndexChooser:
@@ -59,23 +74,44 @@ class IndexChooser:
         self.pred = pred
         self.nsub = int(nsub)
         self.mean_batch: float | None = None
+        self.pairs: float | None = None  # pairs a probe tuple
+        self.order: float | None = None  # share of batches whose key median rose
+        self._median: float | None = None
 
-    def observe_batch(self, n: int) -> None:
-        self.mean_batch = float(n) if self.mean_batch is None else \
-            (1 - EWMA) * self.mean_batch + EWMA * n
+    def observe_batch(self, n: int, pairs: int | None = None, keys=None) -> None:
+        """A batch of ``n`` tuples was cut; ``pairs``: pairs found since the last one
+        (the answers of earlier batches may arrive later: an average evens it out);
+        ``keys``: the batch's keys in arrival order."""
+        self.mean_batch = _avg(self.mean_batch, float(n))
+        if pairs is not None and n:
+            self.pairs = _avg(self.pairs, pairs / n)
+        if keys is not None and keys.shape[0]:
+            # a drifting key range shows in the batches' medians: each one above the last
+            # (stationary keys: half of them)
+            med = float(np.median(keys[:ORDER_SAMPLE]))
+            if self._median is not None:
+                self.order = _avg(self.order, float(med > self._median))
+            self._median = med
 
     def choose(self, batch_size: int | None = None) -> Choice:
         """The index for a new subwindow; ``batch_size``: the engine's batch cap now (used
         until a batch was seen)."""
-        if self.pred.negated or any(a != b for a, b in self.pred.bands):
-            return Choice("bisort", f"{self.pred} is a band, not lookups: sorted ranges")
+        p = self.pred
+        if p.negated or any(a != b for a, b in p.bands):
+            return Choice("bisort", f"{p} is a band, not lookups: sorted ranges")
         if self.nsub < HASH_MIN_NSUB:
             return Choice("bisort", f"subwindows of {self.nsub:,} tuples (< "
                                     f"{HASH_MIN_NSUB:,}): searches in cache")
         nb = self.mean_batch if self.mean_batch is not None else batch_size
-        if nb is not None and nb <= HASH_MAX_BATCH:
-            return Choice("hash", f"{self.pred} over batches of ~{nb:,.0f} tuples "
-                                  f"(<= {HASH_MAX_BATCH:,}): lookups")
-        size = "unknown" if nb is None else f"~{nb:,.0f}"
-        return Choice("bisort", f"{self.pred} over batches of {size} tuples (> "
-                                f"{HASH_MAX_BATCH:,}): merge-probe")
+        if nb is None or nb > HASH_MAX_BATCH:
+            size = "unknown" if nb is None else f"~{nb:,.0f}"
+            return Choice("bisort", f"{p}, batches of {size} tuples (> {HASH_MAX_BATCH:,}): "
+                                    "merge-probe")
+        if self.pairs is not None and self.pairs > HASH_MAX_PAIRS:
+            return Choice("bisort", f"{p}, ~{self.pairs:.1f} pairs a tuple (> "
+                                    f"{HASH_MAX_PAIRS:g}): contiguous ranges")
+        if self.order is not None and self.order >= INCREASING:
+            return Choice("bisort", f"{p}, keys increasing (the median rose in "
+                                    f"{self.order:.0%} of the batches): appends")
+        pairs = "" if self.pairs is None else f", ~{self.pairs:.1f} pairs a tuple"
+        return Choice("hash", f"{p}, batches of ~{nb:,.0f} tuples{pairs}: lookups")

@@ -1,0 +1,99 @@
+"""``panjoin replay`` with no tuning flags against the best hand-tuned NSub and NBat
+(issue 31, item 2).
+
+Per cell of a workload grid (the peer benchmark's workloads: key distribution x
+predicate x window), one event file of 2W + M tuples; ``panjoin replay`` runs on it
+with its defaults (:mod:`panjoin.manager.knobs`) and with every NSub in {W/4, W/2, W}
+and NBat in {32K, 128K, 256K} (a time window: W estimated as the replay does), all in
+this process with ``--threads 1``; the figure is the replay's own CPU seconds in the
+join. Prints per cell the best tuned configuration and the default's time over it
+(target: <= 1.2).
+
+    python -m benchmarks.knobs --quick       # W 64K only
+    python -m benchmarks.knobs --json benchmarks/results/knobs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import re
+import tempfile
+
+from panjoin.bench.peers.workloads import Workload, calibrate, events_for
+from panjoin.cli.main import main as panjoin
+from panjoin.events import write_events
+from panjoin.manager.knobs import window_tuples
+from panjoin.semantics import parse_size, parse_window
+
+CPU_RE = re.compile(r"cpu: ([0-9.]+) s in the join")
+K = 1024
+
+
+def replay(path: str, wl: Workload, extra: list[str]) -> float:
+    out = io.StringIO()
+    with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(out):
+        rc = panjoin(["replay", path, "--window", wl.window_spec(), "--predicate",
+                      wl.predicate(), "--threads", "1", "--out", f"{d}/o.parquet",
+                      "--no-progress", *extra])
+    if rc:
+        raise RuntimeError(f"replay {extra} failed: {out.getvalue()}")
+    return float(CPU_RE.search(out.getvalue()).group(1))
+
+
+def cell(wl: Workload, measure: int, rounds: int) -> dict:
+    data = events_for(wl, measure, seed=1)
+    wl = calibrate(wl, data)
+    ev = data.events
+    w = window_tuples(parse_window(wl.window_spec()), ev.ts, ev.stream)
+    configs = {"default": []}
+    for nsub in sorted({max(1, w // 4), max(1, w // 2), w}):
+        for nbat in (32 * K, 128 * K, 256 * K):
+            configs[f"NSub {nsub:,} NBat {nbat:,}"] = ["--subwindow-size", str(nsub),
+                                                     "--batch-size", str(nbat)]
+    best: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as d:
+        path = f"{d}/events.parquet"
+        write_events(ev, path)
+        replay(path, wl, configs[max(configs)])  # untimed: every kernel loaded first
+        for _ in range(rounds):
+            for name, extra in configs.items():
+                best[name] = min(best.get(name, float("inf")), replay(path, wl, extra))
+    tuned = {k: v for k, v in best.items() if k != "default"}
+    top = min(tuned, key=tuned.get)
+    row = {"workload": wl.name, "window": wl.window_spec(), "predicate": wl.predicate(),
+           "tuples": len(ev), "cpu_s": best, "best_tuned": top,
+           "default_over_best": best["default"] / tuned[top]}
+    print(f"{wl.name:<24} {wl.window_spec():<18}: default {best['default']:6.2f} s, best "
+          f"{top} {tuned[top]:6.2f} s = {row['default_over_best']:.2f}x", flush=True)
+    return row
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="W 64K only, one round")
+    ap.add_argument("--windows", default="64K,1M")
+    ap.add_argument("--measure", type=parse_size, default=1 << 20)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    windows = [64 * K] if a.quick else [parse_size(x) for x in a.windows.split(",")]
+    rows = []
+    for w in windows:
+        for dist in ("uniform", "zipf", "increasing"):
+            for pred, s in (("eq", 1.0), ("band", 64.0)):
+                rows.append(cell(Workload(pred, s, dist, w), a.measure, a.rounds))
+    rows.append(cell(Workload("eq", 1.0, "uniform", windows[-1], kind="time"), a.measure,
+                     a.rounds))
+    worst = max(rows, key=lambda r: r["default_over_best"])
+    print(f"worst cell: {worst['workload']} {worst['window']}: default "
+          f"{worst['default_over_best']:.2f}x the best tuned ({worst['best_tuned']})")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
