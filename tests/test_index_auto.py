@@ -35,22 +35,28 @@ def _pairs(eng):
 ])
 def test_the_rule(pred, nbat, kind):
     c = IndexChooser(parse_predicate(pred), nsub=1 << 20)
-    assert c.choose(nbat).kind == kind
-    c.observe_batch(nbat)
-    choice = c.choose(1 << 20)  # an observed batch outweighs the cap
+    assert c.choose(nbat).kind == "bisort"  # nothing seen yet
+    for _ in range(8):
+        c.observe_batch(nbat)
+    choice = c.choose(1 << 20)  # observed batches outweigh the cap
     assert choice.kind == kind and str(parse_predicate(pred)) in choice.why
 
 
 def test_small_subwindows_stay_bisort():
     c = IndexChooser(parse_predicate("eq"), nsub=HASH_MIN_NSUB - 1)
-    c.observe_batch(64)
+    for _ in range(8):
+        c.observe_batch(64)
     assert c.choose().kind == "bisort" and "in cache" in c.choose().why
-    assert IndexChooser(parse_predicate("eq"), nsub=HASH_MIN_NSUB).choose(64).kind == "hash"
+    c = IndexChooser(parse_predicate("eq"), nsub=HASH_MIN_NSUB)
+    for _ in range(8):
+        c.observe_batch(64)
+    assert c.choose().kind == "hash"
 
 
 def test_the_choice_follows_the_batches():
     c = IndexChooser(parse_predicate("eq"), nsub=1 << 20)
-    c.observe_batch(512)
+    for _ in range(8):
+        c.observe_batch(512)
     assert c.choose().kind == "hash"
     for _ in range(30):
         c.observe_batch(64 << 10)
@@ -66,6 +72,10 @@ def test_many_pairs_or_increasing_keys_stay_bisort():
     for _ in range(10):
         c.observe_batch(1000, pairs=11_000, keys=rng.integers(0, 100, 1000))
     assert c.choose().kind == "bisort" and "pairs a tuple" in c.choose().why
+    c2 = IndexChooser(parse_predicate("eq"), nsub=1 << 20)
+    for _ in range(10):  # a tenth of a window: 0.3 pairs a tuple will be 3
+        c2.observe_batch(1000, pairs=300, keys=rng.integers(0, 100, 1000), fill=0.1)
+    assert c2.choose().kind == "bisort" and "~3.0 pairs" in c2.choose().why
     for _ in range(30):
         c.observe_batch(1000, pairs=900, keys=rng.integers(0, 100, 1000))
     assert c.choose().kind == "hash"

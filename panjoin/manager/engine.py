@@ -593,8 +593,12 @@ class JoinEngine:
         key, ev, seq, ids, opp, pay, key2 = self.buffers[x].take()
         self.buf_since[x] = None
         if self.chooser is not None:  # what --index auto decides from
+            fill = 1.0
+            if self.window.kind == "count":
+                other = "S" if x == "R" else "R"
+                fill = min(1.0, self.total[other] / max(1, self.window.size(other)))
             self.chooser.observe_batch(key.shape[0], self.stats.results - self._pairs_seen,
-                                       key)
+                                       key, fill)
             self._pairs_seen = self.stats.results
         self.stats.batches += 1
         y = "S" if x == "R" else "R"

@@ -19,15 +19,18 @@ else WiB+-Tree. This project's measurements refine it (benchmarks/RESULTS.md, is
   - on bands, even of a few integer keys (one lookup a key: 2-3x BI-Sort's one range).
 
 So: ``hash`` while the predicate is equality (``eq``, with any residual), subwindows
-hold at least :data:`HASH_MIN_NSUB` tuples, the batches average at most
+hold at least :data:`HASH_MIN_NSUB` tuples, :data:`WARM_BATCHES` batches were seen,
+the batches average at most
 :data:`HASH_MAX_BATCH` tuples, probe tuples average at most :data:`HASH_MAX_PAIRS`
-pairs, and keys do not arrive increasing; ``bisort`` otherwise. The averages are running
+pairs (scaled up while the window still fills), and keys do not arrive increasing;
+``bisort`` otherwise. The averages are running
 ones (the newest batch weighs :data:`EWMA`): under ``--max-latency`` the engine sizes
 batches to the load, so a join that speeds up moves its new subwindows to BI-Sort and
 back. A subwindow keeps its index for life; new ones follow the stream::
 
     >>> c = IndexChooser(parse_predicate("eq"), nsub=512 * 1024)
-    >>> c.observe_batch(1024, pairs=900, keys=np.array([5, 1, 9, 2])); c.choose()
+    >>> for _ in range(8): c.observe_batch(1024, pairs=900, keys=np.array([5, 1, 9, 2]))
+    >>> c.choose()
     Choice(kind='hash', why='eq, batches of ~1,024 tuples, ~0.9 pairs a tuple: lookups')
     >>> for _ in range(20): c.observe_batch(65536, pairs=60000)
     >>> c.choose().kind
@@ -51,6 +54,8 @@ HASH_MAX_PAIRS = 2.0
 #: keys count as increasing when this share of batches has a higher median key than
 #: the batch before (stationary keys: about half)
 INCREASING = 0.8
+#: batches to see before a subwindow goes to hash (BI-Sort, the general one, until then)
+WARM_BATCHES = 8
 #: weight of the newest batch in the running averages
 EWMA = 0.2
 #: keys of a batch whose median is taken (its first ones, in arrival order)
@@ -77,14 +82,19 @@ class IndexChooser:
         self.pairs: float | None = None  # pairs a probe tuple
         self.order: float | None = None  # share of batches whose key median rose
         self._median: float | None = None
+        self.batches = 0
 
-    def observe_batch(self, n: int, pairs: int | None = None, keys=None) -> None:
+    def observe_batch(self, n: int, pairs: int | None = None, keys=None,
+                      fill: float = 1.0) -> None:
         """A batch of ``n`` tuples was cut; ``pairs``: pairs found since the last one
         (the answers of earlier batches may arrive later: an average evens it out);
-        ``keys``: the batch's keys in arrival order."""
+        ``keys``: the batch's keys in arrival order; ``fill``: the share of the other
+        stream's window that holds tuples (a window still filling finds fewer pairs
+        than it will)."""
         self.mean_batch = _avg(self.mean_batch, float(n))
+        self.batches += 1
         if pairs is not None and n:
-            self.pairs = _avg(self.pairs, pairs / n)
+            self.pairs = _avg(self.pairs, pairs / n / max(fill, 1e-3))
         if keys is not None and keys.shape[0]:
             # a drifting key range shows in the batches' medians: each one above the last
             # (stationary keys: half of them)
@@ -107,6 +117,9 @@ class IndexChooser:
             size = "unknown" if nb is None else f"~{nb:,.0f}"
             return Choice("bisort", f"{p}, batches of {size} tuples (> {HASH_MAX_BATCH:,}): "
                                     "merge-probe")
+        if self.batches < WARM_BATCHES:
+            return Choice("bisort", f"{p}, {self.batches} batches seen (< {WARM_BATCHES}): "
+                                    "the general index until the stream is known")
         if self.pairs is not None and self.pairs > HASH_MAX_PAIRS:
             return Choice("bisort", f"{p}, ~{self.pairs:.1f} pairs a tuple (> "
                                     f"{HASH_MAX_PAIRS:g}): contiguous ranges")
