@@ -4,7 +4,7 @@ A grid of the peer benchmark's workloads (:mod:`panjoin.bench.peers.workloads`: 
 distribution x predicate x count window W), each joined in this process by the engine
 with one thread, at a small batch (1K, a latency-bound stream) and the default one (32K),
 once per index: ``auto`` and the fixed ones that apply (``hash`` only where it answers
-by lookups). Each run fills both windows (2W tuples, untimed), then times the next M
+by lookups). Each run fills both windows twice (4W tuples, untimed), then times the next M
 tuples pushed in chunks of the batch size; the CPU seconds of that part are the figure
 (the machine is shared). Rounds interleave the indexes; the best of the rounds is kept.
 Every run of a cell must give the same number of pairs. Prints per cell the best fixed
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import Counter
 
 from panjoin.bench.peers.workloads import Workload, calibrate, events_for
 from panjoin.manager.engine import JoinEngine, warm_up
@@ -28,10 +29,12 @@ from panjoin.subwindow.hash_table import predicate_fits
 FIXED = ("bisort", "hash", "rap", "wib")
 
 
-def run(data, wl: Workload, index: str, nbat: int) -> tuple[float, int, dict]:
-    """CPU seconds of the measured part, pairs found in it, subwindows per index kind."""
+def run(data, wl: Workload, index: str, nbat: int, measure: int) -> tuple[float, int, dict]:
+    """CPU seconds of the measured part, pairs found in it, the subwindows alive at its end
+    per index kind."""
     ev = data.events
-    fill = 2 * wl.window
+    fill = len(ev) - measure  # two windows a stream: the measured ones built with what
+    # auto saw of the stream (its first subwindows know nothing yet)
     eng = JoinEngine(wl.window_spec(), wl.predicate(), index=index, batch_size=nbat,
                      threads=1)
     for a in range(0, fill, 1 << 16):
@@ -48,7 +51,8 @@ def run(data, wl: Workload, index: str, nbat: int) -> tuple[float, int, dict]:
     eng.flush()
     r, _ = eng.take_results()
     pairs += r.shape[0]
-    return time.process_time() - t0, pairs, dict(eng.stats.index_by)
+    live = Counter(x.index for ring in eng.rings.values() for x in ring)  # the measured part's
+    return time.process_time() - t0, pairs, dict(live)
 
 
 def grid(windows, dists, preds, batches, measure: int, rounds: int, seed: int = 1,
@@ -59,7 +63,7 @@ def grid(windows, dists, preds, batches, measure: int, rounds: int, seed: int = 
             for pred in preds:
                 kind, s = ("eq", 1.0) if pred == "eq" else ("band", float(pred.split("=")[1]))
                 wl = Workload(kind, s, dist, w)
-                data = events_for(wl, measure, seed)
+                data = events_for(wl, 2 * w + measure, seed)  # fill: 4W, 2W a stream
                 wl = calibrate(wl, data)
                 indexes = ["auto"] + [i for i in fixed if i != "hash" or predicate_fits(
                     parse_predicate(wl.predicate()), "int64")]
@@ -69,7 +73,7 @@ def grid(windows, dists, preds, batches, measure: int, rounds: int, seed: int = 
                     kinds: dict = {}
                     for _ in range(rounds):
                         for index in indexes:
-                            cpu, n, by = run(data, wl, index, nbat)
+                            cpu, n, by = run(data, wl, index, nbat, measure)
                             best[index] = min(best.get(index, float("inf")), cpu)
                             pairs[index] = n
                             if index == "auto":

@@ -598,7 +598,7 @@ class JoinEngine:
                 other = "S" if x == "R" else "R"
                 fill = min(1.0, self.total[other] / max(1, self.window.size(other)))
             self.chooser.observe_batch(key.shape[0], self.stats.results - self._pairs_seen,
-                                       key, fill)
+                                       key, fill, x)
             self._pairs_seen = self.stats.results
         self.stats.batches += 1
         y = "S" if x == "R" else "R"

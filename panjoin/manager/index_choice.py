@@ -81,16 +81,17 @@ class IndexChooser:
         self.mean_batch: float | None = None
         self.pairs: float | None = None  # pairs a probe tuple
         self.order: float | None = None  # share of batches whose key median rose
-        self._median: float | None = None
+        self._median: dict[str, float] = {}  # the last batch's median key per stream
         self.batches = 0
 
     def observe_batch(self, n: int, pairs: int | None = None, keys=None,
-                      fill: float = 1.0) -> None:
+                      fill: float = 1.0, stream: str = "R") -> None:
         """A batch of ``n`` tuples was cut; ``pairs``: pairs found since the last one
         (the answers of earlier batches may arrive later: an average evens it out);
-        ``keys``: the batch's keys in arrival order; ``fill``: the share of the other
-        stream's window that holds tuples (a window still filling finds fewer pairs
-        than it will)."""
+        ``keys``: the batch's keys in arrival order (of ``stream``: each stream's
+        medians are compared with its own); ``fill``: the share of the other stream's
+        window that holds tuples (a window still filling finds fewer pairs than it
+        will)."""
         self.mean_batch = _avg(self.mean_batch, float(n))
         self.batches += 1
         if pairs is not None and n:
@@ -99,9 +100,9 @@ class IndexChooser:
             # a drifting key range shows in the batches' medians: each one above the last
             # (stationary keys: half of them)
             med = float(np.median(keys[:ORDER_SAMPLE]))
-            if self._median is not None:
-                self.order = _avg(self.order, float(med > self._median))
-            self._median = med
+            if stream in self._median:
+                self.order = _avg(self.order, float(med > self._median[stream]))
+            self._median[stream] = med
 
     def choose(self, batch_size: int | None = None) -> Choice:
         """The index for a new subwindow; ``batch_size``: the engine's batch cap now (used
