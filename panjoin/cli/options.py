@@ -88,13 +88,13 @@ def add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
                         "late (default: %(default)s)")
     g.add_argument("--subwindow-size", type=size, metavar="NSUB",
                    help="tuples per subwindow (default: replay of a file: the window's "
-                        "tuples per stream W for count windows, W/2 (at least 64K) for time "
-                        "windows; a stream: a quarter of a count window (a half under "
-                        "--max-latency), else 64K; README: the knobs)")
+                        "tuples per stream W up to 512K, W/2 beyond; a stream: a quarter "
+                        "of a count window (a half under --max-latency), else 64K; README: "
+                        "the knobs)")
     g.add_argument("--partitions", type=size, metavar="P",
                    help="partitions per subwindow (default: NSub/128, at most 64K)")
     g.add_argument("--batch-size", type=size, metavar="NBAT",
-                   help="max tuples per batch (default: replay of a file: W clamped to "
+                   help="max tuples per batch (default: replay of a file: W/2 clamped to "
                         "32K..256K; a stream: 32768; with --max-latency the engine picks it, "
                         "at most NBAT)")
     g.add_argument("--max-latency", type=float, metavar="MS",
