@@ -229,3 +229,12 @@ def test_sound_and_complete_against_pythons_json(recs, key_kind):
     for (rec, mangled), got in zip(recs, ok, strict=True):
         if not mangled and _python(rec, kinds) is not None:
             assert got, f"a well-formed record was not vouched for: {rec!r}"
+
+
+def test_a_float_field_holding_an_integer_beyond_int64():
+    """Found by the property above: Python reads it as a float, so must the kernel."""
+    rec = b'{"": null, "id": 0, "key": 18446744071025197055, "ts": 0}'
+    assert _check_sound([rec], [INT, FLOAT, INT]).all()
+    data = np.frombuffer(rec, np.uint8)
+    _, floats, ok = read_fields(data, np.array([0, len(rec)]), [b"key"], [FLOAT])
+    assert ok.all() and floats[0, 0] == float(18446744071025197055)

@@ -247,7 +247,8 @@ def test_a_target_that_queues_inside_did_not_keep_up():
     ev = generate(20_000, seed=1)
     eng = JoinEngine("count:2K,2K", "eq", index="bisort", max_latency_ms=20)
     r = run_open_loop(ev, fill=4096, rate=8000, target=_Queueing(eng))
-    assert r.behind_ms < 200 and r.growth_ms > 300 and not r.kept_up
+    # (the source may lag a loaded machine too, but far less than the queue grows)
+    assert r.growth_ms > 300 and r.behind_ms < r.growth_ms / 2 and not r.kept_up
 
 
 class _Later:

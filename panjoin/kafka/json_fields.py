@@ -406,11 +406,9 @@ def _record(buf, pos, end, ndata, noffs, kinds, ints, floats, spans, row, stack,
                 if not is_int or over:
                     return False
                 ints[row, j] = val
-            elif is_int:
-                if over:
-                    return False
+            elif is_int and not over:
                 floats[row, j] = np.float64(val)  # Python: float(int), +0.0 for -0
-            else:
+            else:  # a fraction, an exponent, or an integer beyond int64: from its text
                 pos = _fraction_and_exponent(buf, pos, end)
                 if pos < 0:
                     return False

@@ -837,7 +837,7 @@ def warm_up(index: str = DEFAULT_INDEX, backend=None, n_workers: int = 1) -> Non
 
     events = generate(20_000, "uniform", key_min=0, key_max=1 << 20, seed=1)
     # auto picks hash or BI-Sort per subwindow: load both
-    for kind in (("bisort", "hash") if index == "auto" else (index,)):
+    for k, kind in enumerate(("bisort", "hash") if index == "auto" else (index,)):
         for threads in ((None,) if backend is not None else sorted({1, default_threads()})):
             # BI-Sort merges big runs on threads (merge_plan, merge_piece) from 64K rows
             # on: merge even this small join's runs so, or the first big merge loads them
@@ -847,6 +847,8 @@ def warm_up(index: str = DEFAULT_INDEX, backend=None, n_workers: int = 1) -> Non
                              index=kind, batch_size=1024, subwindow_size=2048,
                              backend=backend, n_workers=n_workers, threads=threads,
                              index_opts=opts)
+            # joins over one backend share its sessions: their subwindow ids must differ
+            eng._next_sub = k << 20
             eng.push(events)
             eng.flush()
             eng.take_results()
