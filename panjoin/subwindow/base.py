@@ -36,6 +36,11 @@ from panjoin.subwindow.kernels import window as W
 from panjoin.subwindow.kernels.residual import residual_keep
 
 
+def no_pairs() -> tuple[np.ndarray, np.ndarray]:
+    """The empty probe result: no ``(probe_index, stored_seq)`` pairs."""
+    return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+
+
 class ResidualError(ValueError):
     """A residual condition (key2) that this index or call cannot apply; says what to do."""
 

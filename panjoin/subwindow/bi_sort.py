@@ -83,7 +83,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from panjoin.config import bisort_buffer
-from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter
+from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter, no_pairs
 from panjoin.subwindow.kernels.bisort import (
     FAN,
     build_index,
@@ -374,8 +374,7 @@ class BISort(SubwindowIndex):
         with a residual ``res``, O(n log(M/n) + candidates + n B), writing only results."""
         lo, hi, flt = self._check_probe(lo, hi, flt)
         if lo.shape[1] == 0 or len(self) == 0:
-            z = np.zeros(0, dtype=np.int64)
-            return z, z.copy()
+            return no_pairs()
         c0, c1, c2, parts = self._probe_args(lo, hi, flt)
         res = self._check_residual(res, lo.shape[1])
         if res is not None:

@@ -24,7 +24,7 @@ import logging
 
 import numpy as np
 
-from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter
+from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter, no_pairs
 from panjoin.subwindow.kernels.hash import chain_check, enumerate_points, hash_insert, hash_lookup
 from panjoin.subwindow.kernels.nested import nested_probe
 
@@ -91,8 +91,7 @@ class HashTable(SubwindowIndex):
         lo, hi, flt = self._check_probe(lo, hi, flt)
         m = lo.shape[1]
         if m == 0 or self.n == 0:
-            z = np.zeros(0, dtype=np.int64)
-            return z, z.copy()
+            return no_pairs()
         c0, c1, c2 = flt.arrays(m)
         points = self._points(lo, hi)
         if points is None:  # wide or float bands: scan (exact, O(n) a probe tuple)

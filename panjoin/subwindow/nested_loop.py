@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter
+from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter, no_pairs
 from panjoin.subwindow.kernels.nested import nested_probe
 
 
@@ -36,8 +36,7 @@ class NestedLoop(SubwindowIndex):
     def probe(self, lo, hi, flt: WindowFilter | None = None, res: Residual | None = None):
         lo, hi, flt = self._check_probe(lo, hi, flt)
         if lo.shape[1] == 0 or self.n == 0:
-            z = np.zeros(0, dtype=np.int64)
-            return z, z.copy()
+            return no_pairs()
         c0, c1, c2 = flt.arrays(lo.shape[1])
         p, q = nested_probe(self.keys, self.ts, self.seq, self.n, lo, hi, flt.mode, c0, c1, c2)
         return self._keep_residual(p, q, res, lo.shape[1])

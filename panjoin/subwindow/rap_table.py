@@ -65,7 +65,7 @@ from __future__ import annotations
 import numpy as np
 
 from panjoin.config import LLAT_SIGMA
-from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter
+from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter, no_pairs
 from panjoin.subwindow.kernels.primitives import I64_MAX, I64_MIN
 from panjoin.subwindow.kernels.rap import (
     adjust_splitters,
@@ -216,8 +216,7 @@ class RaPTable(SubwindowIndex):
         lo, hi, flt = self._check_probe(lo, hi, flt)
         m = lo.shape[1]
         if m == 0 or self.n == 0:
-            z = np.zeros(0, dtype=np.int64)
-            return z, z.copy()
+            return no_pairs()
         if self._cum is None:
             cum = np.zeros(self.partitions + 1, dtype=np.int64)
             np.cumsum(self.count, out=cum[1:])

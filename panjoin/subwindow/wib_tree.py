@@ -89,7 +89,7 @@ import math
 import numpy as np
 
 from panjoin.config import LLAT_SIGMA, WIB_FANOUT
-from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter
+from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter, no_pairs
 from panjoin.subwindow.kernels.primitives import I64_MAX, I64_MIN
 from panjoin.subwindow.kernels.wib import layout as K
 from panjoin.subwindow.kernels.wib.insert import wib_insert
@@ -269,8 +269,7 @@ class WiBTree(SubwindowIndex):
         lo, hi, flt = self._check_probe(lo, hi, flt)
         m = lo.shape[1]
         if m == 0 or len(self) == 0 or lo.shape[0] == 0:
-            z = np.zeros(0, dtype=np.int64)
-            return z, z.copy()
+            return no_pairs()
         c0, c1, c2 = flt.arrays(m)
         parts = max(1, min(self.threads, m))
         # each chunk's matches go to a slab sized from the last probe's selectivity, so that
