@@ -100,6 +100,13 @@ class SortedBatch:
         m = (self.seq >= seq_from) & (self.seq < seq_to)
         return tuple(c[m] if c is not None else None for c in cols)
 
+    def known_seqs(self, first: int) -> SortedBatch:
+        """Say the batch's seqs are ``first .. first + len - 1`` (a stream's arrivals are
+        numbered consecutively): no pass over them for their range."""
+        self.__dict__["seq_min"] = first
+        self.__dict__["seq_max"] = first + len(self) - 1
+        return self
+
     @cached_property
     def seq_min(self) -> int:
         return int(self.seq.min())
@@ -237,7 +244,9 @@ class LocalBackend:
 
     def insert(self, sub_id: int, batch: SortedBatch, seq_from: int, seq_to: int) -> None:
         t0 = time.perf_counter()
-        self.store(sub_id).insert(*batch.columns(seq_from, seq_to))
+        lo, hi = max(seq_from, batch.seq_min), min(seq_to, batch.seq_max + 1)
+        self.store(sub_id).insert(*batch.columns(seq_from, seq_to), seq_first=lo,
+                                  seq_end=hi)
         self.stats.insert_s += time.perf_counter() - t0
         self.stats.inserts += 1
 

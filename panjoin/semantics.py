@@ -316,7 +316,13 @@ def saturating_add(a: np.ndarray, c: int) -> np.ndarray:
         >>> saturating_add(np.array([I64_MAX - 1, 5]), 3).tolist()
         [9223372036854775807, 8]
     """
-    out, up, down = _add_int(np.asarray(a, dtype=np.int64), int(c))
+    a = np.asarray(a, dtype=np.int64)
+    c = int(c)
+    # the common case, far from both ends: one pass to check, one to add
+    if a.size and ((c >= 0 and c <= I64_MAX and int(a.max()) <= I64_MAX - c)
+                   or (c < 0 and c >= I64_MIN and int(a.min()) >= I64_MIN - c)):
+        return a + np.int64(c)
+    out, up, down = _add_int(a, c)
     out[up] = I64_MAX
     out[down] = I64_MIN
     return out

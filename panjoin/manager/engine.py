@@ -76,6 +76,7 @@ from panjoin.manager.latency import CAP_MAX, LatencyBound
 from panjoin.manager.ring import SubwindowRing
 from panjoin.ops.timings import Timings
 from panjoin.semantics import (
+    I64_MAX,
     I64_MIN,
     Predicate,
     Window,
@@ -165,15 +166,16 @@ def key_order(key: np.ndarray, ts: np.ndarray, ids: np.ndarray):
 class _Buffer:
     """The collect buffer of one stream (step 1): chunks of column arrays in arrival order."""
 
-    __slots__ = ("chunks", "payloads", "key2s", "n", "first_opp", "min_ts")
+    __slots__ = ("chunks", "payloads", "key2s", "n", "first_opp", "min_ts", "track_ts")
 
-    def __init__(self):
+    def __init__(self, track_ts: bool = True):
+        self.track_ts = track_ts  # min_ts is read by time windows' expiry only
         self.chunks: list[tuple[np.ndarray, ...]] = []
         self.payloads: list[pa.Array] = []
         self.key2s: list[np.ndarray] = []
         self.n = 0
         self.first_opp = -1
-        self.min_ts = np.iinfo(np.int64).max
+        self.min_ts = I64_MAX
 
     def append(self, key, ev, seq, ids, opp, payload=None, key2=None):
         if key.size == 0:
@@ -186,14 +188,18 @@ class _Buffer:
         if key2 is not None:
             self.key2s.append(key2)
         self.n += int(key.size)
-        self.min_ts = min(self.min_ts, int(ev.min()))
+        if self.track_ts:
+            self.min_ts = min(self.min_ts, int(ev.min()))
 
     def take(self):
         """(key, ts, seq, id, opp, payload or None, key2 or None), all in arrival order."""
-        cols = tuple(np.concatenate(c) for c in zip(*self.chunks, strict=True))
+        if len(self.chunks) == 1:  # one slice of a push: views, nothing to copy
+            cols = self.chunks[0]
+        else:
+            cols = tuple(np.concatenate(c) for c in zip(*self.chunks, strict=True))
         pay = pa.concat_arrays(self.payloads) if self.payloads else None
         key2 = np.concatenate(self.key2s) if self.key2s else None
-        self.__init__()
+        self.__init__(self.track_ts)
         return (*cols, pay, key2)
 
 
@@ -307,7 +313,7 @@ class JoinEngine:
         self.index_opts = dict(index_opts or {})
         self.rings = {s: SubwindowRing(s, self.nsub, n_workers, first_worker=i)
                       for i, s in enumerate(STREAM_NAMES)}
-        self.buffers = {s: _Buffer() for s in STREAM_NAMES}
+        self.buffers = {s: _Buffer(track_ts=self.window.kind == "time") for s in STREAM_NAMES}
         self.buf_since = {s: None for s in STREAM_NAMES}  # wall clock of the oldest buffered
         self.total = {s: 0 for s in STREAM_NAMES}  # tuples stored so far = next seq
         self.maxts: int | None = None  # largest ts pushed (decides lateness)
@@ -609,9 +615,12 @@ class JoinEngine:
         order, skey, sts, sids = key_order(key, tscol, ids)
         n = seq.shape[0]
         # a stream's arrivals are numbered consecutively, so a batch's seqs are seq[0] + row
-        sseq = seq[0] + order if n and int(seq[-1]) - int(seq[0]) == n - 1 else seq[order]
+        consecutive = n and int(seq[-1]) - int(seq[0]) == n - 1
+        sseq = seq[0] + order if consecutive else seq[order]
         batch = SortedBatch(self.stats.batches, x, skey, sts, sseq, sids,
                             key2[order] if key2 is not None else None, self.pred, self.window)
+        if consecutive:
+            batch.known_seqs(int(seq[0]))
         self.stats.preprocess_s += time.perf_counter() - t0
         self._probe(x, y, batch, tscol, pay, order, since)
         self._insert(x, batch, seq, tscol, pay)
@@ -715,7 +724,8 @@ class JoinEngine:
             # split by arrival, so each subwindow keeps a contiguous seq range (seq is in
             # arrival order here); each part keeps the batch's key order
             self.backend.insert(sub.sub_id, batch, int(seq[a]), int(seq[b - 1]) + 1)
-            sub.add(seq[a:b], tscol[a:b], pay.slice(a, b - a) if pay is not None else None)
+            sub.add(seq[a:b], tscol[a:b], pay.slice(a, b - a) if pay is not None else None,
+                    ts_sorted=self.window.kind == "count")
             a = b
 
     def _index_for(self, sub) -> tuple[str, int]:

@@ -69,20 +69,27 @@ class Subwindow:
     def room(self) -> int:
         return self.capacity - self.count
 
-    def add(self, seq: np.ndarray, ts_col: np.ndarray, payloads=None) -> None:
-        """Record an insert: ``seq`` must continue this subwindow's contiguous range;
-        ``payloads`` (a pyarrow array in seq order) is kept to join back onto results."""
+    def add(self, seq: np.ndarray, ts_col: np.ndarray, payloads=None,
+            ts_sorted: bool = False) -> None:
+        """Record an insert: ``seq``, in arrival order, must continue this subwindow's
+        contiguous range; ``payloads`` (a pyarrow array in seq order) is kept to join
+        back onto results;
+        ``ts_sorted``: ``ts_col`` is non-decreasing (count windows' opposite arrivals)."""
         if seq.size == 0:
             return
-        first = int(seq.min())
+        first = int(seq[0])
         if self.count == 0:
             self.seq_start = first
         elif first != self.seq_end:
             raise AssertionError(
                 f"subwindow {self.sub_id}: seq {first} does not follow {self.seq_end}")
         self.count += int(seq.size)
-        self.ts_min = min(self.ts_min, int(ts_col.min()))
-        self.ts_max = max(self.ts_max, int(ts_col.max()))
+        if ts_sorted:
+            lo, hi = int(ts_col[0]), int(ts_col[-1])
+        else:
+            lo, hi = int(ts_col.min()), int(ts_col.max())
+        self.ts_min = min(self.ts_min, lo)
+        self.ts_max = max(self.ts_max, hi)
         if payloads is not None:
             self._add_payloads(payloads)
         self.state = SubState.FULL if self.count >= self.capacity else SubState.FILLING

@@ -60,6 +60,19 @@ def warn_predicate(pred, key_dtype=None) -> None:
                     "--index bisort for it", SPAN, (SPAN - 1) // 2, pred)
 
 
+_IOTA = np.arange(1 << 12, dtype=np.int64)
+
+
+def _iota(m: int) -> np.ndarray:
+    """0 .. m-1 as a view of one shared array (an equi probe's lookup index, read by
+    the kernel only: not a fresh arange per probe and subwindow)."""
+    global _IOTA
+    if m > _IOTA.shape[0]:
+        _IOTA = np.arange(max(m, 2 * _IOTA.shape[0]), dtype=np.int64)
+    return _IOTA[:m]
+
+
+
 class HashTable(SubwindowIndex):
     kind = "hash"
 
@@ -105,8 +118,8 @@ class HashTable(SubwindowIndex):
     @staticmethod
     def _points(lo, hi):
         """(key bits, probe index) of the lookups that answer these bands, or None."""
-        if lo.shape[0] == 1 and np.array_equal(lo[0], hi[0]):  # an equi join's probe
-            return key_bits(lo[0]), np.arange(lo.shape[1], dtype=np.int64)
+        if lo.shape[0] == 1 and not (lo[0] != hi[0]).any():  # an equi join's probe
+            return key_bits(lo[0]), _iota(lo.shape[1])
         full = lo <= hi
         if lo.dtype == np.float64:
             if not np.array_equal(lo[full], hi[full]):

@@ -75,8 +75,11 @@ class SubwindowStore:
         return self._log_bytes
 
     def insert(self, keys: np.ndarray, ts: np.ndarray, seq: np.ndarray, ids: np.ndarray,
-               key2: np.ndarray | None = None) -> None:
-        """A batch sorted by key; its seqs continue this subwindow's run (any order)."""
+               key2: np.ndarray | None = None, *, seq_first: int | None = None,
+               seq_end: int | None = None) -> None:
+        """A batch sorted by key; its seqs continue this subwindow's run (any order).
+        ``seq_first``, ``seq_end``: the caller knows the seqs are exactly that range (the
+        engine in this process does; a worker's client is checked)."""
         n = int(keys.size)
         if n == 0:
             return
@@ -85,9 +88,14 @@ class SubwindowStore:
         if self.count + n > self.capacity:
             raise ValueError(f"insert of {n} tuples overflows a subwindow holding "
                              f"{self.count} of {self.capacity}")
-        first = int(seq.min()) if self.count == 0 else self.seq_start
+        first = (int(seq.min()) if seq_first is None else seq_first) if self.count == 0 \
+            else self.seq_start
         off = seq - first
-        if int(off.min()) < self.count or int(off.max()) >= self.count + n:
+        if seq_first is not None and seq_end is not None and seq_end - seq_first == n:
+            low, high = seq_first - first, seq_end - 1 - first
+        else:
+            low, high = int(off.min()), int(off.max())
+        if low < self.count or high >= self.count + n:
             raise ValueError(f"insert's seqs must continue the subwindow's run at "
                              f"{first + self.count}")
         if self.index is not None:

@@ -108,9 +108,10 @@ def hash_lookup(slots, shift, nxt, ts, seq, pbits, pidx, mode, c0, c1, c2):
             if j + AHEAD < m:
                 prefetch_read(slots, 2 * slot_of(pbits[j + AHEAD], shift))
             h = _head(slots, shift, mask, pbits[j])
-            if h >= 0:
+            if h >= 0:  # the head row's columns, its chain link included
                 prefetch_read(seq, h)
                 prefetch_read(ts, h)
+                prefetch_read(nxt, h)
             heads[j % AHEAD] = h  # the slot tuple i just freed
     return out_p[:k], out_s[:k]
 
