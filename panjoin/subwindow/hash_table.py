@@ -72,9 +72,44 @@ def _iota(m: int) -> np.ndarray:
     return _IOTA[:m]
 
 
+def _points(lo, hi):
+    """(key bits, probe index) of the lookups that answer these bands, or None."""
+    if lo.shape[0] == 1 and not (lo[0] != hi[0]).any():  # an equi join's probe
+        return key_bits(lo[0]), _iota(lo.shape[1])
+    full = lo <= hi
+    if lo.dtype == np.float64:
+        if not np.array_equal(lo[full], hi[full]):
+            return None
+        b, i = np.nonzero(full)
+        return key_bits(lo[b, i]), i.astype(np.int64)
+    if full.any():
+        # width - 1 as unsigned: no overflow for bands across the whole int64 range
+        width = (hi[full].view(np.uint64) - lo[full].view(np.uint64)).max()
+        if width >= SPAN:
+            return None
+    return enumerate_points(lo, hi, SPAN)
+
+
+_LAST = (None, None, None)  # (lo, hi, points) of the last probe
+
+
+def _points_of(given, lo, hi):
+    """:func:`_points` of ``lo, hi``, once per batch: a batch probes several subwindows
+    with the same bound arrays ``given`` (made once, never changed), so the last answer
+    is kept, by their identity. One tuple, read and replaced whole: threads probing
+    other batches at the same time see a miss, never another batch's points."""
+    global _LAST
+    last = _LAST
+    if last[0] is given[0] and last[1] is given[1]:
+        return last[2]
+    pts = _points(lo, hi)
+    _LAST = (given[0], given[1], pts)
+    return pts
+
 
 class HashTable(SubwindowIndex):
     kind = "hash"
+    _points = staticmethod(_points)
 
     def __init__(self, capacity, key_dtype=np.int64, partitions=1, threads=1, **_):
         super().__init__(capacity, key_dtype, max(1, partitions), threads)
@@ -101,12 +136,13 @@ class HashTable(SubwindowIndex):
         self.n = n + m
 
     def probe(self, lo, hi, flt: WindowFilter | None = None, res: Residual | None = None):
+        given = (lo, hi)  # what the memo of _points_of knows a batch's bounds by
         lo, hi, flt = self._check_probe(lo, hi, flt)
         m = lo.shape[1]
         if m == 0 or self.n == 0:
             return no_pairs()
         c0, c1, c2 = flt.arrays(m)
-        points = self._points(lo, hi)
+        points = _points_of(given, lo, hi)
         if points is None:  # wide or float bands: scan (exact, O(n) a probe tuple)
             p, q = nested_probe(self.keys, self.ts, self.seq, self.n, lo, hi, flt.mode,
                                 c0, c1, c2)
@@ -114,24 +150,6 @@ class HashTable(SubwindowIndex):
             p, q = hash_lookup(self.slots, self.shift, self.nxt, self.ts, self.seq,
                                points[0], points[1], flt.mode, c0, c1, c2)
         return self._keep_residual(p, q, res, m)
-
-    @staticmethod
-    def _points(lo, hi):
-        """(key bits, probe index) of the lookups that answer these bands, or None."""
-        if lo.shape[0] == 1 and not (lo[0] != hi[0]).any():  # an equi join's probe
-            return key_bits(lo[0]), _iota(lo.shape[1])
-        full = lo <= hi
-        if lo.dtype == np.float64:
-            if not np.array_equal(lo[full], hi[full]):
-                return None
-            b, i = np.nonzero(full)
-            return key_bits(lo[b, i]), i.astype(np.int64)
-        if full.any():
-            # width - 1 as unsigned: no overflow for bands across the whole int64 range
-            width = (hi[full].view(np.uint64) - lo[full].view(np.uint64)).max()
-            if width >= SPAN:
-                return None
-        return enumerate_points(lo, hi, SPAN)
 
     def __len__(self):
         return self.n
