@@ -111,6 +111,17 @@ def test_help_and_bench_from_a_real_process():
     assert last.startswith("tuples/s: ") and float(last.split()[1]) > 0
 
 
+@pytest.mark.parametrize("index", ["rap", "wib", "bisort"])
+def test_bench_index_measures_expiry(index, capsys):
+    assert main(["bench", "index", "--index", index, "--op", "expire", "--nsub", "16K",
+                 "--partitions", "128", "--batch", "1K", "--repeat", "1",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "op: expire" in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("tuples/s: ") and float(last.split()[1]) > 0
+
+
 def test_replay_with_payload_writes_both_sides_payloads(tmp_path, capsys):
     ev = tmp_path / "ev.parquet"
     assert main(["gen", str(ev), "--n", "3000", "--key-max", "300", "--payload",
