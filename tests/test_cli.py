@@ -122,20 +122,23 @@ def test_bench_index_measures_expiry(index, capsys):
     assert last.startswith("tuples/s: ") and float(last.split()[1]) > 0
 
 
+@pytest.mark.parametrize("where", [[], ["--workers", "2"]], ids=["in-process", "workers"])
 def test_replay_of_a_one_batch_input_reports_its_memory_and_wall_split(events, tmp_path,
-                                                                       capsys):
+                                                                       where, capsys):
     # the whole file fits in one batch: it is joined only by the final flush
     out = tmp_path / "p.parquet"
     assert main(["replay", str(events), "--window", "count:100,100", "--predicate", "eq",
-                 "--batch-size", "1M", "--out", str(out), "--no-progress"]) == 0
+                 "--batch-size", "1M", "--out", str(out), "--no-progress", *where]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     mem = next(x for x in lines if x.startswith("memory: peak "))
     assert not mem.startswith("memory: peak 0.0 B"), mem
     # where the wall time went, after the lines the benchmarks parse
     assert any(x.startswith("time: ") for x in lines)
     assert lines[-1].startswith("wall ")
-    phases = dict(p.rsplit(" ", 1) for p in lines[-1].split(": ", 1)[1].split(", "))
+    body = lines[-1].split(" (", 1)[0]  # a cluster's line ends with a note
+    phases = dict(p.rsplit(" ", 1) for p in body.split(": ", 1)[1].split(", "))
     assert {"read", "validate", "join", "write"} <= set(phases)
+    assert ("start workers" in phases) == bool(where)
     assert float(lines[-1].split()[1]) >= sum(float(v) for v in phases.values()) - 0.02
 
 

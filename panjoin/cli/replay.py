@@ -182,8 +182,7 @@ def _replay_on_manager(args, events, window, pred, ph) -> int:
     print(f"time: {elapsed:.2f} s  throughput: {len(events) / max(elapsed, 1e-9):,.0f} tuples/s"
           f"  (manager {args.cluster})")
     print(f"cpu: {cpu:.2f} s in the join (this process)")
-    print(ph.line("" if args.warm_up else "join includes the workers' kernel loading; "
-                  "--warm-up measures it apart"))
+    print(wall_line(args, ph, remote=True))
     return 0
 
 
@@ -206,6 +205,7 @@ def _replay_handshake(args, events, window, pred, ph) -> int:
             st = chain.status()
             print(f"handshake: {len(nodes.workers)} nodes  admission pauses: {st['pauses']}  "
                   f"segments R {st['segments']['R']} S {st['segments']['S']}")
+            print(wall_line(args, ph, remote=True))
             return rc
         finally:
             chain.close()
@@ -246,7 +246,10 @@ def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=No
             bar.update(len(chunk))
         engine.flush()
         # an input smaller than a batch is only joined here: sample the window after
-        # the flush too, or a one-batch input reports a peak of 0 bytes
+        # the flush too, or a one-batch input reports a peak of 0 bytes; workers report
+        # what they hold with their answers, so wait for the last ones first
+        if backend is not None:
+            backend.sync()
         peak = max(peak, engine.memory_bytes())
         parts.append(engine.take_results(payloads=True))
     elapsed = time.perf_counter() - t1
@@ -271,9 +274,17 @@ def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=No
     print(f"results: {len(r_all)} pairs -> {args.out}")
     print(f"time: {elapsed:.2f} s  throughput: {rate:,.0f} tuples/s")
     print(f"cpu: {cpu:.2f} s in the join (this process)")
-    print(f"memory: peak {fmt_bytes(peak)} in the window "
-          f"({peak / stored:.1f} bytes per stored tuple)")
-    remote = backend is not None or n_workers > 1 or engine_given
-    print(ph.line("" if args.warm_up or not remote else
-                  "join includes the workers' kernel loading; --warm-up measures it apart"))
+    if engine_given:  # a handshake chain: its segments live in the node processes
+        print("memory: held by the handshake nodes, not measured here")
+    else:
+        print(f"memory: peak {fmt_bytes(peak)} in the window "
+              f"({peak / stored:.1f} bytes per stored tuple)")
+    if not engine_given:  # a handshake chain's caller prints its own line first
+        print(wall_line(args, ph, remote=backend is not None))
     return 0
+
+
+def wall_line(args, ph, remote: bool) -> str:
+    """Where the wall time went; on workers, said where their kernels loaded."""
+    return ph.line("" if args.warm_up or not remote else
+                   "join includes the workers' kernel loading; --warm-up measures it apart")
