@@ -80,12 +80,15 @@ def default_threads_pool() -> ProcessPoolExecutor:
 
 def _default_threads(package: str) -> int:
     """The threads an engine runs with when not told: Polars' pool size; DataFusion's
-    target partitions default to the CPUs this process may use."""
+    target partitions default to the CPUs this process may use (Rust's num_cpus: the
+    affinity mask and the cgroup quota, as :func:`panjoin.cpus.available_cpus`)."""
     if package == "polars":
         import polars as pl
 
         return pl.thread_pool_size()
-    return len(os.sched_getaffinity(0))
+    from panjoin.cpus import available_cpus
+
+    return available_cpus()
 
 
 def _offline_run(peer: str, wl: Workload, data: Data,
