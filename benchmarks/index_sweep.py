@@ -9,6 +9,7 @@ draws the PNGs; the targets of issue 2 are printed at the end.
 
     python -m benchmarks.index_sweep --quick      # about a minute, small sizes (CI-sized)
     python -m benchmarks.index_sweep              # the paper's sizes (NSub = 8M, P = 64K)
+    python -m benchmarks.index_sweep --targets-only   # re-measure the targets, keep the sweep
 """
 
 from __future__ import annotations
@@ -111,14 +112,25 @@ def main(argv=None) -> int:
     suffix = "-quick" if args.quick else ""
     meta = {"machine": platform.platform(), "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d %H:%M"), "quick": args.quick}
-    rows = [] if args.targets_only else run(plan(args.quick), "sweep")
+    rows = None if args.targets_only else run(plan(args.quick), "sweep")
     trows = run(targets(args.quick), "targets")
     out = HERE / "results" / f"index_sweep{suffix}.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "sweep": rows, "targets": trows}, indent=1))
+    write_results(out, meta, rows, trows)
     print(f"raw results: {out}")
     print_targets(trows)
     return 0
+
+
+def write_results(out: Path, meta: dict, rows: list[dict] | None, trows: list[dict]) -> None:
+    """Write the raw results; ``rows=None`` (``--targets-only``) keeps the sweep rows (and
+    their meta, as ``sweep_meta``) already in ``out``, so the plots still have a sweep."""
+    doc = {"meta": meta, "sweep": rows or [], "targets": trows}
+    if rows is None and out.exists():
+        old = json.loads(out.read_text())
+        doc["sweep"] = old.get("sweep", [])
+        doc["sweep_meta"] = old.get("sweep_meta", old.get("meta", {}))
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1))
 
 
 def print_targets(trows: list[dict]) -> None:

@@ -12,7 +12,10 @@ Join stream, Status, Close); :meth:`Client.ref` is the JoinRef to pass to the st
 
 ``join`` keeps the events' payloads here and joins them onto the pairs by id, so the
 manager and the workers never hold them (a client of ``stream`` may still send
-payloads in its JoinInputs; the manager then keeps them for it).
+payloads in its JoinInputs; the manager then keeps them for it). As in the
+in-process engine, strings in give strings out: string payloads come back as
+large_string, binary ones as large_binary (``stream``'s answers are always binary:
+the manager keeps bytes).
 
 A join opened with ``max_latency_ms`` streams (issue 27): the manager pushes its pairs
 as they complete, between the answers to the inputs. :meth:`Client.live` is the
@@ -69,6 +72,7 @@ class Result(NamedTuple):
     r_id: np.ndarray
     s_id: np.ndarray
     late: dict
+    #: large_string for string payloads, else large_binary (as the in-process engine)
     r_payload: pa.Array | None = None
     s_payload: pa.Array | None = None
 
@@ -326,15 +330,19 @@ class LiveJoin:
 
 
 def payloads_of(events, stream: int, ids: np.ndarray) -> pa.Array:
-    """The payloads (large_binary) of ``events``' tuples of ``stream`` with ``ids``, in
-    that order: a sort of the stream's ids and one binary search per id."""
+    """The payloads of ``events``' tuples of ``stream`` with ``ids``, in that order: a
+    sort of the stream's ids and one binary search per id. Strings stay text
+    (large_string), anything else is large_binary: the types the in-process engine gives
+    for the same input, so a file joined on a cluster or in-process is the same file."""
     rows = np.flatnonzero(events.stream == stream)
     order = np.argsort(events.id[rows], kind="stable")
     pos = np.searchsorted(events.id[rows][order], ids)
     pay = events.payload
     if isinstance(pay, pa.ChunkedArray):
         pay = pay.combine_chunks()
-    return pa.array(pay).cast(PAYLOAD_TYPE).take(pa.array(rows[order[pos]]))
+    pay = pa.array(pay)
+    text = pa.types.is_string(pay.type) or pa.types.is_large_string(pay.type)
+    return pay.cast(pa.large_string() if text else PAYLOAD_TYPE).take(pa.array(rows[order[pos]]))
 
 
 def input_bytes(chunk) -> int:

@@ -27,6 +27,7 @@ from panjoin.cli.options import DEFAULTS, add_common, add_join_opts, add_securit
 from panjoin.kafka.options import add_option_arg, from_args
 from panjoin.security import Security
 from spark_conn.config import PipelineConfig
+from spark_conn.native import parse_jars
 
 
 def add_parser(sub) -> None:
@@ -72,7 +73,12 @@ def add_pipeline_opts(p: argparse.ArgumentParser) -> None:
                         "Source and the job reads the records with confluent-kafka; "
                         "python-records: the records travel through Spark's Python Data "
                         "Source; native: Spark's format('kafka') (needs the JVM connector "
-                        "jar on the classpath)")
+                        "jars: --spark-jars)")
+    g.add_argument("--spark-jars", metavar="JAR,...",
+                   help="comma-separated jar paths for spark.jars: with --source native, "
+                        "Spark's Kafka connector (spark-sql-kafka-0-10, "
+                        "spark-token-provider-kafka-0-10, kafka-clients, commons-pool2); "
+                        "checked before any topic is created")
     g.add_argument("--idle-timeout", type=float, default=None, metavar="SECONDS",
                    help="time windows: a partition nothing was read from for this long stops "
                         "holding the watermark back (as Flink's withIdleness); the watermark "
@@ -107,6 +113,7 @@ def config_from_args(args) -> PipelineConfig:
         subwindow_size=args.subwindow_size, partitions=args.partitions,
         batch_size=args.batch_size or 32768, max_offsets_per_trigger=args.max_offsets_per_trigger,
         starting_offsets=args.starting_offsets, trigger=args.trigger, source=args.source,
+        spark_jars=parse_jars(args.spark_jars),
         idle_timeout=args.idle_timeout, manager_timeout=args.manager_timeout,
         kafka_options=from_args(args), max_latency_ms=args.max_latency, max_lag=args.max_lag,
         security=Security.from_args(args), metrics_port=args.metrics_port)
@@ -130,6 +137,8 @@ def job_argv(cfg: PipelineConfig) -> list[str]:
                     ("--max-lag", c.max_lag), ("--metrics-port", c.metrics_port)):
         if v is not None:
             a += [flag, str(v)]
+    if c.spark_jars:
+        a += ["--spark-jars", ",".join(c.spark_jars)]
     for k, v in c.kafka_options.items():
         a += ["--kafka-option", f"{k}={v}"]
     a += c.security.argv()
@@ -147,7 +156,13 @@ def run(args) -> int:
         print(f"panjoin pipeline: {e}; install the spark extra (make .venv/.installed)",
               file=sys.stderr)
         return 2
-    st = run_job(cfg)
+    from spark_conn.native import NativeSourceError
+
+    try:
+        st = run_job(cfg)
+    except NativeSourceError as e:  # how to fix it, in one line, as for a bad flag
+        print(f"panjoin pipeline: {e}", file=sys.stderr)
+        return 1
     print(f"pipeline: {st['batches']} micro-batches, {st['tuples']:,} records in "
           f"{st['seconds']:.1f} s ({st['tuples'] / max(st['seconds'], 1e-9):,.0f} records/s); "
           f"{st['joined']:,} joined -> {cfg.out_topic}, {st['late']:,} late -> "

@@ -41,6 +41,8 @@ class PipelineConfig:
     starting_offsets: str = "earliest"
     trigger: str = "available-now"
     source: str = "python"
+    #: jars for spark.jars (``--spark-jars``): Spark's Kafka connector for source "native"
+    spark_jars: tuple = ()
     idle_timeout: float | None = None  # s without records before a partition stops holding W
     manager_timeout: float = 60.0  # s to wait for a lost manager to come back
     extra_open: dict = field(default_factory=dict)

@@ -107,6 +107,7 @@ from panjoin.ops.timings import Timings
 from panjoin.semantics import I64_MIN, parse_predicate, parse_window
 from spark_conn.config import PipelineConfig
 from spark_conn.join_log import JoinLog, first_needed
+from spark_conn.native import NativeSourceError, check_connector, check_jar_paths
 from spark_conn.read_ahead import ReadAhead, offset_log_ranges
 from spark_conn.record_window import IdWindow, RecordWindow
 from spark_conn.records import Parsed, Records, fetch_ranges, parse_batch, raw_record
@@ -710,9 +711,9 @@ def source_frame(spark, cfg: PipelineConfig, ending: dict | None):
         try:
             df = r.load()
         except Exception as e:  # AnalysisException: no data source named kafka
-            raise RuntimeError(
+            raise NativeSourceError(
                 "--source native needs Spark's Kafka connector (spark-sql-kafka-0-10 and its "
-                "dependencies) on the classpath, e.g. through spark.jars; without it use "
+                "dependencies) on the classpath: give them with --spark-jars; without it use "
                 f"--source python (the default). Spark said: {str(e).strip().splitlines()[0]}"
             ) from None
         return df.selectExpr("topic", "partition", "offset",
@@ -736,9 +737,17 @@ def run(cfg: PipelineConfig, spark=None, on_batch=None) -> dict:
     counters are returned). Returns counters."""
     from spark_conn.session import spark_session
 
+    # Spark and, for the native source, its Kafka connector first: a job that cannot
+    # read must not leave topics behind
+    check_jar_paths(cfg.spark_jars)
+    conf = {"spark.jars": ",".join(os.path.abspath(p) for p in cfg.spark_jars)} \
+        if cfg.spark_jars else None
+    spark = spark or spark_session("panjoin-pipeline", conf=conf,
+                                   planning_only=cfg.source == "python")
+    if cfg.source == "native":
+        check_connector(spark)
     io.create_topics(cfg.bootstrap, [cfg.r_topic, cfg.s_topic] + [
         cfg.out_topic, cfg.late_topic, cfg.dead_letter_topic], options=cfg.kafka_options)
-    spark = spark or spark_session("panjoin-pipeline", planning_only=cfg.source == "python")
     available_now = cfg.trigger in ("available-now", "availableNow", "once")
     ending = None
     if available_now:

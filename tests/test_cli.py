@@ -111,6 +111,37 @@ def test_help_and_bench_from_a_real_process():
     assert last.startswith("tuples/s: ") and float(last.split()[1]) > 0
 
 
+@pytest.mark.parametrize("index", ["rap", "wib", "bisort"])
+def test_bench_index_measures_expiry(index, capsys):
+    assert main(["bench", "index", "--index", index, "--op", "expire", "--nsub", "16K",
+                 "--partitions", "128", "--batch", "1K", "--repeat", "1",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "op: expire" in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("tuples/s: ") and float(last.split()[1]) > 0
+
+
+@pytest.mark.parametrize("where", [[], ["--workers", "2"]], ids=["in-process", "workers"])
+def test_replay_of_a_one_batch_input_reports_its_memory_and_wall_split(events, tmp_path,
+                                                                       where, capsys):
+    # the whole file fits in one batch: it is joined only by the final flush
+    out = tmp_path / "p.parquet"
+    assert main(["replay", str(events), "--window", "count:100,100", "--predicate", "eq",
+                 "--batch-size", "1M", "--out", str(out), "--no-progress", *where]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    mem = next(x for x in lines if x.startswith("memory: peak "))
+    assert not mem.startswith("memory: peak 0.0 B"), mem
+    # where the wall time went, after the lines the benchmarks parse
+    assert any(x.startswith("time: ") for x in lines)
+    assert lines[-1].startswith("wall ")
+    body = lines[-1].split(" (", 1)[0]  # a cluster's line ends with a note
+    phases = dict(p.rsplit(" ", 1) for p in body.split(": ", 1)[1].split(", "))
+    assert {"read", "validate", "join", "write"} <= set(phases)
+    assert ("start workers" in phases) == bool(where)
+    assert float(lines[-1].split()[1]) >= sum(float(v) for v in phases.values()) - 0.02
+
+
 def test_replay_with_payload_writes_both_sides_payloads(tmp_path, capsys):
     ev = tmp_path / "ev.parquet"
     assert main(["gen", str(ev), "--n", "3000", "--key-max", "300", "--payload",

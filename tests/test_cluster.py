@@ -404,8 +404,10 @@ def test_payloads_travel_through_the_manager_and_status_has_the_feedback_bits(ma
     ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:120,120"),
                          parse_predicate("band:1"))
     assert np.array_equal(sort_pairs(np.stack([res.r_id, res.s_id], axis=1)), ref.pairs)
-    assert res.r_payload.to_pylist() == [f"R{i}|{'x' * (i % 5)}".encode() for i in res.r_id]
-    assert res.s_payload.to_pylist() == [f"S{i}|{'x' * (i % 5)}".encode() for i in res.s_id]
+    # strings in, strings out, as in-process
+    assert res.r_payload.type == pa.large_string()
+    assert res.r_payload.to_pylist() == [f"R{i}|{'x' * (i % 5)}" for i in res.r_id]
+    assert res.s_payload.to_pylist() == [f"S{i}|{'x' * (i % 5)}" for i in res.s_id]
     # the workers' status bits, as of their last feedback: each subwindow twice, as a
     # primary on one worker and a backup (a log of its inserts) on the other
     assert len(st.workers) == 2 and st.workers_alive == 2
@@ -413,6 +415,40 @@ def test_payloads_travel_through_the_manager_and_status_has_the_feedback_bits(ma
     assert sum(w.subwindows for w in st.workers) == 2 * (st.subwindows_r + st.subwindows_s)
     assert all(w.nbytes > 0 for w in st.workers)
     assert st.memory_bytes >= sum(w.nbytes for w in st.workers)
+
+
+@pytest.mark.parametrize("kind", ["string", "binary"])
+def test_replay_on_a_cluster_writes_the_in_process_payload_types(manager, tmp_path, kind,
+                                                                 capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from panjoin.cli.main import main
+
+    t = generate(1200, "uniform", key_min=0, key_max=200, rate=1000, seed=3)
+    pays = [f"{'RS'[s]}{i}" for s, i in zip(t.stream, t.id, strict=True)]
+    ev = tmp_path / "ev.parquet"
+    pq.write_table(pa.table({"stream": np.array(["R", "S"])[t.stream], "id": t.id,
+                             "key": t.key, "ts": t.ts,
+                             "payload": pa.array(pays if kind == "string" else
+                                                 [p.encode() for p in pays])}), ev)
+    tables = {}
+    for where in ([], ["--cluster", manager]):
+        out = tmp_path / f"p{len(where)}.parquet"
+        assert main(["replay", str(ev), "--window", "count:300,300", "--predicate", "band:2",
+                     "--with-payload", "--batch-size", "64", "--subwindow-size", "100",
+                     "--out", str(out), "--no-progress", *where]) == 0
+        tables[bool(where)] = pq.read_table(out).sort_by([("r_id", "ascending"),
+                                                          ("s_id", "ascending")])
+        # where the wall time went, in-process and on a cluster
+        wall = capsys.readouterr().out.strip().splitlines()[-1]
+        assert wall.startswith("wall ") and "read " in wall and "join " in wall \
+            and "write " in wall, wall
+    local, cluster = tables[False], tables[True]
+    want = pa.large_string() if kind == "string" else pa.large_binary()
+    assert local.schema.field("r_payload").type == want
+    assert cluster.schema == local.schema
+    assert cluster.equals(local) and local.num_rows > 0
 
 
 def test_an_answer_too_big_for_one_message_comes_in_parts(manager, monkeypatch):
@@ -437,7 +473,7 @@ def test_an_answer_too_big_for_one_message_comes_in_parts(manager, monkeypatch):
     ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:120,120"),
                          parse_predicate("band:1"))
     assert np.array_equal(sort_pairs(np.stack([res.r_id, res.s_id], axis=1)), ref.pairs)
-    assert res.r_payload.to_pylist() == [f"R{i}|{'x' * (i % 50)}".encode() for i in res.r_id]
+    assert res.r_payload.to_pylist() == [f"R{i}|{'x' * (i % 50)}" for i in res.r_id]
     assert len(outs) > len(ref.pairs) // 500  # cut by bytes too, not only by pairs
     assert [o.pushed for o in outs] == [True] * (len(outs) - 1) + [False]
     assert [o.batch_id for o in outs] == [0] * (len(outs) - 1) + [1]

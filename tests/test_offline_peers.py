@@ -5,6 +5,7 @@ lateness; the 2-D residual band), property tests, and the peer benchmark's runs,
 pair digests must agree with PanJoin's and DuckDB's."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -332,6 +333,38 @@ def test_peers_run_agrees_with_panjoin_and_the_reference(tmp_path, monkeypatch):
     assert "band as bucket equi-join" in by[("band S=64 uniform", "polars")].note
     assert "band as IEJoin" in by[("band S=64 uniform", "polars-iejoin")].note
     assert "y band in the filter" in by[("band2d handshake", "datafusion")].note
+
+
+def test_default_thread_peers_give_the_reference_pairs_next_to_one_thread():
+    """polars-mt and datafusion-mt run at their engine's default threads (their own
+    child: this process's Polars pool is pinned to one thread) and find the reference
+    pairs, as the one-thread rows do."""
+    import polars as pl
+
+    assert pl.thread_pool_size() == 1  # conftest pins it: the -mt peers must not share it
+    cfg = PeerConfig(windows=[256], measure=256, repeat=1, chunk=128,
+                     peers=("polars", "polars-mt", "datafusion", "datafusion-mt"))
+    from panjoin.cpus import available_cpus
+
+    cpus = available_cpus()
+    for wl in (Workload("eq", 1, "uniform", 256), Workload("band", 64, "uniform", 256)):
+        data = events_for(wl, 256, cfg.seed)
+        wl = calibrate(wl, data)
+        want = pair_digest(_ref(data.events, wl.window_spec(), wl.predicate()))
+        recs = PeerRunner(cfg, progress=False, log=lambda *_: None).run_workload(wl)
+        by = {r.peer: r for r in recs}
+        for peer in cfg.peers:
+            r = by[peer]
+            assert r.status == "ok", (wl.name, peer, r.note)
+            assert (r.results, r.pair_digest) == (want.count, want.hex()), (wl.name, peer)
+        assert "pairs fetched, 1 thread" in by["polars"].note
+        # Polars' own pool size (its child's, unpinned; the CPUs here on a machine with
+        # no quota) and DataFusion's default partitions
+        n_mt = int(re.search(r"(\d+) threads? \(the engine's default\)",
+                             by["polars-mt"].note).group(1))
+        assert n_mt >= 1 and (cpus == 1 or n_mt > 1), by["polars-mt"].note
+        assert f"{cpus} thread" in by["datafusion-mt"].note, by["datafusion-mt"].note
+        assert "default" in by["polars-mt"].note and "default" in by["datafusion-mt"].note
 
 
 def test_missing_package_is_skipped(monkeypatch):

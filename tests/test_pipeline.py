@@ -245,6 +245,44 @@ def test_native_source_without_the_connector_is_a_clear_error(manager, spark, tm
         source_frame(spark, cfg, None)
 
 
+def test_native_source_checks_its_jars_before_any_topic_and_says_how_to_fix_it(brokers,
+                                                                              tmp_path):
+    """``--source native`` without a usable connector: one line saying how to fix it,
+    exit 1, no traceback, and not one topic created, whether a --spark-jars path is
+    missing (checked before Spark starts) or the jars given lack the connector (checked
+    in the driver's JVM, before Kafka is touched)."""
+    import glob
+
+    import pyspark
+
+    from panjoin.kafka.broker import start_broker
+    from panjoin.kafka.librdkafka import admin
+
+    b = brokers.get("noida") or brokers.setdefault("noida", start_broker("noida"))
+    # a real jar, but not the connector: Spark starts with it, the class check fails
+    (other,) = glob.glob(os.path.join(pyspark.__path__[0], "jars", "commons-pool-1*.jar"))[:1]
+    cases = [(str(tmp_path / "no-such.jar"), "--spark-jars: " + str(tmp_path / "no-such.jar")
+              + ": no such file"),
+             (other, "--source native needs Spark's Kafka connector")]
+    for k, (jars, said) in enumerate(cases):
+        names = {f: topic(f"{f}{k}") for f in ("R", "S", "joined", "late", "dead")}
+        p = subprocess.run(
+            [sys.executable, "-m", "panjoin.cli", "pipeline", "--bootstrap-servers",
+             b.bootstrap, "--manager", "127.0.0.1:9", "--checkpoint", str(tmp_path / f"c{k}"),
+             "--window", "count:10,10", "--predicate", "eq", "--source", "native",
+             "--spark-jars", jars, "--r-topic", names["R"], "--s-topic", names["S"],
+             "--out-topic", names["joined"], "--late-topic", names["late"],
+             "--dead-letter-topic", names["dead"]],
+            capture_output=True, text=True, timeout=600)
+        assert p.returncode == 1, p.stderr
+        assert "Traceback" not in p.stderr, p.stderr
+        last = p.stderr.strip().splitlines()[-1]
+        assert last.startswith("panjoin pipeline: " + said), p.stderr
+        assert "--spark-jars" in last and ("spark-sql-kafka" in last or k == 0)
+        have = set(admin(b.bootstrap).list_topics(timeout=30).topics)
+        assert not have & set(names.values()), have & set(names.values())
+
+
 def _micro_batches(bootstrap, topics, per_partition: int) -> list[pa.Table]:
     """The topics cut into micro-batches the way Spark would hand them over."""
     ends = {t: io.end_offsets(bootstrap, t) for t in topics}

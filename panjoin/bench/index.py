@@ -4,7 +4,11 @@
 NBat uniform keys; throughput = NSub / time. ``probe``: a full subwindow is
 probed with sorted batches of NBat keys, the predicate chosen so that each
 probe tuple matches about S stored tuples (eq: keys drawn from NSub / S
-values; band: half-width S * range / (2 NSub)). Each point is run once to
+values; band: half-width S * range / (2 NSub)). ``expire``: a full subwindow
+of NSub tuples (filled with batches of NBat) is expired the way the engine does
+it: its successor is created from it (RaP-Table: splitters by Algorithm 1, from
+its histograms), then it is dropped and its memory freed; throughput = NSub /
+time (tuples expired per second). Each point is run once to
 warm up (JIT compile, page faults), then ``repeat`` times; the median counts.
 The nested loop probes only as many tuples as fit in about half a second,
 since each costs a full scan.
@@ -129,8 +133,10 @@ def _run_once(point: IndexPoint, rng):
                 break
         sec = time.perf_counter() - t0
         return sec, done, 0.0, ix.nbytes / max(1, len(ix))
+    if point.op == "expire":
+        return _expire_once(point, rng)
     if point.op != "probe":
-        raise ValueError(f"op must be insert or probe, got {point.op!r}")
+        raise ValueError(f"op must be insert, probe or expire, got {point.op!r}")
     ix, batches = _fill(point, rng, min(point.nsub, 1 << 20))
     for k, t, s in batches:
         ix.insert(k, t, s)
@@ -155,3 +161,18 @@ def _run_once(point: IndexPoint, rng):
         if point.index != "nested" or sec > 0.5 or n_probe >= point.batch * 64:
             return sec, done, found / max(1, done), ix.nbytes / max(1, len(ix))
         n_probe *= 4
+
+
+def _expire_once(point: IndexPoint, rng):
+    ix, batches = _fill(point, rng, point.batch)
+    for k, t, s in batches:
+        ix.insert(k, t, s)
+    n, per_tuple = len(ix), ix.nbytes / max(1, len(ix))
+    del batches
+    t0 = time.perf_counter()
+    succ = make_index(point.index, point.nsub, "int64", point.partitions, point.threads,
+                      predecessor=ix)
+    del ix  # the last reference: its arrays are freed here, inside the timing
+    sec = time.perf_counter() - t0
+    del succ
+    return sec, n, 0.0, per_tuple

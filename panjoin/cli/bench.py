@@ -22,11 +22,13 @@ def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks (see benchmarks/)")
     bsub = p.add_subparsers(dest="bench", required=True, metavar="WHAT")
     b = bsub.add_parser("index", help="one point of an index microbenchmark",
-                        description="Insert or probe throughput of one subwindow index after a "
-                                    "warm-up; prints 'tuples/s: X' last.")
+                        description="Insert, probe or expire throughput of one subwindow index "
+                                    "after a warm-up; prints 'tuples/s: X' last.")
     b.add_argument("--index", required=True, choices=INDEX_KINDS,
                    help=INDEX_HELP)
-    b.add_argument("--op", required=True, choices=["insert", "probe"])
+    b.add_argument("--op", required=True, choices=["insert", "probe", "expire"],
+                   help="expire: drop a full subwindow and create its successor, as the "
+                        "engine does (tuples expired per second)")
     b.add_argument("--nsub", type=size, default=1 << 20, help="subwindow size NSub")
     b.add_argument("--partitions", type=size, default=8192, help="partition count P")
     b.add_argument("--batch", type=size, default=32768, help="batch size NBat")

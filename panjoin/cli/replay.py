@@ -8,6 +8,7 @@ the exact result pairs (and late tuples).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -73,6 +74,13 @@ def _warm_events(events):
 
 
 def run(args) -> int:
+    from panjoin.cli.phases import Phases
+
+    with Phases() as ph:
+        return _run(args, ph)
+
+
+def _run(args, ph) -> int:
     from panjoin.events import read_events
     from panjoin.semantics import parse_predicate, parse_window
 
@@ -80,7 +88,10 @@ def run(args) -> int:
     window = parse_window(args.window, args.allowed_lateness)
     pred = parse_predicate(args.predicate)
     t0 = time.perf_counter()
-    events = read_events(args.events)
+    took = {}
+    with ph.phase("read"):
+        events = read_events(args.events, took)
+    ph.move("read", "validate", took.get("validate", 0.0))  # read_events' own split
     log.info("read %d events (%d R, %d S) from %s in %.2fs", len(events), *events.counts(),
              args.events, time.perf_counter() - t0)
     if args.with_payload and events.payload is None:
@@ -101,22 +112,26 @@ def run(args) -> int:
     if args.topology != "handshake" and args.max_latency is None:
         _fill_knobs(args, window, events)
     if args.cluster:
-        return _replay_on_manager(args, events, window, pred)
+        return _replay_on_manager(args, events, window, pred, ph)
     if args.topology == "handshake":
-        return _replay_handshake(args, events, window, pred)
+        return _replay_handshake(args, events, window, pred, ph)
     if not args.workers:
-        return _replay_engine(args, events, window, pred, None, 1)
+        return _replay_engine(args, events, window, pred, None, 1, ph)
     from panjoin.launch import start_cluster
     from panjoin.manager.grpc_backend import GrpcBackend
 
-    with start_cluster(args.workers, args.threads or 1, manager=False) as cluster:
+    with contextlib.ExitStack() as stack:
+        with ph.phase("start workers"):
+            cluster = stack.enter_context(start_cluster(args.workers, args.threads or 1,
+                                                        manager=False))
         log.info("local cluster: %s", ", ".join(cluster.addresses))
         if args.warm_up:
-            cluster.warm_up(args.index)
+            with ph.phase("load kernels"):
+                cluster.warm_up(args.index)
         with GrpcBackend(cluster.addresses, deadline=args.worker_timeout,
                          result_format=args.result_format,
                          replicas=args.replicas) as backend:
-            return _replay_engine(args, events, window, pred, backend, args.workers)
+            return _replay_engine(args, events, window, pred, backend, args.workers, ph)
 
 
 def _fill_knobs(args, window, events) -> None:
@@ -134,7 +149,7 @@ def _fill_knobs(args, window, events) -> None:
              "--batch-size override): NSub %d, NBat %d", args.subwindow_size, args.batch_size)
 
 
-def _replay_on_manager(args, events, window, pred) -> int:
+def _replay_on_manager(args, events, window, pred, ph) -> int:
     from panjoin.client import Client
     from panjoin.events import write_ids, write_pairs
 
@@ -147,52 +162,60 @@ def _replay_on_manager(args, events, window, pred) -> int:
             if v}
     with Client(args.cluster) as c:
         if args.warm_up:  # a join of its own on the manager, closed before the timed one
-            c.join(_warm_events(events), "count:4096,4096", str(pred), args.index,
-                   chunk=args.chunk)
+            with ph.phase("load kernels"):
+                c.join(_warm_events(events), "count:4096,4096", str(pred), args.index,
+                       chunk=args.chunk)
             print(WARMED, flush=True)
             t1 = time.perf_counter()
         c1 = time.process_time()
-        res = c.join(events, str(window), str(pred), args.index, chunk=args.chunk, **opts)
+        with ph.phase("join"):
+            res = c.join(events, str(window), str(pred), args.index, chunk=args.chunk, **opts)
     r, s, late = res
     elapsed = time.perf_counter() - t1
     cpu = time.process_time() - c1
-    write_pairs(args.out, r, s, res.r_payload, res.s_payload)
-    if args.late_out:
-        write_ids(args.late_out, late)
+    with ph.phase("write"):
+        write_pairs(args.out, r, s, res.r_payload, res.s_payload)
+        if args.late_out:
+            write_ids(args.late_out, late)
     print(f"input tuples: {len(events)}  late: {sum(len(v) for v in late.values())}")
     print(f"results: {len(r)} pairs -> {args.out}")
     print(f"time: {elapsed:.2f} s  throughput: {len(events) / max(elapsed, 1e-9):,.0f} tuples/s"
           f"  (manager {args.cluster})")
     print(f"cpu: {cpu:.2f} s in the join (this process)")
+    print(wall_line(args, ph, remote=True))
     return 0
 
 
-def _replay_handshake(args, events, window, pred) -> int:
+def _replay_handshake(args, events, window, pred, ph) -> int:
     from panjoin.handshake.chain import HandshakeChain
     from panjoin.launch import start_cluster
 
-    with start_cluster(args.workers or 1, args.threads or 1, manager=False,
-                       role="handshake-node") as nodes:
+    with contextlib.ExitStack() as stack:
+        with ph.phase("start workers"):
+            nodes = stack.enter_context(start_cluster(args.workers or 1, args.threads or 1,
+                                                      manager=False, role="handshake-node"))
         log.info("handshake chain: %s", " - ".join(nodes.addresses))
         chain = HandshakeChain(nodes.addresses, window, pred, key_dtype=str(events.key.dtype),
                                batch_size=min(args.batch_size or 4096, 4096), node_fifo=args.fifo,
                                merger_fifo=args.fifo, index=args.segment,
                                fast_forward=args.fast_forward)
         try:
-            rc = _replay_engine(args, events, window, pred, None, len(nodes.workers),
+            rc = _replay_engine(args, events, window, pred, None, len(nodes.workers), ph,
                                 engine=chain)
             st = chain.status()
             print(f"handshake: {len(nodes.workers)} nodes  admission pauses: {st['pauses']}  "
                   f"segments R {st['segments']['R']} S {st['segments']['S']}")
+            print(wall_line(args, ph, remote=True))
             return rc
         finally:
             chain.close()
 
 
-def _replay_engine(args, events, window, pred, backend, n_workers, engine=None) -> int:
+def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=None) -> int:
     from panjoin.events import write_ids, write_pairs
     from panjoin.manager.engine import JoinEngine
 
+    engine_given = engine is not None  # a handshake chain: its nodes load their kernels
     if engine is None:
         engine = JoinEngine(window, pred, index=args.index, subwindow_size=args.subwindow_size,
                             partitions=args.partitions, batch_size=args.batch_size,
@@ -203,17 +226,18 @@ def _replay_engine(args, events, window, pred, backend, n_workers, engine=None) 
         log.info("join %s on %s, index %s, NSub %d, P %d, NBat %d", window, pred, args.index,
                  engine.nsub, engine.partitions, engine.batch_size)
         if args.warm_up and backend is None:
-            warm = JoinEngine("count:4096,4096", pred, index=args.index, threads=args.threads,
-                              key_dtype=str(events.key.dtype))
-            warm.push(_warm_events(events))
-            warm.flush()
-            warm.take_results()
+            with ph.phase("load kernels"):
+                warm = JoinEngine("count:4096,4096", pred, index=args.index,
+                                  threads=args.threads, key_dtype=str(events.key.dtype))
+                warm.push(_warm_events(events))
+                warm.flush()
+                warm.take_results()
             print(WARMED, flush=True)
     parts = []
     peak = 0
     t1 = time.perf_counter()
     c1 = time.process_time()
-    with progress(len(events), "replay", args.no_progress) as bar:
+    with ph.phase("join"), progress(len(events), "replay", args.no_progress) as bar:
         for start in range(0, len(events), args.chunk):
             chunk = events.slice(start, min(len(events), start + args.chunk))
             engine.push(chunk)
@@ -221,20 +245,27 @@ def _replay_engine(args, events, window, pred, backend, n_workers, engine=None) 
             peak = max(peak, engine.memory_bytes())
             bar.update(len(chunk))
         engine.flush()
+        # an input smaller than a batch is only joined here: sample the window after
+        # the flush too, or a one-batch input reports a peak of 0 bytes; workers report
+        # what they hold with their answers, so wait for the last ones first
+        if backend is not None:
+            backend.sync()
+        peak = max(peak, engine.memory_bytes())
         parts.append(engine.take_results(payloads=True))
     elapsed = time.perf_counter() - t1
     cpu = time.process_time() - c1
-    r_all = np.concatenate([p[0] for p in parts])
-    s_all = np.concatenate([p[1] for p in parts])
-    pays = [None, None]
-    if getattr(engine, "with_payload", False):
-        import pyarrow as pa
+    with ph.phase("write"):
+        r_all = np.concatenate([p[0] for p in parts])
+        s_all = np.concatenate([p[1] for p in parts])
+        pays = [None, None]
+        if getattr(engine, "with_payload", False):
+            import pyarrow as pa
 
-        pays = [pa.concat_arrays([p[k] for p in parts]) for k in (2, 3)]
-    write_pairs(args.out, r_all, s_all, *pays)
-    late = engine.take_late()
-    if args.late_out:
-        write_ids(args.late_out, late)
+            pays = [pa.concat_arrays([p[k] for p in parts]) for k in (2, 3)]
+        write_pairs(args.out, r_all, s_all, *pays)
+        late = engine.take_late()
+        if args.late_out:
+            write_ids(args.late_out, late)
     n_late = sum(len(v) for v in late.values())
     rate = len(events) / elapsed if elapsed > 0 else float("inf")
     stored = max(1, max(engine.window_tuples().values()) * 2)
@@ -243,6 +274,17 @@ def _replay_engine(args, events, window, pred, backend, n_workers, engine=None) 
     print(f"results: {len(r_all)} pairs -> {args.out}")
     print(f"time: {elapsed:.2f} s  throughput: {rate:,.0f} tuples/s")
     print(f"cpu: {cpu:.2f} s in the join (this process)")
-    print(f"memory: peak {fmt_bytes(peak)} in the window "
-          f"({peak / stored:.1f} bytes per stored tuple)")
+    if engine_given:  # a handshake chain: its segments live in the node processes
+        print("memory: held by the handshake nodes, not measured here")
+    else:
+        print(f"memory: peak {fmt_bytes(peak)} in the window "
+              f"({peak / stored:.1f} bytes per stored tuple)")
+    if not engine_given:  # a handshake chain's caller prints its own line first
+        print(wall_line(args, ph, remote=backend is not None))
     return 0
+
+
+def wall_line(args, ph, remote: bool) -> str:
+    """Where the wall time went; on workers, said where their kernels loaded."""
+    return ph.line("" if args.warm_up or not remote else
+                   "join includes the workers' kernel loading; --warm-up measures it apart")

@@ -29,6 +29,10 @@ polars             the whole file joined offline in Polars (expressions: arrival
                    the band by ``join_where``), its pairs fetched as Arrow batches
 datafusion         the whole file joined offline in DataFusion, by DuckDB's SQL (the
                    bucket rewrite for bands), its pairs streamed as Arrow batches
+polars-mt,         ``polars`` and ``datafusion`` at their engine's *default* threads
+datafusion-mt      (Polars' pool as it sizes itself, DataFusion's default target
+                   partitions: the CPUs it may use), in a child process of their own,
+                   next to the one-thread rows: what a user who tries them gets
 spark              Spark Structured Streaming's stream-stream join (issue 6): run
                    when pyspark and ``spark_conn.peer`` exist, else skipped with the
                    reason printed
@@ -61,9 +65,9 @@ loaded by other jobs, two Numba threads meeting at OpenMP barriers ran PanJoin
 2.5x slower than one, and DuckDB ran alike with 1 or 2; Polars' pool is sized
 once, at import, so :func:`run_peers` sets ``POLARS_MAX_THREADS`` first and the
 polars peer fails rather than run another count; DataFusion gets ``threads``
-target partitions), and every peer materialises the (r_id, s_id) pairs it finds,
-chunk by chunk. An offline peer whose package is missing is skipped, the reason
-printed.
+target partitions; the ``-mt`` peers excepted), and every peer materialises the
+(r_id, s_id) pairs it finds, chunk by chunk. An offline peer whose package is
+missing is skipped, the reason printed.
 
 Streaming peers report the *steady* rate (the M tuples after the fill, windows
 full, expiry running) and the *whole-file* rate (N / total time); the offline

@@ -190,7 +190,13 @@ OFFLINE_PEERS = {
     "polars": (polars_peer, "bucket", "polars"),
     "polars-iejoin": (polars_peer, "iejoin", "polars"),
     "datafusion": (datafusion_peer, "bucket", "datafusion"),
+    "polars-mt": (polars_peer, "bucket", "polars"),
+    "datafusion-mt": (datafusion_peer, "bucket", "datafusion"),
 }
+#: offline peers run with their engine's *default* threads (Polars' pool as it sizes
+#: itself, DataFusion's default target partitions), not the run's ``threads``: what a
+#: user who tries them gets (issue 31)
+DEFAULT_THREADS_PEERS = frozenset({"polars-mt", "datafusion-mt"})
 BAND_AS = {"bucket": "bucket equi-join", "range": "range conditions",
            "iejoin": "IEJoin (join_where)"}
 

@@ -27,7 +27,8 @@ class PeerConfig:
     # one thread per peer: on the shared 2-core box (load 4-6) two Numba threads meet at
     # OpenMP barriers and ran PanJoin 2.5x slower than one; DuckDB ran alike with 1 or 2.
     # Polars' pool is sized at import (run_peers sets POLARS_MAX_THREADS to this);
-    # DataFusion gets this many target partitions
+    # DataFusion gets this many target partitions (polars-mt and datafusion-mt: their
+    # engine's default threads, whatever this says)
     threads: int = 1
     # the offline engines in a child process of their own (see runner.offline_pool)
     isolate: bool = True
@@ -37,7 +38,7 @@ class PeerConfig:
     only: tuple = ()  # keep only the workloads with these names (e.g. "band S=64 uniform")
     peers: tuple = ("panjoin-rap", "panjoin-wib", "panjoin-bisort", "panjoin-cluster",
                     "nested-loop", "sorted-list", "shj", "duckdb", "duckdb-range", "polars",
-                    "datafusion", "spark")
+                    "polars-mt", "datafusion", "datafusion-mt", "spark")
 
     @classmethod
     def quick(cls) -> PeerConfig:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from panjoin.bench.peers.adapters import (
     BAND_AS,
+    DEFAULT_THREADS_PEERS,
     OFFLINE_PEERS,
     _EngineOp,
     _SHJOp,
@@ -55,11 +56,51 @@ def offline_pool() -> ProcessPoolExecutor:
     return _OFFLINE_POOL
 
 
-def _offline_run(peer: str, wl: Workload, data: Data, threads: int) -> tuple[int, str, float]:
-    """One offline peer's join of the whole file: ``(pairs, digest, seconds)``."""
-    run, plan, _ = OFFLINE_PEERS[peer]
+_DEFAULT_THREADS_POOL: ProcessPoolExecutor | None = None
+
+
+def _unpin_threads() -> None:
+    """In the default-threads child, before polars is imported there: no pinned pool size."""
+    os.environ.pop("POLARS_MAX_THREADS", None)
+
+
+def default_threads_pool() -> ProcessPoolExecutor:
+    """The child process of the offline peers that run at their engine's default threads
+    (:data:`DEFAULT_THREADS_PEERS`): Polars sizes its pool once per process, so these
+    cannot share a process with the one-thread peers, isolated or not."""
+    global _DEFAULT_THREADS_POOL
+    if _DEFAULT_THREADS_POOL is None:
+        import multiprocessing
+
+        _DEFAULT_THREADS_POOL = ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn"), initializer=_unpin_threads)
+        atexit.register(_DEFAULT_THREADS_POOL.shutdown)
+    return _DEFAULT_THREADS_POOL
+
+
+def _default_threads(package: str) -> int:
+    """The threads an engine runs with when not told: Polars' pool size; DataFusion's
+    target partitions default to the CPUs this process may use (Rust's num_cpus: the
+    affinity mask and the cgroup quota, as :func:`panjoin.cpus.available_cpus`)."""
+    if package == "polars":
+        import polars as pl
+
+        return pl.thread_pool_size()
+    from panjoin.cpus import available_cpus
+
+    return available_cpus()
+
+
+def _offline_run(peer: str, wl: Workload, data: Data,
+                 threads: int) -> tuple[int, str, float, int]:
+    """One offline peer's join of the whole file: ``(pairs, digest, seconds, threads)``;
+    a :data:`DEFAULT_THREADS_PEERS` peer ignores ``threads`` and says what it ran with."""
+    run, plan, package = OFFLINE_PEERS[peer]
+    if peer in DEFAULT_THREADS_PEERS:
+        threads = None
     digest, secs = run(wl, data, threads, plan)
-    return digest.count, digest.hex(), secs
+    used = _default_threads(package) if threads is None else threads
+    return digest.count, digest.hex(), secs, used
 
 
 def _stream(op, data: Data, fill: int, chunk: int, bar=None, bounded: bool = False) -> dict:
@@ -190,17 +231,19 @@ class PeerRunner:
                 (f"; {rec.note}" if bounded else "")  # keeps the BOUNDED note
         elif peer in OFFLINE_PEERS:
             args = (peer, wl, data, self.cfg.threads)
-            rec.results, rec.pair_digest, rec.seconds = (
-                offline_pool().submit(_offline_run, *args).result() if self.cfg.isolate
+            own = peer in DEFAULT_THREADS_PEERS
+            rec.results, rec.pair_digest, rec.seconds, n = (
+                default_threads_pool().submit(_offline_run, *args).result() if own
+                else offline_pool().submit(_offline_run, *args).result() if self.cfg.isolate
                 else _offline_run(*args))
             if bar is not None:
                 bar.update(len(events))
             rec.whole_tps = len(events) / rec.seconds
-            n = self.cfg.threads
             rec.note = f"offline, pairs fetched, {n} thread{'s' if n != 1 else ''}" + (
+                " (the engine's default)" if own else "") + (
                 f", band as {BAND_AS[OFFLINE_PEERS[peer][1]]}" if wl.pred != "eq" else "") + (
                 ", y band in the filter" if wl.residual else "") + (
-                "" if self.cfg.isolate else ", in PanJoin's process")
+                "" if self.cfg.isolate or own else ", in PanJoin's process")
             return rec
         elif peer == "spark":
             digest = PairDigest()
