@@ -117,8 +117,10 @@ def test_auto_under_a_latency_bound_is_exact(window, pred, monkeypatch):
     lateness = 20 if window.startswith("time") else 0
     ev = generate(8000, "uniform", key_max=2_000, rate=20_000,
                   disorder_ms=10 if lateness else 0, seed=5)
+    # batch_size: the largest the bound may pick; a slow machine makes it pick large
+    # ones, and auto decides only after 8 batches (fewer than 8 of 8000 tuples: no hash)
     eng = JoinEngine(parse_window(window, lateness), pred, index="auto", subwindow_size=256,
-                     max_latency_ms=5, threads=1)
+                     max_latency_ms=5, batch_size=256, threads=1)
     for a in range(0, len(ev), 97):
         eng.push(ev.slice(a, a + 97))
         eng.tick()

@@ -13,11 +13,13 @@ miss ends after about 1.5 slots. Example, keys 7, 3, 7 inserted as rows 0, 1, 2:
     slot(7): key 7, head 2 + 1      nxt [-1, -1, 0]     lookup 7 -> rows 2, 0
     slot(3): key 3, head 1 + 1
 
-A batch of lookups runs a few probe tuples ahead of itself: the slot of tuple
-``i + AHEAD`` is prefetched while tuple ``i`` is resolved, and the head row of a hit
-before its chain is walked, so the cache misses of a small batch over a large
-subwindow overlap instead of queueing (the reason this index exists: a batch of 1K
-tuples costs one or two misses a tuple, with no merge into a large sorted array).
+Inserts prefetch the slot of tuple ``i + AHEAD`` while tuple ``i`` is chained. A
+batch of lookups keeps ``AHEAD`` of them in flight, one a lane, visited in turn
+(asynchronous memory access chaining): each lane's next access, its slot or the next
+row of its chain, is prefetched as the lane is left, so the cache misses of a small
+batch over a large subwindow overlap instead of queueing, chains included (the reason
+this index exists: a batch of 1K tuples costs one or two misses a tuple, with no
+merge into a large sorted array).
 Keys are compared as 64-bit patterns: int64 keys as they are, float64 keys with
 ``-0.0`` folded into ``0.0`` (the caller does it; NaN never reaches an index).
 """
@@ -30,8 +32,10 @@ from panjoin.subwindow.kernels.primitives import prefetch_read, prefetch_write
 from panjoin.subwindow.kernels.window import in_window
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-#: how many probe (or insert) tuples ahead of the current one a slot is prefetched
+#: how many probe (or insert) tuples ahead of the current one a slot is prefetched;
+#: also the lookups a probe keeps in flight
 AHEAD = 16
+_SLOT = -2  # a lookup lane's state: its slot is prefetched, its head not yet read
 
 
 @njit(inline="always", cache=True)
@@ -81,39 +85,59 @@ def _grow(a, need):
 def hash_lookup(slots, shift, nxt, ts, seq, pbits, pidx, mode, c0, c1, c2):
     """Pairs ``(probe index, stored seq)`` of the point lookups ``pbits[k]`` (key bits)
     made for probe tuple ``pidx[k]``, each stored row passed through the window filter
-    of its probe tuple."""
+    of its probe tuple; pairs come out in no particular order.
+
+    ``AHEAD`` lookups are in flight at once, one a lane, visited in turn: a lane's
+    next memory access (its slot, then each row of its chain) is prefetched when the
+    lane is left and read when it comes round again, so a chain's serial misses overlap
+    with the other lanes' instead of stalling the walk."""
     mask = (slots.shape[0] >> 1) - 1
     m = pbits.shape[0]
-    heads = np.empty(AHEAD, dtype=np.int64)  # a ring of resolved heads, AHEAD behind
+    lane_k = np.full(AHEAD, -1, dtype=np.int64)  # the lookup a lane serves, -1: none
+    lane_row = np.empty(AHEAD, dtype=np.int64)  # its next row; SLOT: its head is due
     out_p = np.empty(max(16, m), dtype=np.int64)
     out_s = np.empty(max(16, m), dtype=np.int64)
-    k = 0
-    for j in range(min(AHEAD, m)):
-        prefetch_read(slots, 2 * slot_of(pbits[j], shift))
-    for j in range(m + AHEAD):
-        i = j - AHEAD
-        if i >= 0:  # stage 2: walk tuple i's chain (its head row was prefetched)
-            row = heads[i % AHEAD]
-            p = pidx[i]
-            while row >= 0:
+    n = 0
+    taken = 0  # lookups handed to a lane so far
+    live = 0
+    for g in range(min(AHEAD, m)):
+        prefetch_read(slots, 2 * slot_of(pbits[taken], shift))
+        lane_k[g] = taken
+        lane_row[g] = _SLOT
+        taken += 1
+        live += 1
+    g = 0
+    while live > 0:
+        j = lane_k[g]
+        if j >= 0:
+            row = lane_row[g]
+            if row == _SLOT:  # its slot was prefetched: read the chain's head
+                row = _head(slots, shift, mask, pbits[j])
+            else:  # its row was prefetched: filter, then follow the chain
+                p = pidx[j]
                 if in_window(mode, c0[p], c1[p], c2[p], seq[row], ts[row]):
-                    if k == out_p.shape[0]:
-                        out_p = _grow(out_p, k + 1)
-                        out_s = _grow(out_s, k + 1)
-                    out_p[k] = p
-                    out_s[k] = seq[row]
-                    k += 1
+                    if n == out_p.shape[0]:
+                        out_p = _grow(out_p, n + 1)
+                        out_s = _grow(out_s, n + 1)
+                    out_p[n] = p
+                    out_s[n] = seq[row]
+                    n += 1
                 row = nxt[row]
-        if j < m:  # stage 1: tuple j's head row (its slot was prefetched); prefetch it
-            if j + AHEAD < m:
-                prefetch_read(slots, 2 * slot_of(pbits[j + AHEAD], shift))
-            h = _head(slots, shift, mask, pbits[j])
-            if h >= 0:  # the head row's columns, its chain link included
-                prefetch_read(seq, h)
-                prefetch_read(ts, h)
-                prefetch_read(nxt, h)
-            heads[j % AHEAD] = h  # the slot tuple i just freed
-    return out_p[:k], out_s[:k]
+            if row >= 0:
+                prefetch_read(seq, row)
+                prefetch_read(ts, row)
+                prefetch_read(nxt, row)
+                lane_row[g] = row
+            elif taken < m:  # chain done: the lane takes the next lookup
+                prefetch_read(slots, 2 * slot_of(pbits[taken], shift))
+                lane_k[g] = taken
+                lane_row[g] = _SLOT
+                taken += 1
+            else:
+                lane_k[g] = -1
+                live -= 1
+        g = g + 1 if g + 1 < AHEAD else 0
+    return out_p[:n], out_s[:n]
 
 
 @njit(**NJIT)
