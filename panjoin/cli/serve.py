@@ -84,8 +84,9 @@ def add_parser(sub) -> None:
                         "%(default)s)")
     p.add_argument("--memory-limit", type=size, metavar="BYTES",
                    help="memory budget for subwindows (K/M/G suffixes); a join or subwindow "
-                        "beyond it is refused with RESOURCE_EXHAUSTED (default: 80%% of the "
-                        "host's MemAvailable at start)")
+                        "beyond it is refused with RESOURCE_EXHAUSTED (default: 80%% of what "
+                        "the worker may use at start: the host's MemAvailable, or its "
+                        "cgroup's memory limit less its usage where that is less)")
     add_metrics_port(p)
     add_security(p, "worker")
     add_common(p)
