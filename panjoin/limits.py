@@ -63,6 +63,11 @@ PER_PARTITION = {"auto": 16, "rap": 144, "wib": 176, "bisort": 16, "bisort-openc
 BACKUP_PER_TUPLE = 48
 #: the default worker budget: this share of the host's available memory at start
 MEMORY_SHARE = 0.8
+#: what a worker holds beyond its subwindows, kept out of its default budget: the
+#: batches in flight (the manager keeps up to 8 probe rounds in flight; at NBat 256K a
+#: batch is some 16 MB as its message and its arrays). Measured: a worker whose
+#: subwindows were estimated at 252 MB grew by 387 MB (W 2M, NSub 1M, one worker)
+WORKER_IN_FLIGHT = 128 << 20
 
 
 def check_open(req) -> None:
@@ -169,13 +174,15 @@ def engine_bytes(window: Window, nsub: int, partitions: int, kind: str,
     """Bytes the in-process engine's subwindows hold once the window is full: the
     workers' per-join estimate (:func:`join_bytes_per_worker`) with one worker. A time
     window's by ``window_tuples`` (tuples it holds per stream, from the input's rate);
-    None when that is unknown (the engine then checks each new subwindow)."""
+    None when that is unknown (the engine then checks each new subwindow). One more
+    subwindow on top: a BI-Sort merge builds its new main array beside the old one,
+    and the batches in flight and their results need room too."""
+    one = subwindow_bytes(kind, nsub, partitions)
     if window.kind == "time":
         if window_tuples is None:
             return None
-        subs = 2 * (math.ceil(window_tuples / nsub) + 1)
-        return subs * subwindow_bytes(kind, nsub, partitions)
-    return join_bytes_per_worker(window, nsub, partitions, kind, 1, 1)
+        return (2 * (math.ceil(window_tuples / nsub) + 1) + 1) * one
+    return join_bytes_per_worker(window, nsub, partitions, kind, 1, 1) + one
 
 
 def check_engine_memory(need: int, budget: int, what: str) -> None:
@@ -189,13 +196,14 @@ def check_engine_memory(need: int, budget: int, what: str) -> None:
             "--cluster HOST:PORT), or give a larger --memory-limit")
 
 
-def default_memory_limit() -> int:
+def default_memory_limit(in_flight: int = 0) -> int:
     """MEMORY_SHARE of what this process may still use (:func:`panjoin.memory.memory_budget`:
-    the host's MemAvailable, or less where its cgroup's memory limit leaves less): a
+    the host's MemAvailable, or less where its cgroup's memory limit leaves less), less
+    ``in_flight`` bytes it needs beside its subwindows (a worker: WORKER_IN_FLIGHT): a
     worker's budget when ``--memory-limit`` is not given, and the in-process engine's."""
     from panjoin.memory import memory_budget
 
-    return int(memory_budget().left * MEMORY_SHARE)
+    return int(max(0, memory_budget().left - in_flight) * MEMORY_SHARE)
 
 
 def fmt(n: int) -> str:

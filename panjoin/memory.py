@@ -6,19 +6,25 @@ left; a container (or a ``systemd`` slice, or an emulated host of
 there, and a join sized by them is killed by the kernel's OOM killer halfway instead
 of refused at the start. So the memory a process may still use is::
 
-    left = min(MemAvailable, min over its cgroup and every ancestor of (limit - usage))
+    left = min(MemAvailable, min over its cgroup and every ancestor of
+                             (limit - working set))
 
-where a group's usage is what its processes hold now (this one included: the
-interpreter, the loaded kernels and, for ``panjoin replay``, the event file). Both
-layouts are read, in the group's directory that :mod:`panjoin.cpus` finds through
-``/proc/self/cgroup`` and ``/proc/self/mountinfo``:
+where a group's working set is what its processes hold now (this one included: the
+interpreter, the loaded kernels and, for ``panjoin replay``, the event file): its
+usage less the inactive file cache, which the kernel reclaims before it would
+OOM-kill anyone (the kubelet and cAdvisor count it so: an event file just read
+leaves its pages in the group's cache, and counting them would refuse windows that
+fit). Both layouts are read, in the group's directory that :mod:`panjoin.cpus`
+finds through ``/proc/self/cgroup`` and ``/proc/self/mountinfo``:
 
-* cgroup v1: ``memory.limit_in_bytes`` (no limit: a huge number, about 2^63) and
-  ``memory.usage_in_bytes`` in the ``memory`` controller's hierarchy;
-* cgroup v2: ``memory.max`` (``max`` = none) and ``memory.current``.
+* cgroup v1: ``memory.limit_in_bytes`` (no limit: a huge number, about 2^63),
+  ``memory.usage_in_bytes`` and ``total_inactive_file`` of ``memory.stat`` in the
+  ``memory`` controller's hierarchy;
+* cgroup v2: ``memory.max`` (``max`` = none), ``memory.current`` and
+  ``inactive_file`` of ``memory.stat``.
 
 Example: a worker in ``1:memory:/hosts/w0`` whose ``memory.limit_in_bytes`` is
-256 MiB and whose ``memory.usage_in_bytes`` is 96 MiB, on a host with 20 GiB
+256 MiB and whose working set is 96 MiB, on a host with 20 GiB
 available, may still use 160 MiB; its default budget for subwindows is
 ``MEMORY_SHARE`` (80%) of that (:func:`panjoin.limits.default_memory_limit`).
 
@@ -39,7 +45,8 @@ NO_LIMIT = 1 << 62
 
 
 class CgroupMemory(NamedTuple):
-    """A cgroup's memory limit and usage (bytes), and the file that set the limit."""
+    """A cgroup's memory limit and working set (bytes: usage less inactive file cache),
+    and the file that set the limit."""
 
     limit: int
     usage: int
@@ -71,6 +78,15 @@ class MemoryBudget(NamedTuple):
                 f"({c.source}), {host}")
 
 
+def _stat(text: str | None, key: str) -> int:
+    """One counter of a ``memory.stat`` text (0 when absent)."""
+    for line in (text or "").splitlines():
+        k, _, v = line.partition(" ")
+        if k == key:
+            return _int(v) or 0
+    return 0
+
+
 def cgroup_memory(proc_cgroup: str, mountinfo: str,
                   read: Callable[[str], str | None]) -> CgroupMemory | None:
     """The group with the least memory left over the process's cgroup and its ancestors,
@@ -83,6 +99,9 @@ def cgroup_memory(proc_cgroup: str, mountinfo: str,
     ...          "/sys/fs/cgroup/memory/job/memory.usage_in_bytes": "100663296\\n"}
     >>> m = cgroup_memory("4:memory:/job\\n", v1, files.get); m.left >> 20, m.source
     (160, '/sys/fs/cgroup/memory/job/memory.limit_in_bytes')
+    >>> files["/sys/fs/cgroup/memory/job/memory.stat"] = "cache 1\\ntotal_inactive_file 33554432\\n"
+    >>> cgroup_memory("4:memory:/job\\n", v1, files.get).left >> 20  # 32 MiB of it reclaimable
+    192
     >>> v2 = "30 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\\n"
     >>> cgroup_memory("0::/a\\n", v2, {"/sys/fs/cgroup/a/memory.max": "1048576\\n",
     ...                                "/sys/fs/cgroup/a/memory.current": "0\\n"}.get).limit
@@ -95,9 +114,10 @@ def cgroup_memory(proc_cgroup: str, mountinfo: str,
     for fstype, root, mountpoint, opts in _mounts(mountinfo):
         if fstype == "cgroup" and "memory" in opts and "memory" in v1:
             dirs, files = _dirs(mountpoint, root, v1["memory"]), (
-                "memory.limit_in_bytes", "memory.usage_in_bytes")
+                "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
         elif fstype == "cgroup2" and v2 is not None:
-            dirs, files = _dirs(mountpoint, root, v2), ("memory.max", "memory.current")
+            dirs, files = _dirs(mountpoint, root, v2), ("memory.max", "memory.current",
+                                                        "inactive_file")
         else:
             continue
         for d in dirs:
@@ -105,7 +125,9 @@ def cgroup_memory(proc_cgroup: str, mountinfo: str,
             limit = _int(read(src))  # "max" (v2) parses as None: no limit
             if limit is None or limit >= NO_LIMIT:
                 continue
-            m = CgroupMemory(limit, _int(read(os.path.join(d, files[1]))) or 0, src)
+            usage = _int(read(os.path.join(d, files[1]))) or 0
+            usage -= min(usage, _stat(read(os.path.join(d, "memory.stat")), files[2]))
+            m = CgroupMemory(limit, usage, src)
             if best is None or m.left < best.left:
                 best = m
     return best
