@@ -16,8 +16,11 @@ kill; the report says which it was.
 Workload: equi join, keys uniform in [0, W] (about one partner a tuple), 2.5 W
 tuples (each stream fills its window and slides a quarter of it), the replay's
 knobs for the file (NSub W up to 512K, W/2 beyond), BI-Sort, chunks of 64K tuples.
-Example (M 256 MiB): in-process holds 512K, N = 4 holds 4M: the four workers each
-keep a quarter of the subwindows.
+Measured at M = 512 MiB (benchmarks/RESULTS.md, issue 28, item 3): in-process holds
+W = 1M, one worker 1.25M, two 2.5M, four 3.5M; every larger window was refused before
+its join started. A worker's interpreter and libraries take about 110 MB of its host
+and its batches in flight some 160 MB (:data:`panjoin.limits.WORKER_IN_FLIGHT`), so
+hosts much below 512 MiB hold little window.
 """
 
 from __future__ import annotations

@@ -65,9 +65,11 @@ BACKUP_PER_TUPLE = 48
 MEMORY_SHARE = 0.8
 #: what a worker holds beyond its subwindows, kept out of its default budget: the
 #: batches in flight (the manager keeps up to 8 probe rounds in flight; at NBat 256K a
-#: batch is some 16 MB as its message and its arrays). Measured: a worker whose
-#: subwindows were estimated at 252 MB grew by 387 MB (W 2M, NSub 1M, one worker)
-WORKER_IN_FLIGHT = 128 << 20
+#: batch is some 16 MB as its message and its arrays) and a merge's new main array.
+#: Measured (one worker, NBat 256K, RSS from its warm state): +288 MB for subwindows
+#: estimated at 126 MB (W 1M), +356 MB for 222 MB (W 1.77M; OOM-killed in a 512 MiB
+#: host when this was 128 MiB): about 160 MB beyond the estimate, whatever W
+WORKER_IN_FLIGHT = 192 << 20
 
 
 def check_open(req) -> None:

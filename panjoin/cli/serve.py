@@ -85,7 +85,7 @@ def add_parser(sub) -> None:
     p.add_argument("--memory-limit", type=size, metavar="BYTES",
                    help="memory budget for subwindows (K/M/G suffixes); a join or subwindow "
                         "beyond it is refused with RESOURCE_EXHAUSTED (default: 80%% of what "
-                        "the worker may use once its kernels are loaded, less 128 MiB for "
+                        "the worker may use once its kernels are loaded, less 192 MiB for "
                         "batches in flight: the host's MemAvailable, or its cgroup's "
                         "memory limit less its working set where that is less)")
     add_metrics_port(p)
