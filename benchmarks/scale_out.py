@@ -22,6 +22,8 @@ the machine otherwise quiet). A plot shows the speedup against N with the ideal 
     python -m benchmarks.scale_out --quick     # N = 1, 2 on a small file (CI: checks pairs)
     python -m benchmarks.scale_out             # N = 1, 2, 3, 4, 6 at Q = 0.25, 4 workloads
     python -m benchmarks.scale_out --workloads eq-1M --workers 1,2 --quota 0.5
+    python -m benchmarks.scale_out --memory [--quick]   # item 3: largest window per N
+    python -m benchmarks.scale_out --project benchmarks/results/scale_out.json  # item 5
 
 It needs root and cgroup v1 (``cpu``, ``cpuacct``, ``memory`` under /sys/fs/cgroup),
 refuses with the reason otherwise, and removes every cgroup it made.
@@ -289,7 +291,19 @@ def main(argv=None) -> int:
                     "benchmarks/results/scale_out[-quick].json)")
     ap.add_argument("--plot", help="PNG (default: benchmarks/plots/scale_out[-quick].png)")
     ap.add_argument("--from-json", metavar="FILE", help="report and plot a saved run again")
+    ap.add_argument("--memory", action="store_true",
+                    help="item 3: the largest window held per N under --memory-mib a host "
+                         "(default 512: a worker's interpreter and libraries take about "
+                         "200 of it; --quick: W 128K and 256K only; "
+                         "benchmarks/scale_out_memory.py)")
+    ap.add_argument("--project", metavar="FROM_JSON",
+                    help="item 5: the model's projection to 8-128 hosts from a saved run's "
+                         "per-tuple costs (benchmarks/projection.py)")
     args = ap.parse_args(argv)
+    if args.project:
+        from benchmarks.projection import main as project
+
+        return project(args.project)
     tag = "-quick" if args.quick else ""
     out = args.out or f"benchmarks/results/scale_out{tag}.json"
     png = args.plot or f"benchmarks/plots/scale_out{tag}.png"
@@ -303,6 +317,15 @@ def main(argv=None) -> int:
     if why is not None:
         print(f"scale_out: cannot emulate hosts here: {why}", file=sys.stderr)
         return 2
+    if args.memory:
+        from benchmarks import scale_out_memory as mem
+
+        return mem.main([int(x) for x in (args.workers or ("1,2" if args.quick else "1,2,4")
+                                          ).split(",")],
+                        args.memory_mib or 512, args.quota,
+                        w0=(1 << 17) if args.quick else (1 << 18),
+                        steps=0 if args.quick else 2, max_doublings=1 if args.quick else 64,
+                        out_json=args.out or f"benchmarks/results/scale_out_memory{tag}.json")
     wls = workloads(args.quick)
     if args.workloads:
         all_wls = {**workloads(), **workloads(True)}

@@ -214,10 +214,19 @@ class LocalBackend:
         self.dtypes: dict[int, str] = {}  # sub_id -> "int64" / "float64"
         self.stats = BackendStats()
         self.want_seq = True  # local answers always carry them
+        #: bytes the subwindows may hold (None: unchecked); the in-process engine sets it
+        #: for a time window whose size in tuples it cannot know in advance
+        self.memory_limit: int | None = None
 
     def create(self, spec: CreateSpec) -> None:
         if spec.sub_id in self.subs:
             raise ValueError(f"subwindow {spec.sub_id} exists already")
+        if self.memory_limit is not None:
+            from panjoin.limits import check_engine_memory, subwindow_bytes
+
+            check_engine_memory(self.nbytes() + subwindow_bytes(
+                spec.kind, spec.capacity, spec.partitions, spec.backup), self.memory_limit,
+                f"the window, with its subwindow {spec.sub_id},")
         pred = self.subs.get(spec.predecessor) if spec.predecessor is not None else None
         opts = dict(spec.opts)
         if spec.splitters is not None:

@@ -10,7 +10,8 @@ Two kinds, both asked at ``Open`` by the manager, before it connects to a worker
   subwindow holds, by index kind, from its capacity NSub and partition count P (the
   constants were measured on full subwindows of 64K tuples, int64 keys, ids
   included); a join's subwindows spread over the workers. A worker has a budget
-  (``panjoin worker --memory-limit``, default :func:`default_memory_limit`), tells it
+  (``panjoin worker --memory-limit``, default :func:`default_memory_limit`, which
+  follows the cgroup's memory limit, :mod:`panjoin.memory`), tells it
   to each new session, and reserves each subwindow's bytes at Create: a join or a
   subwindow that does not fit is RESOURCE_EXHAUSTED, naming the numbers.
 
@@ -62,6 +63,13 @@ PER_PARTITION = {"auto": 16, "rap": 144, "wib": 176, "bisort": 16, "bisort-openc
 BACKUP_PER_TUPLE = 48
 #: the default worker budget: this share of the host's available memory at start
 MEMORY_SHARE = 0.8
+#: what a worker holds beyond its subwindows, kept out of its default budget: the
+#: batches in flight (the manager keeps up to 8 probe rounds in flight; at NBat 256K a
+#: batch is some 16 MB as its message and its arrays) and a merge's new main array.
+#: Measured (one worker, NBat 256K, RSS from its warm state): +288 MB for subwindows
+#: estimated at 126 MB (W 1M), +356 MB for 222 MB (W 1.77M; OOM-killed in a 512 MiB
+#: host when this was 128 MiB): about 160 MB beyond the estimate, whatever W
+WORKER_IN_FLIGHT = 192 << 20
 
 
 def check_open(req) -> None:
@@ -158,19 +166,46 @@ def join_bytes_per_worker(window: Window, nsub: int, partitions: int, kind: str,
     return total
 
 
-def default_memory_limit() -> int:
-    """MEMORY_SHARE of the host's available memory (``MemAvailable``, else all of it):
-    a worker's budget when ``--memory-limit`` is not given."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(int(line.split()[1]) * 1024 * MEMORY_SHARE)
-    except OSError:
-        pass
-    import os
+class WindowTooLarge(ValueError):
+    """A join's window does not fit in this process's memory budget (the in-process
+    engine's refusal, before it starts: not an OOM kill halfway)."""
 
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * MEMORY_SHARE)
+
+def engine_bytes(window: Window, nsub: int, partitions: int, kind: str,
+                 window_tuples: int | None = None) -> int | None:
+    """Bytes the in-process engine's subwindows hold once the window is full: the
+    workers' per-join estimate (:func:`join_bytes_per_worker`) with one worker. A time
+    window's by ``window_tuples`` (tuples it holds per stream, from the input's rate);
+    None when that is unknown (the engine then checks each new subwindow). One more
+    subwindow on top: a BI-Sort merge builds its new main array beside the old one,
+    and the batches in flight and their results need room too."""
+    one = subwindow_bytes(kind, nsub, partitions)
+    if window.kind == "time":
+        if window_tuples is None:
+            return None
+        return (2 * (math.ceil(window_tuples / nsub) + 1) + 1) * one
+    return join_bytes_per_worker(window, nsub, partitions, kind, 1, 1) + one
+
+
+def check_engine_memory(need: int, budget: int, what: str) -> None:
+    """Refuse ``need`` bytes over ``budget`` with the numbers and the ways out."""
+    if need > budget:
+        raise WindowTooLarge(
+            f"{what} needs about {fmt(need)} for its subwindows, and this process may use "
+            f"{fmt(budget)} (--memory-limit; default {MEMORY_SHARE:.0%} of what is left of "
+            "the host's MemAvailable or of its cgroup's memory limit): use a smaller window "
+            "or subwindow size, run it on a cluster of more workers (--workers N, "
+            "--cluster HOST:PORT), or give a larger --memory-limit")
+
+
+def default_memory_limit(in_flight: int = 0) -> int:
+    """MEMORY_SHARE of what this process may still use (:func:`panjoin.memory.memory_budget`:
+    the host's MemAvailable, or less where its cgroup's memory limit leaves less), less
+    ``in_flight`` bytes it needs beside its subwindows (a worker: WORKER_IN_FLIGHT): a
+    worker's budget when ``--memory-limit`` is not given, and the in-process engine's."""
+    from panjoin.memory import memory_budget
+
+    return int(max(0, memory_budget().left - in_flight) * MEMORY_SHARE)
 
 
 def fmt(n: int) -> str:

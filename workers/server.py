@@ -17,7 +17,10 @@ health, and a session that sends no message for ``idle_timeout`` seconds is ende
 (DEADLINE_EXCEEDED) and releases what it held. A manager keeps its idle joins'
 sessions alive with empty messages. Each session's subwindows reserve their estimated
 bytes (:func:`panjoin.limits.subwindow_bytes`) against the worker's ``memory_limit``;
-a Create beyond it is refused with RESOURCE_EXHAUSTED.
+a Create beyond it is refused with RESOURCE_EXHAUSTED. Its default: 80% of what the
+process may use once its kernels are loaded (:mod:`panjoin.memory`: MemAvailable, or
+its cgroup's limit less its working set), less ``WORKER_IN_FLIGHT`` for the batches
+in flight.
 
     panjoin worker --port 50051 --threads 2
     panjoin worker --port 50052 --index-backend opencl --device pocl
@@ -37,7 +40,13 @@ import numba
 from panjoin import codec
 from panjoin.backend import LocalBackend, NullBackend, SortedBatch
 from panjoin.config import tune_allocator
-from panjoin.limits import MAX_PARTITIONS, default_memory_limit, fmt, subwindow_bytes
+from panjoin.limits import (
+    MAX_PARTITIONS,
+    WORKER_IN_FLIGHT,
+    default_memory_limit,
+    fmt,
+    subwindow_bytes,
+)
 from panjoin.ops.metrics import WorkerCollector, with_metrics
 from panjoin.proto.panjoin.v1 import worker_pb2, worker_pb2_grpc
 from panjoin.serving import END, SPARE_THREADS, abort_full, read_ahead, register, start_server
@@ -75,7 +84,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise ValueError(f"idle timeout must be a positive number of s, got {idle_timeout}")
         self.max_sessions = max_sessions
         self.idle_timeout = idle_timeout
-        self.memory_limit = int(memory_limit) if memory_limit else default_memory_limit()
+        self.memory_given = bool(memory_limit)
+        self.memory_limit = (int(memory_limit) if memory_limit
+                             else default_memory_limit(WORKER_IN_FLIGHT))
         self.threads = threads
         # "opencl": the manager's "bisort" subwindows become OpenCL ones (opencl/) on device
         self.index_backend = index_backend
@@ -157,6 +168,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                        memory_reserved=reserved)
 
     # ------------------------------------------------------------------ memory
+
+    def settle_memory_limit(self) -> None:
+        """Take the default budget again once the kernels are loaded (``panjoin worker``
+        calls it after its warm-up): they and their libraries hold 50-100 MB that the
+        budget taken at start did not see, and under a cgroup memory limit that
+        difference is an OOM kill instead of a refusal (a worker of a 512 MiB host
+        accepted a 222 MB join and was killed filling it). A given limit stays."""
+        if not self.memory_given:
+            self.memory_limit = default_memory_limit(WORKER_IN_FLIGHT)
 
     def _reserve(self, sess: _Session | None, sub_id: int, nbytes: int) -> None:
         """Reserve ``nbytes`` for subwindow ``sub_id`` of ``sess`` (replacing what it had),
@@ -345,4 +365,5 @@ def serve(port: int = 0, threads: int = 1, host: str = "127.0.0.1", index_backen
         worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name, port, host,
         max_workers=max_sessions + SPARE_THREADS, serving=serving)
     with_metrics(server, WorkerCollector(servicer), metrics_port, host)
+    server.servicer = servicer  # for settle_memory_limit after the warm-up
     return server, port

@@ -57,6 +57,12 @@ def add_parser(sub) -> None:
                         "throwaway join (count:4K,4K, same predicate and index), so that "
                         "the kernels are loaded, as in a service that is already running "
                         "(default: the timed join loads them)")
+    p.add_argument("--memory-limit", type=size, metavar="BYTES",
+                   help="in-process: the memory the window's subwindows may hold (K/M/G "
+                        "suffixes); a window beyond it is refused before the join starts "
+                        "(default: 80%% of what this process may use: the host's "
+                        "MemAvailable, or its cgroup's memory limit less its usage where "
+                        "that is less)")
     add_topology(p)
     add_security(p, "client")
     add_common(p)
@@ -214,6 +220,7 @@ def _replay_handshake(args, events, window, pred, ph) -> int:
 def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=None) -> int:
     from panjoin.events import write_ids, write_pairs
     from panjoin.manager.engine import JoinEngine
+    from panjoin.manager.knobs import window_tuples
 
     engine_given = engine is not None  # a handshake chain: its nodes load their kernels
     if engine is None:
@@ -222,7 +229,8 @@ def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=No
                             max_lag=args.max_lag, threads=args.threads,
                             max_latency_ms=args.max_latency,
                             key_dtype=str(events.key.dtype), backend=backend,
-                            n_workers=n_workers)
+                            n_workers=n_workers, memory_limit=args.memory_limit,
+                            window_tuples=window_tuples(window, events.ts, events.stream))
         log.info("join %s on %s, index %s, NSub %d, P %d, NBat %d", window, pred, args.index,
                  engine.nsub, engine.partitions, engine.batch_size)
         if args.warm_up and backend is None:

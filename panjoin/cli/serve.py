@@ -84,8 +84,10 @@ def add_parser(sub) -> None:
                         "%(default)s)")
     p.add_argument("--memory-limit", type=size, metavar="BYTES",
                    help="memory budget for subwindows (K/M/G suffixes); a join or subwindow "
-                        "beyond it is refused with RESOURCE_EXHAUSTED (default: 80%% of the "
-                        "host's MemAvailable at start)")
+                        "beyond it is refused with RESOURCE_EXHAUSTED (default: 80%% of what "
+                        "the worker may use once its kernels are loaded, less 192 MiB for "
+                        "batches in flight: the host's MemAvailable, or its cgroup's "
+                        "memory limit less its working set where that is less)")
     add_metrics_port(p)
     add_security(p, "worker")
     add_common(p)
@@ -220,6 +222,7 @@ def run_manager(args) -> int:
 
 def run_worker(args) -> int:
     from panjoin.launch import READY, die_with_parent
+    from panjoin.limits import fmt
     from panjoin.serving import set_serving
     from workers.server import serve
     from workers.warm_up import warm_up
@@ -253,6 +256,9 @@ def run_worker(args) -> int:
     if not args.null:  # NOT_SERVING until its kernels are compiled (workers.warm_up)
         n, s = warm_up(args.threads)
         log.info("warm-up: %d joins in %.1f s", n, s)
+        server.servicer.settle_memory_limit()
+    log.info("memory budget for subwindows: %s (--memory-limit overrides)",
+             fmt(server.servicer.memory_limit))
     set_serving(server)
     log.info("worker serving on %s:%d with %d threads", args.host, port, args.threads)
     return serve_until_stopped(lambda: server.stop(grace=2).wait())

@@ -266,6 +266,8 @@ class JoinEngine:
         n_workers: int = 1,
         index_opts: dict | None = None,
         pipeline: int = 8,
+        memory_limit: int | None = None,
+        window_tuples: int | None = None,
     ):
         self.window = parse_window(window, allowed_lateness) if isinstance(window, str) else window
         self.pred = parse_predicate(predicate)
@@ -311,6 +313,8 @@ class JoinEngine:
         numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
         self.backend = backend if backend is not None else LocalBackend(self.threads)
         self.index_opts = dict(index_opts or {})
+        if backend is None:  # workers check their own budgets
+            self._check_memory(memory_limit, window_tuples)
         self.rings = {s: SubwindowRing(s, self.nsub, n_workers, first_worker=i)
                       for i, s in enumerate(STREAM_NAMES)}
         self.buffers = {s: _Buffer(track_ts=self.window.kind == "time") for s in STREAM_NAMES}
@@ -329,6 +333,20 @@ class JoinEngine:
         self.payload_text: bool | None = None  # strings in, strings out
         self._next_sub = 0
         self.stats = EngineStats()
+
+    def _check_memory(self, limit: int | None, window_tuples: int | None) -> None:
+        """Refuse, before anything is stored, a window whose subwindows will not fit in
+        ``limit`` bytes (default: :func:`panjoin.limits.default_memory_limit`, which
+        follows the cgroup's memory limit); a time window of unknown size in tuples
+        (``window_tuples``, from the input's rate) is checked at each new subwindow."""
+        from panjoin.limits import check_engine_memory, default_memory_limit, engine_bytes
+
+        limit = int(limit) if limit else default_memory_limit()
+        need = engine_bytes(self.window, self.nsub, self.partitions, self.index, window_tuples)
+        if need is None:
+            self.backend.memory_limit = limit
+            return
+        check_engine_memory(need, limit, f"window {self.window} ({self.index}, NSub {self.nsub})")
 
     # ------------------------------------------------------------------ step 1: collect
 
