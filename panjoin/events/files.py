@@ -89,11 +89,11 @@ def read_events(path, timings: dict | None = None) -> EventTable:
     try:
         # only our columns (extra ones are ignored anyway); stream as a dictionary of
         # its few tags, which is how Parquet stores it and much faster to check
-        table = pq.read_table(
-            path,
-            columns=[c for c in COLUMNS if c in names],
-            read_dictionary=["stream"] if is_text else None,
-        )
+        # ParquetFile, not read_table: read_table goes through pyarrow.dataset, whose
+        # import pulls in pandas (about half a second of a replay's start)
+        table = pq.ParquetFile(
+            path, read_dictionary=["stream"] if is_text else None,
+        ).read(columns=[c for c in COLUMNS if c in names])
     except (pa.ArrowException, OSError) as e:
         raise _not_parquet(path, e) from e
     t1 = time.perf_counter()

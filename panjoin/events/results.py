@@ -59,7 +59,7 @@ def _read_any(path, columns: tuple[str, ...], what: str) -> pa.Table:
             types = {c: pa.string() if c == "stream" else pa.int64() for c in columns}
             table = pcsv.read_csv(path, convert_options=pcsv.ConvertOptions(column_types=types))
         else:
-            table = pq.read_table(path)
+            table = pq.ParquetFile(path).read()  # not read_table: see files.read_events
     except (pa.ArrowException, OSError) as e:
         raise _fail(
             path, f"is not a readable {what} file ({e})", "pass a file written by panjoin"
