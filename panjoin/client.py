@@ -345,6 +345,24 @@ def payloads_of(events, stream: int, ids: np.ndarray) -> pa.Array:
     return pay.cast(pa.large_string() if text else PAYLOAD_TYPE).take(pa.array(rows[order[pos]]))
 
 
+def rows_of(events, rows: np.ndarray) -> SimpleNamespace:
+    """The chunk of ``events``' ``rows`` (stream, id, key, ts and key2; no payloads)."""
+    key2 = getattr(events, "key2", None)
+    if rows.size and rows[-1] - rows[0] + 1 == rows.size:  # a run of rows: views
+        rows = slice(int(rows[0]), int(rows[-1]) + 1)
+    return SimpleNamespace(stream=events.stream[rows], id=events.id[rows],
+                           key=events.key[rows], ts=events.ts[rows],
+                           key2=None if key2 is None else key2[rows])
+
+
+def with_payloads(events, r: np.ndarray, s: np.ndarray, late: dict) -> Result:
+    """The :class:`Result` of pairs ``r``, ``s``, with ``events``' payloads joined on by
+    id where it has them (:func:`payloads_of`)."""
+    if getattr(events, "payload", None) is None:
+        return Result(r, s, late)
+    return Result(r, s, late, payloads_of(events, 0, r), payloads_of(events, 1, s))
+
+
 def input_bytes(chunk) -> int:
     """About the size of ``chunk``'s JoinInput on the wire (its arrays and payloads)."""
     n = len(chunk.id)
@@ -415,20 +433,26 @@ class Client:
         self.tokens.pop(join_id, None)
         return st
 
-    def stream(self, join_id: str, chunks, first_batch_id: int = 1, flush_last: bool = True):
+    def stream(self, join_id: str, chunks, first_batch_id: int = 1, flush_last: bool = True,
+               watermarks: list[int] | None = None):
         """Send arrival-ordered chunks (EventTables, or anything with stream/id/key/ts
         arrays and optionally ``payload``); yields one :class:`Output` per chunk, the last
         one flushed (``flush_last``), and on a streaming join the outputs the manager
         pushes between them (``pushed``, batch id 0). Chunk i gets batch id
         ``first_batch_id + i``; the manager applies a batch id at most once, so a replay
-        after a crash is safe. The chunks stream without waiting for answers (see
-        :meth:`session` for one at a time, :meth:`live` to push and poll)."""
+        after a crash is safe. ``watermarks``: one event-time watermark per chunk (time
+        windows; see :func:`join_input`). The chunks stream without waiting for answers
+        (see :meth:`session` for one at a time, :meth:`live` to push and poll)."""
         chunks = list(chunks)
         token = self.token(join_id)
         for ch in chunks:
             self.check_size(ch)
+        if watermarks is not None and len(watermarks) != len(chunks):
+            raise ValueError(f"{len(watermarks)} watermarks for {len(chunks)} chunks")
         inputs = (join_input(join_id, first_batch_id + i, ch,
-                             flush=flush_last and i == len(chunks) - 1, token=token)
+                             flush=flush_last and i == len(chunks) - 1,
+                             watermark=None if watermarks is None else watermarks[i],
+                             token=token)
                   for i, ch in enumerate(chunks))
         for out in self.stub.Join(inputs):
             yield output_of(out)
@@ -449,32 +473,36 @@ class Client:
         ``r_id, s_id, late_ids_by_stream``)."""
         join_id = self.open(window, predicate, index, **settings)
         n = len(events)
-        # chunks below the message limit: 33 bytes a tuple without payloads (stream, id,
-        # key, ts, key2), and a margin
-        chunk = max(1, min(chunk, self.security.max_message_bytes // 40))
-        chunks = [SimpleNamespace(stream=events.stream[a:a + chunk], id=events.id[a:a + chunk],
-                                  key=events.key[a:a + chunk], ts=events.ts[a:a + chunk],
-                                  key2=None if getattr(events, "key2", None) is None
-                                  else events.key2[a:a + chunk])
-                  for a in range(0, max(1, n), chunk)]  # no payloads: they stay here
-        try:
-            outs = list(self.stream(join_id, chunks))
-            self.close_join(join_id)
-        except BaseException:
-            try:  # a join that failed is released now, not at the manager's idle timeout
-                self.close_join(join_id, timeout=30)
-            except grpc.RpcError:
-                pass
-            raise
+        step = self.chunk_rows(chunk)
+        chunks = [rows_of(events, np.arange(a, min(n, a + step)))
+                  for a in range(0, max(1, n), step)]  # no payloads: they stay here
+        outs = self.run_join(join_id, chunks)
         ls = np.concatenate([o.late_stream for o in outs])
         li = np.concatenate([o.late_id for o in outs])
         r = np.concatenate([o.r_id for o in outs])
         s = np.concatenate([o.s_id for o in outs])
-        pays = None
-        if getattr(events, "payload", None) is not None:
-            pays = (payloads_of(events, 0, r), payloads_of(events, 1, s))
-        return Result(r, s, {"R": li[ls == 0], "S": li[ls == 1]},
-                      pays[0] if pays else None, pays[1] if pays else None)
+        return with_payloads(events, r, s, {"R": li[ls == 0], "S": li[ls == 1]})
+
+    def chunk_rows(self, chunk: int) -> int:
+        """Rows a chunk may hold below the message limit: 33 bytes a tuple without
+        payloads (stream, id, key, ts, key2), and a margin."""
+        return max(1, min(chunk, self.security.max_message_bytes // 40))
+
+    def run_join(self, join_id: str, chunks, watermarks: list[int] | None = None
+                 ) -> list[Output]:
+        """Stream ``chunks`` to an open join (:meth:`stream`, the last flushed) and close
+        it; its outputs. A join that fails is closed at once, not at the manager's idle
+        timeout."""
+        try:
+            outs = list(self.stream(join_id, chunks, watermarks=watermarks))
+            self.close_join(join_id)
+        except BaseException:
+            try:
+                self.close_join(join_id, timeout=30)
+            except grpc.RpcError:
+                pass
+            raise
+        return outs
 
     def status(self, join_id: str):
         return self.stub.Status(self.ref(join_id))
