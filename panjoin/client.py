@@ -433,29 +433,34 @@ class Client:
         self.tokens.pop(join_id, None)
         return st
 
-    def stream(self, join_id: str, chunks, first_batch_id: int = 1, flush_last: bool = True,
-               watermarks: list[int] | None = None):
+    def stream(self, join_id: str, chunks, first_batch_id: int = 1, flush_last: bool = True):
         """Send arrival-ordered chunks (EventTables, or anything with stream/id/key/ts
-        arrays and optionally ``payload``); yields one :class:`Output` per chunk, the last
-        one flushed (``flush_last``), and on a streaming join the outputs the manager
-        pushes between them (``pushed``, batch id 0). Chunk i gets batch id
+        arrays and optionally ``payload``; a chunk with a ``watermark`` attribute sends
+        that event-time watermark, see :func:`join_input`); yields one :class:`Output` per
+        chunk, the last one flushed (``flush_last``), and on a streaming join the outputs
+        the manager pushes between them (``pushed``, batch id 0). Chunk i gets batch id
         ``first_batch_id + i``; the manager applies a batch id at most once, so a replay
-        after a crash is safe. ``watermarks``: one event-time watermark per chunk (time
-        windows; see :func:`join_input`). The chunks stream without waiting for answers
-        (see :meth:`session` for one at a time, :meth:`live` to push and poll)."""
-        chunks = list(chunks)
-        token = self.token(join_id)
-        for ch in chunks:
-            self.check_size(ch)
-        if watermarks is not None and len(watermarks) != len(chunks):
-            raise ValueError(f"{len(watermarks)} watermarks for {len(chunks)} chunks")
-        inputs = (join_input(join_id, first_batch_id + i, ch,
-                             flush=flush_last and i == len(chunks) - 1,
-                             watermark=None if watermarks is None else watermarks[i],
-                             token=token)
-                  for i, ch in enumerate(chunks))
-        for out in self.stub.Join(inputs):
+        after a crash is safe. The chunks stream without waiting for answers (see
+        :meth:`session` for one at a time, :meth:`live` to push and poll). A list is
+        checked against the message limit before anything is sent; an iterator is taken
+        as it yields (one chunk ahead, to flag the last), its chunks sized by the caller."""
+        if isinstance(chunks, list | tuple):
+            for ch in chunks:
+                self.check_size(ch)
+        for out in self.stub.Join(self._inputs(join_id, chunks, first_batch_id, flush_last)):
             yield output_of(out)
+
+    def _inputs(self, join_id: str, chunks, first_batch_id: int, flush_last: bool):
+        """The JoinInputs of ``chunks``, the last one flushed when ``flush_last``."""
+        token = self.token(join_id)
+        end = object()
+        it = iter(chunks)
+        ch, bid = next(it, end), first_batch_id
+        while ch is not end:
+            nxt = next(it, end)
+            yield join_input(join_id, bid, ch, flush=flush_last and nxt is end,
+                             watermark=getattr(ch, "watermark", None), token=token)
+            ch, bid = nxt, bid + 1
 
     def session(self, join_id: str) -> JoinSession:
         """A long-lived Join stream on ``join_id`` that sends one batch at a time."""
@@ -488,13 +493,12 @@ class Client:
         payloads (stream, id, key, ts, key2), and a margin."""
         return max(1, min(chunk, self.security.max_message_bytes // 40))
 
-    def run_join(self, join_id: str, chunks, watermarks: list[int] | None = None
-                 ) -> list[Output]:
+    def run_join(self, join_id: str, chunks) -> list[Output]:
         """Stream ``chunks`` to an open join (:meth:`stream`, the last flushed) and close
         it; its outputs. A join that fails is closed at once, not at the manager's idle
         timeout."""
         try:
-            outs = list(self.stream(join_id, chunks, watermarks=watermarks))
+            outs = list(self.stream(join_id, chunks))
             self.close_join(join_id)
         except BaseException:
             try:

@@ -4,7 +4,8 @@ Each manager runs one ordinary join on its key range; the client routes the even
 (:class:`panjoin.sharding.Router`: R to the shard that owns its key, S to every shard
 it can pair in, late tuples dropped once, here) and streams each shard its rows with
 the global watermark, all K shards at once, one thread each. The result is the union
-of the shards' pairs: each pair is found in exactly one shard. The managers may share
+of the shards' pairs: each pair is found in exactly one shard. The shards stream
+while the rest of the input is routed. The managers may share
 their workers (every manager opens its own sessions on them)::
 
     >>> res = sharded_join(["127.0.0.1:50050", "127.0.0.1:50060"], events,   # doctest: +SKIP
@@ -19,6 +20,7 @@ manager 0, or 50..60 on manager 1, may pair with it).
 from __future__ import annotations
 
 import logging
+import queue
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -49,36 +51,47 @@ def sharded_join(addresses: list[str], events, window: str, predicate: str,
     if router.shards != len(addresses):
         raise ValueError(f"{router.shards} shards for {len(addresses)} managers")
     clients = [Client(a, security) for a in addresses]
+    queues = [queue.Queue() for _ in addresses]  # shard -> its routed chunks, then None
+    late = {name: [] for name in STREAMS}
+
+    def feed(j: int):
+        while (ch := queues[j].get()) is not None:
+            yield ch
+
+    def run(j: int):
+        c = clients[j]
+        join_id = c.open(str(win), str(pred), index, **settings)
+        return c.run_join(join_id, feed(j))
+
     try:
-        step = min(c.chunk_rows(chunk) for c in clients)
-        n = len(events)
-        per = [[] for _ in addresses]  # shard -> its chunks
-        wms = [[] for _ in addresses]  # shard -> the watermark of each
-        late = {name: [] for name in STREAMS}
-        for a in range(0, n, step):
-            b = min(n, a + step)
-            routed = router.route(events.stream[a:b], keys[a:b], events.ts[a:b])
-            for j, rows in enumerate(routed.rows):
-                if rows.size:
-                    per[j].append(rows_of(events, rows + a))
-                    wms[j].append(routed.watermark)
-            for name, rows in routed.late.items():
-                late[name].append(events.id[rows + a])
-        log.info("sharded over %d managers (boundaries %s): %s tuples each", len(addresses),
-                 router.bounds.tolist(), [sum(len(c.id) for c in p) for p in per])
-        for j, p in enumerate(per):
-            if not p:  # a shard with nothing still opens and flushes: one empty input
-                per[j] = [rows_of(events, np.zeros(0, np.int64))]
-                wms[j] = [router.maxts if router.maxts is not None else 0]
-
-        def run(j: int):
-            c = clients[j]
-            join_id = c.open(str(win), str(pred), index, **settings)
-            return c.run_join(join_id, per[j], wms[j])
-
+        # the shards stream while the rest is routed (the client's CPU overlaps the
+        # managers'), each from its queue
         with ThreadPoolExecutor(len(addresses), thread_name_prefix="shard") as pool:
-            outs = [o for f in [pool.submit(run, j) for j in range(len(addresses))]
-                    for o in f.result()]
+            futures = [pool.submit(run, j) for j in range(len(addresses))]
+            sent = [0] * len(addresses)
+            try:
+                step = min(c.chunk_rows(chunk) for c in clients)
+                n = len(events)
+                for a in range(0, n, step):
+                    b = min(n, a + step)
+                    routed = router.route(events.stream[a:b], keys[a:b], events.ts[a:b])
+                    for j, rows in enumerate(routed.rows):
+                        if rows.size:
+                            ch = rows_of(events, rows + a)
+                            ch.watermark = routed.watermark
+                            queues[j].put(ch)
+                            sent[j] += rows.size
+                    for name, rows in routed.late.items():
+                        late[name].append(events.id[rows + a])
+                for j in range(len(addresses)):
+                    if not sent[j]:  # a shard with nothing still opens and flushes
+                        queues[j].put(rows_of(events, np.zeros(0, np.int64)))
+            finally:
+                for q in queues:
+                    q.put(None)
+            log.info("sharded over %d managers (boundaries %s): %s tuples each",
+                     len(addresses), router.bounds.tolist(), sent)
+            outs = [o for f in futures for o in f.result()]
     finally:
         for c in clients:
             c.close()
