@@ -24,6 +24,9 @@ the machine otherwise quiet). A plot shows the speedup against N with the ideal 
     python -m benchmarks.scale_out --workloads eq-1M --workers 1,2 --quota 0.5
     python -m benchmarks.scale_out --memory [--quick]   # item 3: largest window per N
     python -m benchmarks.scale_out --project benchmarks/results/scale_out.json  # item 5
+    python -m benchmarks.scale_out --managers 2 --workloads eq-time-1M --workers 4
+        # item 4: each N with one manager and with 2 (a join sharded by key over them,
+        # `replay --cluster A,B`; each manager its own host, all over the same workers)
 
 It needs root and cgroup v1 (``cpu``, ``cpuacct``, ``memory`` under /sys/fs/cgroup),
 refuses with the reason otherwise, and removes every cgroup it made.
@@ -32,6 +35,7 @@ refuses with the reason otherwise, and removes every cgroup it made.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -48,7 +52,7 @@ from panjoin.bench.hosts import Hosts, unsupported
 from panjoin.cli.replay import WARMED
 from panjoin.events import write_events
 from panjoin.generate import band_for_selectivity, generate
-from panjoin.launch import command, start_cluster
+from panjoin.launch import command, start_cluster, start_manager
 
 TIME_RE = re.compile(r"time: ([0-9.]+) s")
 CPU_RE = re.compile(r"cpu: ([0-9.]+) s in the join")
@@ -64,15 +68,36 @@ class Workload:
     key_min: int = 0
     key_max: int = KEY_MAX
     key2_max: float | None = None  # a residual on key2 (the 2-D band join)
+    #: a time window of this many ms instead of the count window (``window`` is then
+    #: about the tuples per stream it holds at ``rate``)
+    time_ms: int | None = None
+    rate: float = 1_000_000.0  # tuples/s of event time, both streams together
+    #: NSub for every run (in-process, one manager, K managers alike); None: the replay's
+    subwindow: int | None = None
+
+    @property
+    def window_spec(self) -> str:
+        if self.time_ms is not None:
+            return f"time:{self.time_ms},{self.time_ms}"
+        return f"count:{self.window},{self.window}"
 
     def events(self, seed: int = 1):
         return generate(self.tuples, "uniform", key_min=self.key_min, key_max=self.key_max,
-                        key2_max=self.key2_max, seed=seed)
+                        key2_max=self.key2_max, seed=seed, rate=self.rate)
+
+
+def time_workload(name: str, window: int, tuples: int, key_max: int) -> Workload:
+    """An equi join on a time window holding about ``window`` tuples per stream (what
+    shards over several managers): 1M tuples/s, half of them per stream."""
+    # NSub W/4, so that a K-th of a short file still makes subwindows on every worker
+    return Workload(name, window, tuples, "eq", key_max=key_max,
+                    time_ms=int(window * 1000 / 500_000), subwindow=window // 4)
 
 
 def workloads(quick: bool = False) -> dict[str, Workload]:
     if quick:
-        return {"eq-64K": Workload("eq-64K", 1 << 16, 1 << 18, "eq", key_max=1 << 16)}
+        return {"eq-64K": Workload("eq-64K", 1 << 16, 1 << 18, "eq", key_max=1 << 16),
+                "eq-time-64K": time_workload("eq-time-64K", 1 << 16, 1 << 18, 1 << 16)}
     m = 1 << 20
     e64 = int(band_for_selectivity(64, m, 0, KEY_MAX))
     return {
@@ -85,6 +110,8 @@ def workloads(quick: bool = False) -> dict[str, Workload]:
         # tuple, 21 in 10^4 of those pass y: much probing, few pairs
         "band2d-256K": Workload("band2d-256K", m // 4, m, "band:10&band2:10", key_min=1,
                                 key_max=10_000, key2_max=10_000.0),
+        # the equi join on a time window: what shards over K managers (--managers)
+        "eq-time-1M": time_workload("eq-time-1M", m, 4 * m, m),
     }
 
 
@@ -105,9 +132,11 @@ def _replay(wl: Workload, events: str, out: str, host, extra: list[str], hosts: 
     the IP octets received meanwhile. ``hosts`` start counting when the replay says
     its timed join starts."""
     net0 = None
-    cmd = command(["replay", events, "--window", f"count:{wl.window},{wl.window}",
+    cmd = command(["replay", events, "--window", wl.window_spec,
                    "--predicate", wl.predicate, "--index", "bisort",
-                   "--warm-up", "--out", out, "--no-progress", *extra], host=host)
+                   "--warm-up", "--out", out, "--no-progress", *extra,
+                   *(["--subwindow-size", str(wl.subwindow)] if wl.subwindow else [])],
+                  host=host)
     with tempfile.TemporaryFile("w+") as err:
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
         text = []
@@ -173,20 +202,39 @@ def run_in_process(wl: Workload, events: str, work: str, quota: float,
                 "hosts": _hosts_report({"in-process": h}, t, quota, {"in-process": cpu})}
 
 
+def manager_names(k: int) -> list[str]:
+    """The hosts of K managers: ``manager`` (one manager, as always), ``manager1``, ..."""
+    return ["manager"] + [f"manager{i}" for i in range(1, k)]
+
+
 def run_cluster(wl: Workload, n: int, events: str, work: str, quota: float,
-                memory_mib: float | None) -> dict:
+                memory_mib: float | None, managers: int = 1) -> dict:
+    """N worker hosts, ``managers`` manager hosts over all of them (more than one: the
+    replay shards the join by key over them) and the client's host."""
     with Hosts(quota, memory_mib) as hs:
         workers = [hs.new(f"worker{i}") for i in range(n)]
-        manager, client = hs.new("manager"), hs.new("client")
-        with start_cluster(n, 1, hosts=workers, manager_host=manager,
-                           manager_args=["--replicas", "1"]) as c:
+        mhosts = {name: hs.new(name) for name in manager_names(managers)}
+        client = hs.new("client")
+        with contextlib.ExitStack() as stack:
+            c = stack.enter_context(start_cluster(n, 1, hosts=workers,
+                                                  manager_host=mhosts["manager"],
+                                                  manager_args=["--replicas", "1"]))
+            # manager i lists the workers from the (i N / K)-th on: the rings of the K
+            # shards, which advance in step, put their newest subwindows on different ones
+            more = [start_manager(c.addresses[i * n // managers:] +
+                                  c.addresses[:i * n // managers], args=["--replicas", "1"],
+                                  host=mhosts[name])
+                    for i, name in enumerate(manager_names(managers)) if i > 0]
+            for m in more:
+                stack.callback(m.stop)
             c.warm_up("bisort")
-            all_hosts = {"manager": manager, **{f"worker{i}": w for i, w in enumerate(workers)},
+            all_hosts = {**mhosts, **{f"worker{i}": w for i, w in enumerate(workers)},
                          "client": client}
+            where = ",".join([c.address, *(m.address for m in more)])
             t, cpu, net = _replay(wl, events, os.path.join(work, f"cluster{n}.parquet"),
-                                  client, ["--cluster", c.address], all_hosts)
+                                  client, ["--cluster", where], all_hosts)
             rep = _hosts_report(all_hosts, t, quota, {"client": cpu})
-    return {"n": n, "time_s": t, "tuples_per_s": wl.tuples / t,
+    return {"n": n, "managers": managers, "time_s": t, "tuples_per_s": wl.tuples / t,
             "wire_b_per_tuple": net / wl.tuples, "hosts": rep}
 
 
@@ -195,7 +243,8 @@ def bottleneck(rec: dict) -> str:
 
 
 def run_workload(wl: Workload, ns: list[int], quota: float, memory_mib: float | None,
-                 work: str, echo=print) -> dict:
+                 work: str, echo=print, managers: int = 1) -> dict:
+    """In-process, then each N (with one manager, and with ``managers`` if more)."""
     events = os.path.join(work, f"{wl.name}.parquet")
     write_events(wl.events(), events)
     local = run_in_process(wl, events, work, quota, memory_mib)
@@ -203,12 +252,12 @@ def run_workload(wl: Workload, ns: list[int], quota: float, memory_mib: float | 
          f"({local['tuples_per_s'] / 1e6:.2f} M/s)")
     ref = pairs_digest(os.path.join(work, "local.parquet"))
     runs = []
-    for n in ns:
+    for n, k in [(n, k) for n in ns for k in sorted({1, managers})]:
         try:
-            r = run_cluster(wl, n, events, work, quota, memory_mib)
+            r = run_cluster(wl, n, events, work, quota, memory_mib, k)
         except Exception as e:  # reported, and the sweep goes on
-            echo(f"{wl.name}: N={n} FAILED: {str(e)[-800:]}")
-            runs.append({"n": n, "error": str(e)[-3000:], "same_pairs": False})
+            echo(f"{wl.name}: N={n} K={k} FAILED: {str(e)[-800:]}")
+            runs.append({"n": n, "managers": k, "error": str(e)[-3000:], "same_pairs": False})
             continue
         r["speedup"] = local["time_s"] / r["time_s"]
         got = os.path.join(work, f"cluster{n}.parquet")
@@ -216,7 +265,7 @@ def run_workload(wl: Workload, ns: list[int], quota: float, memory_mib: float | 
         os.remove(got)
         r["bottleneck"] = bottleneck(r)
         runs.append(r)
-        echo(f"{wl.name}: N={n} {r['time_s']:.2f} s speedup {r['speedup']:.2f}x "
+        echo(f"{wl.name}: N={n} K={k} {r['time_s']:.2f} s speedup {r['speedup']:.2f}x "
              f"bottleneck {r['bottleneck']} ({r['hosts'][r['bottleneck']]['util']:.0%} of its "
              f"quota) wire {r['wire_b_per_tuple']:.0f} B/tuple same pairs {r['same_pairs']}")
     return {"workload": wl.__dict__, "quota": quota, "memory_mib": memory_mib,
@@ -241,12 +290,15 @@ def report(recs: list[dict]) -> str:
                 continue
             hs = r["hosts"]
             ws = [v for k, v in hs.items() if k.startswith("worker")]
+            ms = [v for k, v in hs.items() if k.startswith("manager")]
+            k = r.get("managers", 1)
             lines.append(
-                f"| {rec['workload']['name']} | {r['n']} | {r['time_s']:.2f} | "
+                f"| {rec['workload']['name']} | {r['n']}{f' (K {k})' if k > 1 else ''} | "
+                f"{r['time_s']:.2f} | "
                 f"{r['tuples_per_s'] / 1e6:.2f} | {r['speedup']:.2f}x | {0.75 * r['n']:.2f}x | "
                 f"{r['bottleneck']} ({hs[r['bottleneck']]['util']:.0%}) | "
-                f"{hs['manager']['cpu_s']:.1f} / {sum(w['cpu_s'] for w in ws):.1f} / "
-                f"{hs['client']['cpu_s']:.1f} | {hs['manager']['peak_mib']:.0f} / "
+                f"{sum(m['cpu_s'] for m in ms):.1f} / {sum(w['cpu_s'] for w in ws):.1f} / "
+                f"{hs['client']['cpu_s']:.1f} | {max(m['peak_mib'] for m in ms):.0f} / "
                 f"{max(w['peak_mib'] for w in ws):.0f} / {hs['client']['peak_mib']:.0f} | "
                 f"{r['wire_b_per_tuple']:.0f} | {r['same_pairs']} |")
     return "\n".join(lines)
@@ -263,9 +315,10 @@ def plot(recs: list[dict], path: str) -> None:
     ax.plot([0, top], [0, top], ":", color="gray", label="ideal (N x)")
     ax.plot([0, top], [0, 0.75 * top], "--", color="gray", alpha=0.6, label="target 0.75 N")
     for rec in recs:
-        ok = [r for r in rec["cluster"] if "error" not in r]
-        ax.plot([r["n"] for r in ok], [r["speedup"] for r in ok], "o-",
-                label=rec["workload"]["name"])
+        for k in sorted({r.get("managers", 1) for r in rec["cluster"]}):
+            ok = [r for r in rec["cluster"] if "error" not in r and r.get("managers", 1) == k]
+            ax.plot([r["n"] for r in ok], [r["speedup"] for r in ok], "o-",
+                    label=rec["workload"]["name"] + (f", {k} managers" if k > 1 else ""))
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xlabel("worker hosts N")
     ax.set_ylabel("speedup over one in-process host")
@@ -287,6 +340,9 @@ def main(argv=None) -> int:
     ap.add_argument("--memory-mib", type=float, help="memory limit per host (default: none)")
     ap.add_argument("--workloads", help="comma-separated (default: all): " + ", ".join(
         workloads()))
+    ap.add_argument("--managers", type=int, default=1, metavar="K",
+                    help="also run each N with K managers, a join sharded by key over them "
+                         "(time windows only: e.g. --workloads eq-time-1M; default: 1)")
     ap.add_argument("--out", help="JSON of the runs (default: "
                     "benchmarks/results/scale_out[-quick].json)")
     ap.add_argument("--plot", help="PNG (default: benchmarks/plots/scale_out[-quick].png)")
@@ -313,6 +369,21 @@ def main(argv=None) -> int:
         print(report(recs))
         plot(recs, png)
         return 0
+    wls = workloads(args.quick)
+    if args.workloads:
+        all_wls = {**workloads(), **workloads(True)}
+        unknown = [w for w in args.workloads.split(",") if w not in all_wls]
+        if unknown:
+            ap.error(f"unknown workload(s) {', '.join(unknown)}; choose from "
+                     f"{', '.join(all_wls)}")
+        wls = {w: all_wls[w] for w in args.workloads.split(",")}
+    else:  # the sweep of one manager as before; with several, what shards
+        wls = {k: v for k, v in wls.items() if (v.time_ms is not None) == (args.managers > 1)}
+    if args.managers > 1 and any(w.time_ms is None for w in wls.values()):
+        ap.error("--managers shards by key, which needs a time window: choose time "
+                 "workloads (--workloads " + ",".join(
+                     k for k, v in {**workloads(), **workloads(True)}.items()
+                     if v.time_ms is not None) + ")")
     why = unsupported()
     if why is not None:
         print(f"scale_out: cannot emulate hosts here: {why}", file=sys.stderr)
@@ -326,21 +397,14 @@ def main(argv=None) -> int:
                         w0=(1 << 17) if args.quick else (1 << 18),
                         steps=0 if args.quick else 2, max_doublings=1 if args.quick else 64,
                         out_json=args.out or f"benchmarks/results/scale_out_memory{tag}.json")
-    wls = workloads(args.quick)
-    if args.workloads:
-        all_wls = {**workloads(), **workloads(True)}
-        unknown = [w for w in args.workloads.split(",") if w not in all_wls]
-        if unknown:
-            ap.error(f"unknown workload(s) {', '.join(unknown)}; choose from "
-                     f"{', '.join(all_wls)}")
-        wls = {w: all_wls[w] for w in args.workloads.split(",")}
     ns = [int(x) for x in (args.workers or ("1,2" if args.quick else "1,2,3,4,6")).split(",")]
     quota = args.quota or (0.5 if args.quick else 0.25)
     recs = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as work:
         for wl in wls.values():
-            recs.append(run_workload(wl, ns, quota, args.memory_mib, work))
+            recs.append(run_workload(wl, ns, quota, args.memory_mib, work,
+                                     managers=args.managers))
     print(report(recs))
     print(f"({time.perf_counter() - t0:.0f} s)")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)

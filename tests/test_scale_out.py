@@ -97,6 +97,31 @@ def test_the_quick_benchmark_gives_the_same_pairs(tmp_path):
     assert not [d for d in os.listdir("/sys/fs/cgroup/cpu") if d.startswith("panjoin-hosts")]
 
 
+@needs_hosts
+def test_two_managers_give_the_same_pairs(tmp_path):
+    """--managers 2: each N with one manager and with a join sharded over two."""
+    out, png = tmp_path / "so.json", tmp_path / "so.png"
+    p = subprocess.run([sys.executable, "-m", "benchmarks.scale_out", "--quick", "--managers",
+                        "2", "--workers", "2", "--out", str(out), "--plot", str(png)],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    recs = json.loads(out.read_text())
+    assert recs[0]["workload"]["time_ms"] is not None
+    assert [(r["n"], r["managers"]) for r in recs[0]["cluster"]] == [(2, 1), (2, 2)]
+    for r in recs[0]["cluster"]:
+        assert r["same_pairs"]
+    assert set(recs[0]["cluster"][1]["hosts"]) == {"manager", "manager1", "client",
+                                                   "worker0", "worker1"}
+    assert "2 (K 2)" in p.stdout
+    assert not [d for d in os.listdir("/sys/fs/cgroup/cpu") if d.startswith("panjoin-hosts")]
+
+
+def test_managers_refuse_a_count_window_workload():
+    p = subprocess.run([sys.executable, "-m", "benchmarks.scale_out", "--managers", "2",
+                        "--workloads", "eq-1M"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "needs a time window" in p.stderr, p.stderr
+
+
 def test_the_pairs_digest_is_order_free_and_sees_a_changed_pair(tmp_path):
     import numpy as np
     import pyarrow as pa
