@@ -49,7 +49,8 @@ def check(addresses, ev, window, pred, lateness, **kw):
     return ref
 
 
-@pytest.mark.parametrize("pred", ["eq", "band:3", "band:2&band2:20"])
+@pytest.mark.parametrize("pred", ["eq", "band:3", "band:2&band2:20", "bands:-6,-2;3,8",
+                                  "ne"])
 def test_sharded_time_join_is_exact(managers, pred):
     # 1500 tuples, keys -40..40, 30 ms of disorder over L = 10 ms: late tuples, and
     # bands that straddle the boundary (the keys' median)

@@ -96,7 +96,7 @@ def _run(args, ph) -> int:
     check_topology(args, "panjoin replay", on_manager=bool(args.cluster))
     window = parse_window(args.window, args.allowed_lateness)
     pred = parse_predicate(args.predicate)
-    if args.cluster and "," in args.cluster and window.kind != "time":
+    if args.cluster and len(managers(args.cluster)) > 1 and window.kind != "time":
         from panjoin.sharding import COUNT_REFUSED
 
         raise SystemExit(f"panjoin replay: error: --cluster {args.cluster}: {COUNT_REFUSED}")
@@ -147,6 +147,11 @@ def _run(args, ph) -> int:
             return _replay_engine(args, events, window, pred, backend, args.workers, ph)
 
 
+def managers(cluster: str) -> list[str]:
+    """The manager addresses of ``--cluster A[,B...]``: more than one shards the join."""
+    return [a.strip() for a in cluster.split(",") if a.strip()]
+
+
 def _fill_knobs(args, window, events) -> None:
     """NSub and NBat left out: the whole-file rule (:mod:`panjoin.manager.knobs`)."""
     from panjoin.manager.knobs import offline_knobs
@@ -174,7 +179,7 @@ def _replay_on_manager(args, events, window, pred, ph) -> int:
                                    allowed_lateness=window.lateness,
                                    result_format=int(args.result_format == "ranges")).items()
             if v}
-    addresses = args.cluster.split(",")
+    addresses = managers(args.cluster)
     if args.warm_up:  # a join of its own on each manager, closed before the timed one
         with ph.phase("load kernels"):
             for a in addresses:
@@ -189,7 +194,7 @@ def _replay_on_manager(args, events, window, pred, ph) -> int:
             res = sharded_join(addresses, events, str(window), str(pred), args.index,
                                chunk=args.chunk, **opts)
         else:
-            with Client(args.cluster) as c:
+            with Client(addresses[0]) as c:
                 res = c.join(events, str(window), str(pred), args.index, chunk=args.chunk,
                              **opts)
     r, s, late = res
