@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 
 from panjoin.config import INDEX_CHOICES
+from panjoin.memory import fmt, memory_budget
 from panjoin.semantics import Window
 
 #: the largest count window (tuples a stream), subwindow (NSub), partition count (P),
@@ -174,17 +175,20 @@ class WindowTooLarge(ValueError):
 def engine_bytes(window: Window, nsub: int, partitions: int, kind: str,
                  window_tuples: int | None = None) -> int | None:
     """Bytes the in-process engine's subwindows hold once the window is full: the
-    workers' per-join estimate (:func:`join_bytes_per_worker`) with one worker. A time
-    window's by ``window_tuples`` (tuples it holds per stream, from the input's rate);
-    None when that is unknown (the engine then checks each new subwindow). One more
+    workers' per-join estimate (:func:`join_bytes_per_worker`) with one worker, by
+    ``window_tuples``, the most tuples it will hold per stream (a time window's from the
+    input's rate; a count window's never more than its input has: a window of 2^40
+    over a small file is small). None when that is unknown (an engine fed by a
+    stream of unknown length): the engine then checks each new subwindow. One more
     subwindow on top: a BI-Sort merge builds its new main array beside the old one,
     and the batches in flight and their results need room too."""
     one = subwindow_bytes(kind, nsub, partitions)
+    if window_tuples is None:
+        return None
     if window.kind == "time":
-        if window_tuples is None:
-            return None
         return (2 * (math.ceil(window_tuples / nsub) + 1) + 1) * one
-    return join_bytes_per_worker(window, nsub, partitions, kind, 1, 1) + one
+    held = Window("count", min(window.r, window_tuples), min(window.s, window_tuples))
+    return join_bytes_per_worker(held, nsub, partitions, kind, 1, 1) + one
 
 
 def check_engine_memory(need: int, budget: int, what: str) -> None:
@@ -203,17 +207,4 @@ def default_memory_limit(in_flight: int = 0) -> int:
     the host's MemAvailable, or less where its cgroup's memory limit leaves less), less
     ``in_flight`` bytes it needs beside its subwindows (a worker: WORKER_IN_FLIGHT): a
     worker's budget when ``--memory-limit`` is not given, and the in-process engine's."""
-    from panjoin.memory import memory_budget
-
     return int(max(0, memory_budget().left - in_flight) * MEMORY_SHARE)
-
-
-def fmt(n: int) -> str:
-    """Bytes for a person: ``fmt(3 << 30) == '3.0 GiB'``."""
-    if n < 1024:
-        return f"{n} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        n /= 1024
-        if n < 1024:
-            return f"{n:.1f} {unit}"
-    return f"{n / 1024:.1f} PiB"

@@ -57,6 +57,17 @@ class CgroupMemory(NamedTuple):
         return max(0, self.limit - self.usage)
 
 
+def fmt(n: int) -> str:
+    """Bytes for a person: ``fmt(3 << 30) == '3.0 GiB'``."""
+    if n < 1024:
+        return f"{n} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} PiB"
+
+
 class MemoryBudget(NamedTuple):
     """What this process may still use (bytes), from ``available`` (the host's
     MemAvailable) and ``cgroup`` (None: no limit)."""
@@ -68,8 +79,6 @@ class MemoryBudget(NamedTuple):
     @property
     def why(self) -> str:
         """E.g. ``160.0 MiB: cgroup limit 256.0 MiB, 96.0 MiB used (<file>), host 20.0 GiB``."""
-        from panjoin.limits import fmt
-
         host = f"host MemAvailable {fmt(self.available)}"
         if self.cgroup is None:
             return f"{fmt(self.left)}: {host}, no cgroup memory limit"
@@ -149,4 +158,4 @@ def memory_budget() -> MemoryBudget:
     return MemoryBudget(min(avail, cg.left) if cg is not None else avail, avail, cg)
 
 
-__all__ = ["CgroupMemory", "MemoryBudget", "cgroup_memory", "mem_available", "memory_budget"]
+__all__ = ["CgroupMemory", "MemoryBudget", "cgroup_memory", "fmt", "mem_available", "memory_budget"]

@@ -328,6 +328,27 @@ def saturating_add(a: np.ndarray, c: int) -> np.ndarray:
     return out
 
 
+def late_mask(ts: np.ndarray, maxts: int | None, lateness: int) -> tuple[np.ndarray, int | None]:
+    """Which tuples of an arrival-ordered chunk are late (``ts`` below the largest ts of
+    all earlier arrivals, ``maxts`` before the chunk, minus ``lateness``), and the
+    largest ts after it. Example, L = 2: ts [5, 9, 6, 7] -> late [F, F, T, F]."""
+    ts = np.asarray(ts, dtype=np.int64)
+    if ts.size == 0:
+        return np.zeros(0, dtype=bool), maxts
+    run = np.maximum.accumulate(ts)
+    prev = np.empty_like(ts)
+    prev[1:] = run[:-1]
+    prev[0] = I64_MIN if maxts is None else maxts
+    if maxts is not None:
+        np.maximum(prev, maxts, out=prev)
+    has_prev = np.ones(ts.size, dtype=bool)
+    has_prev[0] = maxts is not None
+    # clamped, not wrapped: near I64_MIN, prev - L would wrap to a large ts
+    late = has_prev & (ts < saturating_add(prev, -lateness))
+    top = int(run[-1])
+    return late, top if maxts is None else max(maxts, top)
+
+
 def _exact_ge(c: np.ndarray, k: np.ndarray, a: float) -> np.ndarray:
     """Exactly ``c - k >= a`` for float64 arrays (TwoSum error-free difference)."""
     with np.errstate(over="ignore", invalid="ignore"):

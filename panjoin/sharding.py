@@ -50,10 +50,10 @@ from panjoin.semantics import (
     Predicate,
     SpecError,
     Window,
+    late_mask,
     parse_predicate,
     parse_window,
     probe_bounds,
-    saturating_add,
 )
 
 #: keys a router samples for its boundaries (evenly spaced over what it is given)
@@ -103,27 +103,6 @@ def s_targets(bounds: np.ndarray, pred: Predicate, keys: np.ndarray) -> np.ndarr
         for j in range(out.shape[0]):
             out[j] |= live & (first <= j) & (last >= j)
     return out
-
-
-def late_mask(ts: np.ndarray, maxts: int | None, lateness: int) -> tuple[np.ndarray, int | None]:
-    """Which tuples of an arrival-ordered chunk are late (``ts`` below the largest ts of
-    all earlier arrivals, ``maxts`` before the chunk, minus ``lateness``), and the
-    largest ts after it. Example, L = 2: ts [5, 9, 6, 7] -> late [F, F, T, F]."""
-    ts = np.asarray(ts, dtype=np.int64)
-    if ts.size == 0:
-        return np.zeros(0, dtype=bool), maxts
-    run = np.maximum.accumulate(ts)
-    prev = np.empty_like(ts)
-    prev[1:] = run[:-1]
-    prev[0] = I64_MIN if maxts is None else maxts
-    if maxts is not None:
-        np.maximum(prev, maxts, out=prev)
-    has_prev = np.ones(ts.size, dtype=bool)
-    has_prev[0] = maxts is not None
-    # clamped, not wrapped: near I64_MIN, prev - L would wrap to a large ts
-    late = has_prev & (ts < saturating_add(prev, -lateness))
-    top = int(run[-1])
-    return late, top if maxts is None else max(maxts, top)
 
 
 @dataclass

@@ -48,21 +48,34 @@ def test_the_budget_is_at_most_what_the_host_has_available():
 
 
 def test_the_engine_refuses_a_count_window_that_does_not_fit_before_it_starts():
+    # window_tuples: the most the window will hold (a replay knows it from its file)
     with pytest.raises(WindowTooLarge) as e:
-        JoinEngine("count:1000000,1000000", "eq", index="bisort", memory_limit=10 * MIB)
+        JoinEngine("count:1000000,1000000", "eq", index="bisort", memory_limit=10 * MIB,
+                   window_tuples=1_000_000)
     msg = str(e.value)
     # the numbers and the ways out
     assert "needs about" in msg and "10.0 MiB" in msg
     assert "--memory-limit" in msg and "--workers" in msg and "smaller window" in msg
-    JoinEngine("count:1000000,1000000", "eq", index="bisort", memory_limit=1 << 30)
+    JoinEngine("count:1000000,1000000", "eq", index="bisort", memory_limit=1 << 30,
+               window_tuples=1_000_000)
+    # a count window larger than its input holds only the input (here one subwindow a
+    # stream, about 50 MiB, against 110 MiB full): not refused
+    with pytest.raises(WindowTooLarge):
+        JoinEngine("count:1000000,1000000", "eq", index="bisort", memory_limit=80 * MIB,
+                   window_tuples=1_000_000)
+    JoinEngine("count:1000000,1000000", "eq", index="bisort", memory_limit=80 * MIB,
+               window_tuples=10_000)
     # a time window of a known rate: estimated at construction too
     with pytest.raises(WindowTooLarge):
         JoinEngine("time:1000,1000", "eq", index="bisort", memory_limit=10 * MIB,
                    window_tuples=1_000_000)
 
 
-def test_a_time_window_of_unknown_size_is_refused_as_it_fills():
-    eng = JoinEngine("time:1000000,1000000", "eq", index="bisort", memory_limit=3 * MIB,
+@pytest.mark.parametrize("window", ["time:1000000,1000000", "count:1000000,1000000"])
+def test_a_window_of_unknown_size_is_refused_as_it_fills(window):
+    # no window_tuples: a stream of unknown length (the API); a count window of 2^40 over
+    # a few tuples is fine, so the check waits for the subwindows
+    eng = JoinEngine(window, "eq", index="bisort", memory_limit=3 * MIB,
                      subwindow_size=4096, batch_size=1024)
     with pytest.raises(WindowTooLarge, match="subwindow"):
         for i in range(0, 400_000, 1024):
@@ -101,8 +114,10 @@ def test_replay_refuses_with_an_explicit_limit_and_writes_nothing(tmp_path):
 
 @needs_hosts
 def test_replay_under_a_real_cgroup_limit_is_refused_not_oom_killed(tmp_path):
+    # subwindows of 16M tuples (about 3.3 GiB for the two the file starts); the window
+    # holds only the file's 100K a stream, but each subwindow is made at its capacity
     events = _events(tmp_path)
-    big = ["--window", "count:20000000,20000000"]  # about 2 GiB of subwindows
+    big = ["--window", "count:20000000,20000000", "--subwindow-size", "16M"]
     with Hosts(memory_mib=400) as hs:
         h = hs.new("small")
         p = _replay(events, str(tmp_path / "p.parquet"), *big, host=h)

@@ -7,8 +7,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from panjoin.semantics import I64_MAX, I64_MIN, SpecError, parse_predicate, parse_window
-from panjoin.sharding import Router, boundaries, late_mask, s_targets, shard_of
+from panjoin.semantics import I64_MAX, I64_MIN, SpecError, late_mask, parse_predicate, parse_window
+from panjoin.sharding import Router, boundaries, s_targets, shard_of
 
 PREDICATES = ["eq", "band:3", "band:0", "bands:-5,-2;4,9", "ne", "bands:-1.5,0.5;7,7",
               "band:2&band2:1"]

@@ -240,10 +240,19 @@ def _replay_handshake(args, events, window, pred, ph) -> int:
             chain.close()
 
 
+def _held(window, events) -> int:
+    """Tuples the window will hold per stream at most, for the engine's memory check: its
+    size (a count window) or span times the file's rate, and never more than the file
+    has of its busier stream (a count window of 1G over a 2M-tuple file holds 1M)."""
+    from panjoin.manager.knobs import window_tuples
+
+    n_s = int(events.stream.sum())
+    return min(window_tuples(window, events.ts, events.stream), max(n_s, len(events) - n_s))
+
+
 def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=None) -> int:
     from panjoin.events import write_ids, write_pairs
     from panjoin.manager.engine import JoinEngine
-    from panjoin.manager.knobs import window_tuples
 
     engine_given = engine is not None  # a handshake chain: its nodes load their kernels
     if engine is None:
@@ -253,7 +262,7 @@ def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=No
                             max_latency_ms=args.max_latency,
                             key_dtype=str(events.key.dtype), backend=backend,
                             n_workers=n_workers, memory_limit=args.memory_limit,
-                            window_tuples=window_tuples(window, events.ts, events.stream))
+                            window_tuples=_held(window, events))
         log.info("join %s on %s, index %s, NSub %d, P %d, NBat %d", window, pred, args.index,
                  engine.nsub, engine.partitions, engine.batch_size)
         if args.warm_up and backend is None:

@@ -80,9 +80,9 @@ from panjoin.semantics import (
     I64_MIN,
     Predicate,
     Window,
+    late_mask,
     parse_predicate,
     parse_window,
-    saturating_add,
 )
 from panjoin.wire import PAYLOAD_TYPE
 
@@ -337,8 +337,9 @@ class JoinEngine:
     def _check_memory(self, limit: int | None, window_tuples: int | None) -> None:
         """Refuse, before anything is stored, a window whose subwindows will not fit in
         ``limit`` bytes (default: :func:`panjoin.limits.default_memory_limit`, which
-        follows the cgroup's memory limit); a time window of unknown size in tuples
-        (``window_tuples``, from the input's rate) is checked at each new subwindow."""
+        follows the cgroup's memory limit); without ``window_tuples`` (the most tuples
+        the window will hold per stream: a replay knows it from its file) the window is
+        checked at each new subwindow instead."""
         from panjoin.limits import check_engine_memory, default_memory_limit, engine_bytes
 
         limit = int(limit) if limit else default_memory_limit()
@@ -434,19 +435,9 @@ class JoinEngine:
             if low > I64_MIN:  # an int64 compare: W = -inf (none yet) makes nothing late
                 keep = ts >= low
         elif self.window.kind == "time":
-            # late iff ts < (largest ts of all earlier arrivals) - L, per tuple in arrival order
-            run = np.maximum.accumulate(ts)
-            prev = np.empty(n, dtype=_I64)
-            prev[1:] = run[:-1]
-            prev[0] = self.maxts if self.maxts is not None else np.iinfo(np.int64).min
-            if self.maxts is not None:
-                np.maximum(prev, self.maxts, out=prev)
-            has_prev = np.ones(n, dtype=bool)
-            if self.maxts is None:
-                has_prev[0] = False
-            # clamped, not wrapped: near I64_MIN, prev - L would wrap to a large ts
-            keep = ~(has_prev & (ts < saturating_add(prev, -self.window.lateness)))
-            self.maxts = int(run[-1]) if self.maxts is None else max(self.maxts, int(run[-1]))
+            # late iff ts < (largest ts of all earlier arrivals) - L, in arrival order
+            late, self.maxts = late_mask(ts, self.maxts, self.window.lateness)
+            keep = ~late
         if keep is not None and not keep.all():
             for x, name in enumerate(STREAM_NAMES):
                 lm = ~keep & (stream == x)
