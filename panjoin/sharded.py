@@ -5,7 +5,9 @@ Each manager runs one ordinary join on its key range; the client routes the even
 it can pair in, late tuples dropped once, here) and streams each shard its rows with
 the global watermark, all K shards at once, one thread each. The result is the union
 of the shards' pairs: each pair is found in exactly one shard. The shards stream
-while the rest of the input is routed. The managers may share
+while the rest of the input is routed, each from a queue of at most ``DEPTH`` routed
+chunks (a slow shard holds the router back instead of queueing the input), and a
+shard whose join fails stops the routing at once. The managers may share
 their workers (every manager opens its own sessions on them)::
 
     >>> res = sharded_join(["127.0.0.1:50050", "127.0.0.1:50060"], events,   # doctest: +SKIP
@@ -33,6 +35,9 @@ from panjoin.sharding import Router, boundaries
 
 log = logging.getLogger("panjoin")
 
+#: routed chunks a shard may have waiting: the client holds O(K x DEPTH) chunks
+DEPTH = 4
+
 
 def sharded_join(addresses: list[str], events, window: str, predicate: str,
                  index: str = DEFAULT_INDEX, chunk: int = 1 << 18,
@@ -51,7 +56,7 @@ def sharded_join(addresses: list[str], events, window: str, predicate: str,
     if router.shards != len(addresses):
         raise ValueError(f"{router.shards} shards for {len(addresses)} managers")
     clients = [Client(a, security) for a in addresses]
-    queues = [queue.Queue() for _ in addresses]  # shard -> its routed chunks, then None
+    queues = [queue.Queue(DEPTH) for _ in addresses]  # shard -> its routed chunks, then None
     late = {name: [] for name in STREAMS}
 
     def feed(j: int):
@@ -69,6 +74,27 @@ def sharded_join(addresses: list[str], events, window: str, predicate: str,
         with ThreadPoolExecutor(len(addresses), thread_name_prefix="shard") as pool:
             futures = [pool.submit(run, j) for j in range(len(addresses))]
             sent = [0] * len(addresses)
+
+            def put(j: int, item, check: bool = True) -> None:
+                """Queue ``item`` for shard j, waiting while its queue is full. With
+                ``check``, the first failed shard's error is raised (routing stops);
+                without, a shard that ended takes nothing more."""
+                while True:
+                    if check:
+                        for f in futures:
+                            if f.done() and f.exception() is not None:
+                                raise f.exception()
+                    if futures[j].done():
+                        if check:
+                            raise RuntimeError(f"shard {j} ({addresses[j]}) ended its join "
+                                               "before its input did")
+                        return
+                    try:
+                        queues[j].put(item, timeout=0.05)
+                        return
+                    except queue.Full:
+                        pass
+
             try:
                 step = min(c.chunk_rows(chunk) for c in clients)
                 n = len(events)
@@ -79,16 +105,16 @@ def sharded_join(addresses: list[str], events, window: str, predicate: str,
                         if rows.size:
                             ch = rows_of(events, rows + a)
                             ch.watermark = routed.watermark
-                            queues[j].put(ch)
+                            put(j, ch)
                             sent[j] += rows.size
                     for name, rows in routed.late.items():
                         late[name].append(events.id[rows + a])
                 for j in range(len(addresses)):
                     if not sent[j]:  # a shard with nothing still opens and flushes
-                        queues[j].put(rows_of(events, np.zeros(0, np.int64)))
+                        put(j, rows_of(events, np.zeros(0, np.int64)))
             finally:
-                for q in queues:
-                    q.put(None)
+                for j in range(len(addresses)):
+                    put(j, None, check=False)
             log.info("sharded over %d managers (boundaries %s): %s tuples each",
                      len(addresses), router.bounds.tolist(), sent)
             outs = [o for f in futures for o in f.result()]

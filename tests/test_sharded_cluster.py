@@ -131,3 +131,25 @@ def test_replay_cli_over_two_managers(managers, tmp_path):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert p.returncode != 0
     assert "count windows do not shard" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_a_failed_shard_stops_the_routing(managers, monkeypatch):
+    """A shard whose join fails (its manager is gone) stops the routing at once with
+    that shard's error: the router does not go on queueing the whole input for it (a
+    copy of the input in memory, with unbounded queues)."""
+    import socket
+
+    import panjoin.sharded as sharded
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        gone = f"127.0.0.1:{s.getsockname()[1]}"
+    routed = []
+    route = sharded.Router.route
+    monkeypatch.setattr(sharded.Router, "route",
+                        lambda self, *a: routed.append(1) or route(self, *a))
+    ev = generate(200_000, "uniform", key_min=0, key_max=999, rate=1000, seed=5)
+    with pytest.raises(Exception) as e:
+        sharded_join([managers[0], gone], ev, "time:100,100", "eq", chunk=1000)
+    assert len(routed) < 50, f"{len(routed)} of 200 chunks routed after the shard failed"
+    assert "UNAVAILABLE" in str(e.value) or "connect" in str(e.value).lower(), e.value
