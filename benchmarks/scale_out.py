@@ -19,9 +19,17 @@ tuple (this machine's IP octets received, loopback included, from the start of
 the timed join to the end of the replay, its writing of the pairs included: keep
 the machine otherwise quiet). A plot shows the speedup against N with the ideal line.
 
+With ``--lan`` the hosts do not share loopback: each is a network namespace on a
+bridge (:mod:`panjoin.bench.lan`), its egress shaped to ``--lan-gbit`` x Q (a 10
+Gbit/s host scaled like its CPU) and delayed by ``--lan-delay-ms`` where the kernel
+has netem; the servers listen on their host's address with TLS (a throwaway CA,
+:mod:`panjoin.pki`) and the manager's token, as across real hosts; the wire bytes are
+what the hosts sent, counted at their veths.
+
     python -m benchmarks.scale_out --quick     # N = 1, 2 on a small file (CI: checks pairs)
     python -m benchmarks.scale_out             # N = 1, 2, 3, 4, 6 at Q = 0.25, 4 workloads
     python -m benchmarks.scale_out --workloads eq-1M --workers 1,2 --quota 0.5
+    python -m benchmarks.scale_out --lan --lan-delay-ms 0 --workloads eq-1M  # a LAN model
     python -m benchmarks.scale_out --memory [--quick]   # item 3: largest window per N
     python -m benchmarks.scale_out --project benchmarks/results/scale_out.json  # item 5
     python -m benchmarks.scale_out --managers 2 --workloads eq-time-1M --workers 4
@@ -49,10 +57,14 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from panjoin.bench.hosts import Hosts, unsupported
+from panjoin.bench.lan import Lan
+from panjoin.bench.lan import unsupported as lan_unsupported
 from panjoin.cli.replay import WARMED
 from panjoin.events import write_events
 from panjoin.generate import band_for_selectivity, generate
 from panjoin.launch import command, start_cluster, start_manager
+from panjoin.pki import make_pki
+from panjoin.security import use
 
 TIME_RE = re.compile(r"time: ([0-9.]+) s")
 CPU_RE = re.compile(r"cpu: ([0-9.]+) s in the join")
@@ -125,12 +137,13 @@ def ip_octets_in() -> int:
     return 0
 
 
-def _replay(wl: Workload, events: str, out: str, host, extra: list[str], hosts: dict
-            ) -> tuple[float, float, int]:
+def _replay(wl: Workload, events: str, out: str, host, extra: list[str], hosts: dict,
+            wire=ip_octets_in) -> tuple[float, float, int]:
     """One warm ``panjoin replay`` in ``host``: its printed join time and its own CPU
     time in the join (its start, the file and the warm-up are outside both), in s, and
-    the IP octets received meanwhile. ``hosts`` start counting when the replay says
-    its timed join starts."""
+    the bytes on the wire meanwhile (``wire()``: a counter; this machine's IP octets
+    received, or an emulated LAN's bytes sent). ``hosts`` start counting when the
+    replay says its timed join starts."""
     net0 = None
     cmd = command(["replay", events, "--window", wl.window_spec,
                    "--predicate", wl.predicate, "--index", "bisort",
@@ -145,11 +158,11 @@ def _replay(wl: Workload, events: str, out: str, host, extra: list[str], hosts: 
             if line.startswith(WARMED):
                 for h in hosts.values():
                     h.mark()
-                net0 = ip_octets_in()
+                net0 = wire()
         if p.wait() != 0:
             err.seek(0)
             raise RuntimeError(f"replay failed ({p.returncode}): {err.read()[-3000:]}")
-    net = ip_octets_in() - net0
+    net = wire() - net0
     out = "".join(text)
     return float(TIME_RE.search(out).group(1)), float(CPU_RE.search(out).group(1)), net
 
@@ -208,34 +221,52 @@ def manager_names(k: int) -> list[str]:
 
 
 def run_cluster(wl: Workload, n: int, events: str, work: str, quota: float,
-                memory_mib: float | None, managers: int = 1) -> dict:
+                memory_mib: float | None, managers: int = 1, lan: dict | None = None) -> dict:
     """N worker hosts, ``managers`` manager hosts over all of them (more than one: the
-    replay shards the join by key over them) and the client's host."""
-    with Hosts(quota, memory_mib) as hs:
+    replay shards the join by key over them) and the client's host; with ``lan``
+    (``{"rate_mbit": R, "delay_ms": D}``), each host in its own network namespace on
+    an emulated LAN (:mod:`panjoin.bench.lan`), its servers on its address with TLS."""
+    with Hosts(quota, memory_mib) as hs, \
+            (Lan(**lan) if lan is not None else contextlib.nullcontext()) as net:
         workers = [hs.new(f"worker{i}") for i in range(n)]
         mhosts = {name: hs.new(name) for name in manager_names(managers)}
         client = hs.new("client")
+        all_hosts = {**mhosts, **{f"worker{i}": w for i, w in enumerate(workers)},
+                     "client": client}
+        sec, wire = None, ip_octets_in
+        if net is not None:
+            for h in all_hosts.values():
+                net.attach(h)
+            # off loopback: TLS both ways and the manager's token, as on real hosts
+            sec = make_pki(work, ips=[net.gateway, *(h.ip for h in all_hosts.values())])
+            wire = net.sent_bytes
         with contextlib.ExitStack() as stack:
-            c = stack.enter_context(start_cluster(n, 1, hosts=workers,
-                                                  manager_host=mhosts["manager"],
-                                                  manager_args=["--replicas", "1"]))
+            c = stack.enter_context(start_cluster(
+                n, 1, hosts=workers, worker_args=[["--host", w.ip] for w in workers],
+                manager_host=mhosts["manager"], security=sec,
+                manager_args=["--replicas", "1", "--host", mhosts["manager"].ip]))
             # manager i lists the workers from the (i N / K)-th on: the rings of the K
             # shards, which advance in step, put their newest subwindows on different ones
             more = [start_manager(c.addresses[i * n // managers:] +
-                                  c.addresses[:i * n // managers], args=["--replicas", "1"],
-                                  host=mhosts[name])
+                                  c.addresses[:i * n // managers], host=mhosts[name],
+                                  args=["--replicas", "1", "--host", mhosts[name].ip],
+                                  security=sec)
                     for i, name in enumerate(manager_names(managers)) if i > 0]
             for m in more:
                 stack.callback(m.stop)
-            c.warm_up("bisort")
-            all_hosts = {**mhosts, **{f"worker{i}": w for i, w in enumerate(workers)},
-                         "client": client}
+            old = use(sec) if sec is not None else None
+            try:
+                c.warm_up("bisort")
+            finally:
+                if old is not None:
+                    use(old)
             where = ",".join([c.address, *(m.address for m in more)])
-            t, cpu, net = _replay(wl, events, os.path.join(work, f"cluster{n}.parquet"),
-                                  client, ["--cluster", where], all_hosts)
+            t, cpu, net_bytes = _replay(
+                wl, events, os.path.join(work, f"cluster{n}.parquet"), client,
+                ["--cluster", where, *(sec.argv() if sec is not None else [])], all_hosts, wire)
             rep = _hosts_report(all_hosts, t, quota, {"client": cpu})
     return {"n": n, "managers": managers, "time_s": t, "tuples_per_s": wl.tuples / t,
-            "wire_b_per_tuple": net / wl.tuples, "hosts": rep}
+            "wire_b_per_tuple": net_bytes / wl.tuples, "hosts": rep, "lan": lan}
 
 
 def bottleneck(rec: dict) -> str:
@@ -243,7 +274,7 @@ def bottleneck(rec: dict) -> str:
 
 
 def run_workload(wl: Workload, ns: list[int], quota: float, memory_mib: float | None,
-                 work: str, echo=print, managers: int = 1) -> dict:
+                 work: str, echo=print, managers: int = 1, lan: dict | None = None) -> dict:
     """In-process, then each N (with one manager, and with ``managers`` if more)."""
     events = os.path.join(work, f"{wl.name}.parquet")
     write_events(wl.events(), events)
@@ -254,7 +285,7 @@ def run_workload(wl: Workload, ns: list[int], quota: float, memory_mib: float | 
     runs = []
     for n, k in [(n, k) for n in ns for k in sorted({1, managers})]:
         try:
-            r = run_cluster(wl, n, events, work, quota, memory_mib, k)
+            r = run_cluster(wl, n, events, work, quota, memory_mib, k, lan)
         except Exception as e:  # reported, and the sweep goes on
             echo(f"{wl.name}: N={n} K={k} FAILED: {str(e)[-800:]}")
             runs.append({"n": n, "managers": k, "error": str(e)[-3000:], "same_pairs": False})
@@ -343,6 +374,16 @@ def main(argv=None) -> int:
     ap.add_argument("--managers", type=int, default=1, metavar="K",
                     help="also run each N with K managers, a join sharded by key over them "
                          "(time windows only: e.g. --workloads eq-time-1M; default: 1)")
+    ap.add_argument("--lan", action="store_true",
+                    help="each host in its own network namespace on an emulated LAN (a veth "
+                         "on a bridge, its egress shaped by tc; servers on its address with "
+                         "TLS and the manager's token), instead of loopback")
+    ap.add_argument("--lan-gbit", type=float, default=10.0,
+                    help="with --lan: a whole host's link in Gbit/s, scaled by the quota Q "
+                         "like its CPU (default: 10, so 2.5 Gbit/s at Q = 0.25)")
+    ap.add_argument("--lan-delay-ms", type=float, default=0.1,
+                    help="with --lan: one-way delay per host (default: 0.1; needs the "
+                         "kernel's netem, else say 0 to model the rate alone)")
     ap.add_argument("--out", help="JSON of the runs (default: "
                     "benchmarks/results/scale_out[-quick].json)")
     ap.add_argument("--plot", help="PNG (default: benchmarks/plots/scale_out[-quick].png)")
@@ -399,12 +440,19 @@ def main(argv=None) -> int:
                         out_json=args.out or f"benchmarks/results/scale_out_memory{tag}.json")
     ns = [int(x) for x in (args.workers or ("1,2" if args.quick else "1,2,3,4,6")).split(",")]
     quota = args.quota or (0.5 if args.quick else 0.25)
+    lan = None
+    if args.lan:
+        lan = {"rate_mbit": args.lan_gbit * 1000 * quota, "delay_ms": args.lan_delay_ms}
+        why = lan_unsupported(**lan)
+        if why is not None:
+            print(f"scale_out: cannot emulate the LAN here: {why}", file=sys.stderr)
+            return 2
     recs = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as work:
         for wl in wls.values():
             recs.append(run_workload(wl, ns, quota, args.memory_mib, work,
-                                     managers=args.managers))
+                                     managers=args.managers, lan=lan))
     print(report(recs))
     print(f"({time.perf_counter() - t0:.0f} s)")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)

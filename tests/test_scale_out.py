@@ -7,10 +7,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from panjoin.bench.hosts import CONTROLLERS, Hosts, unsupported
+from panjoin.bench.lan import Lan
+from panjoin.bench.lan import unsupported as lan_unsupported
 
 WHY = unsupported()
 needs_hosts = pytest.mark.skipif(WHY is not None, reason=f"no emulated hosts here: {WHY}")
@@ -154,3 +157,72 @@ def test_groups_of_a_killed_run_are_removed_by_the_next():
     with Hosts(0.5) as hs:
         hs.new("client")
         assert not any(os.path.exists(d) for d in stale)
+
+
+LAN_WHY = WHY or lan_unsupported(1000.0, 0.0)
+needs_lan = pytest.mark.skipif(LAN_WHY is not None, reason=f"no emulated LAN here: {LAN_WHY}")
+
+
+def _our_netns() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.startswith("pj-")]
+
+
+@needs_lan
+def test_a_host_on_the_lan_sends_at_its_rate_only():
+    """Two hosts' namespaces on the bridge, the sender's egress shaped to 40 Mbit/s:
+    4 MB between them take at least 0.6 s (unshaped: a few ms), so the bytes really
+    cross the emulated link; everything is gone after."""
+    recv = ("import socket,sys\ns=socket.socket()\ns.bind((sys.argv[1],5555))\ns.listen()\n"
+            "print('up',flush=True)\nc,_=s.accept()\nn=0\n"
+            "while (b:=c.recv(1<<16)): n+=len(b)\nprint(n)")
+    send = ("import socket,sys,time\nc=socket.create_connection((sys.argv[1],5555))\n"
+            "t=time.perf_counter()\nc.sendall(b'x'*(4<<20))\nc.close()\n"
+            "print(time.perf_counter()-t)")
+    with Hosts() as hs, Lan(rate_mbit=40.0) as lan:
+        a, b = hs.new("a"), hs.new("b")
+        lan.attach(a)
+        lan.attach(b)
+        assert a.ip != b.ip and a.netns != b.netns
+        r = subprocess.Popen(b.wrap([sys.executable, "-c", recv, b.ip]),
+                             stdout=subprocess.PIPE, text=True)
+        try:
+            assert r.stdout.readline().strip() == "up"
+            t0 = time.perf_counter()
+            subprocess.run(a.wrap([sys.executable, "-c", send, b.ip]), check=True,
+                           capture_output=True, timeout=120)
+            got = int(r.stdout.readline())
+            took = time.perf_counter() - t0
+        finally:
+            r.kill()
+            r.wait()
+        assert got == 4 << 20
+        assert took >= 0.6, f"4 MB in {took:.2f} s: faster than 40 Mbit/s, not shaped"
+        assert lan.sent_bytes() >= 4 << 20
+    assert not _our_netns()
+
+
+@needs_lan
+def test_the_quick_benchmark_on_a_lan_gives_the_same_pairs(tmp_path):
+    """--lan: every host in its own namespace, servers off loopback with TLS and the
+    manager's token; same pairs, bytes counted on the LAN, nothing left behind."""
+    out, png = tmp_path / "so.json", tmp_path / "so.png"
+    p = subprocess.run([sys.executable, "-m", "benchmarks.scale_out", "--quick", "--workers",
+                        "1", "--workloads", "eq-64K", "--lan", "--lan-delay-ms", "0",
+                        "--out", str(out), "--plot", str(png)],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    (run,) = json.loads(out.read_text())[0]["cluster"]
+    assert run["same_pairs"] and run["wire_b_per_tuple"] > 10
+    assert run["lan"] == {"rate_mbit": 5000.0, "delay_ms": 0.0}  # 10 Gbit/s x Q 0.5
+    assert not _our_netns()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert "pjb" not in links and "pjv" not in links
+
+
+@pytest.mark.skipif(WHY is not None or lan_unsupported(1000.0, 0.1) is None,
+                    reason="this kernel can delay packets (netem)")
+def test_a_delay_without_netem_is_refused_with_the_way_out():
+    p = subprocess.run([sys.executable, "-m", "benchmarks.scale_out", "--quick", "--lan"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "--lan-delay-ms 0" in p.stderr, p.stderr

@@ -11,8 +11,6 @@ larger is refused.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import subprocess
 import sys
 
@@ -25,56 +23,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from panjoin.client import Client, join_input
 from panjoin.generate import generate
 from panjoin.launch import start_cluster
+from panjoin.pki import make_pki
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc, worker_pb2, worker_pb2_grpc
 from panjoin.reference import reference_join, sort_pairs
 from panjoin.security import Security, SecurityError, channel, current, is_loopback, use
 from panjoin.semantics import parse_predicate, parse_window
 
 WINDOW, PRED = "count:120,100", "band:2"
-
-
-def _key():
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _pem(obj) -> bytes:
-    from cryptography.hazmat.primitives import serialization
-
-    if hasattr(obj, "public_bytes"):
-        return obj.public_bytes(serialization.Encoding.PEM)
-    return obj.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
-
-
-def _cert(subject: str, key, issuer=None, issuer_key=None):
-    """A CA (no issuer) or a certificate for 127.0.0.1/localhost signed by ``issuer``."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    b = (x509.CertificateBuilder().subject_name(name)
-         .issuer_name(issuer.subject if issuer else name).public_key(key.public_key())
-         .serial_number(x509.random_serial_number())
-         .not_valid_before(now - datetime.timedelta(days=1))
-         .not_valid_after(now + datetime.timedelta(days=1)))
-    if issuer is None:
-        b = b.add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        b = b.add_extension(x509.KeyUsage(
-            digital_signature=True, content_commitment=False, key_encipherment=False,
-            data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-            encipher_only=False, decipher_only=False), critical=True)
-        return b.sign(key, hashes.SHA256())
-    b = b.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-    b = b.add_extension(x509.SubjectAlternativeName(
-        [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-        critical=False)
-    b = b.add_extension(x509.ExtendedKeyUsage(
-        [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
-    return b.sign(issuer_key, hashes.SHA256())
 
 
 @pytest.fixture(scope="module")
@@ -84,13 +39,8 @@ def pki(tmp_path_factory):
     d = tmp_path_factory.mktemp("pki")
     files = {}
     for prefix in ("", "rogue_"):
-        ca_key, key = _key(), _key()
-        ca = _cert(f"{prefix}panjoin test CA", ca_key)
-        cert = _cert(f"{prefix}panjoin node", key, ca, ca_key)
-        for name, obj in (("ca", ca), ("cert", cert), ("key", key)):
-            path = d / f"{prefix}{name}.pem"
-            path.write_bytes(_pem(obj))
-            files[prefix + name] = str(path)
+        sec = make_pki(str(d), prefix=prefix, subject=f"{prefix}panjoin test")
+        files.update({prefix + "ca": sec.ca, prefix + "cert": sec.cert, prefix + "key": sec.key})
     for name, tok in (("token", "s3cret-0123456789abcdef"), ("wrong_token", "guess"),
                       ("empty_token", "  ")):
         path = d / name

@@ -63,6 +63,8 @@ class Host:
         self.dirs = dirs
         self.quota = quota
         self.memory_mib = memory_mib
+        self.netns: str | None = None  # its network namespace (panjoin.bench.lan)
+        self.ip = "127.0.0.1"  # where its servers listen
         for d in dirs.values():
             os.makedirs(d)
         if quota is not None:
@@ -74,10 +76,13 @@ class Host:
         self._start = self._counters()
 
     def wrap(self, cmd: list[str]) -> list[str]:
-        """``cmd`` as a command that first moves itself into this host."""
+        """``cmd`` as a command that first moves itself into this host (and into its
+        network namespace, if it has one)."""
         enter = "; ".join(f"echo $$ > {shlex.quote(os.path.join(d, 'cgroup.procs'))}"
                           for d in self.dirs.values())
-        return ["sh", "-c", f'{enter} && exec "$@"', "sh", *cmd]
+        # into the namespace after the cgroups: `ip netns exec` remounts /sys for it
+        ns = "" if self.netns is None else f"ip netns exec {shlex.quote(self.netns)} "
+        return ["sh", "-c", f'{enter} && exec {ns}"$@"', "sh", *cmd]
 
     def _counters(self) -> tuple[float, float]:
         cpu = _read_int(os.path.join(self.dirs["cpuacct"], "cpuacct.usage")) / 1e9
