@@ -20,6 +20,9 @@ import argparse
 import json
 import time
 from collections import Counter
+from dataclasses import replace
+
+import numpy as np
 
 from panjoin.bench.peers.workloads import Workload, calibrate, events_for
 from panjoin.manager.engine import JoinEngine, warm_up
@@ -27,16 +30,29 @@ from panjoin.semantics import parse_predicate, parse_size
 from panjoin.subwindow.hash_table import predicate_fits
 
 FIXED = ("bisort", "hash", "rap", "wib")
+#: all-equal cells (each tuple pairs with the whole window): their window at most, and
+#: the pairs of their measured part at most (M is cut to this over W)
+EQUAL_WINDOW = 4096
+EQUAL_PAIRS = 1 << 26
+
+
+def engine_input(wl: Workload, data):
+    """(events, predicate) as the engine takes them: the 2-D band join's y band is the
+    engine's residual condition on key2 = y (as ``bench peers`` runs it)."""
+    if wl.pred != "band2d":
+        return data.events, wl.predicate()
+    ((_, (a, b)),) = wl.residual.items()
+    return (replace(data.events, key2=data.y.astype(np.float64)),
+            f"{wl.predicate()}&bands2:{a},{b}")
 
 
 def run(data, wl: Workload, index: str, nbat: int, measure: int) -> tuple[float, int, dict]:
     """CPU seconds of the measured part, pairs found in it, the subwindows alive at its end
     per index kind."""
-    ev = data.events
+    ev, pred = engine_input(wl, data)
     fill = len(ev) - measure  # two windows a stream: the measured ones built with what
     # auto saw of the stream (its first subwindows know nothing yet)
-    eng = JoinEngine(wl.window_spec(), wl.predicate(), index=index, batch_size=nbat,
-                     threads=1)
+    eng = JoinEngine(wl.window_spec(), pred, index=index, batch_size=nbat, threads=1)
     for a in range(0, fill, 1 << 16):
         eng.push(ev.slice(a, min(fill, a + (1 << 16))))
         eng.take_results()
@@ -58,22 +74,33 @@ def run(data, wl: Workload, index: str, nbat: int, measure: int) -> tuple[float,
 def grid(windows, dists, preds, batches, measure: int, rounds: int, seed: int = 1,
          fixed=FIXED):
     cells = []
-    for w in windows:
+    done = set()
+    for w0 in windows:
         for dist in dists:
             for pred in preds:
-                kind, s = ("eq", 1.0) if pred == "eq" else ("band", float(pred.split("=")[1]))
+                if pred == "band2d" and dist != "uniform":
+                    continue  # the handshake paper's workload: uniform x and y
+                kind, s = (pred, 1.0) if pred in ("eq", "band2d") else (
+                    "band", float(pred.split("=")[1]))
+                # every tuple of an all-equal cell pairs with the whole window: its
+                # fill alone makes W^2 pairs
+                w = min(w0, EQUAL_WINDOW) if dist == "equal" else w0
+                m = min(measure, max(256, EQUAL_PAIRS // w)) if dist == "equal" else measure
+                if (w, dist, pred) in done:
+                    continue
+                done.add((w, dist, pred))
                 wl = Workload(kind, s, dist, w)
-                data = events_for(wl, 2 * w + measure, seed)  # fill: 4W, 2W a stream
+                data = events_for(wl, 2 * w + m, seed)  # fill: 4W, 2W a stream
                 wl = calibrate(wl, data)
                 indexes = ["auto"] + [i for i in fixed if i != "hash" or predicate_fits(
-                    parse_predicate(wl.predicate()), "int64")]
+                    parse_predicate(engine_input(wl, data)[1]), "int64")]
                 for nbat in batches:
                     best: dict[str, float] = {}
                     pairs: dict[str, int] = {}
                     kinds: dict = {}
                     for _ in range(rounds):
                         for index in indexes:
-                            cpu, n, by = run(data, wl, index, nbat, measure)
+                            cpu, n, by = run(data, wl, index, nbat, m)
                             best[index] = min(best.get(index, float("inf")), cpu)
                             pairs[index] = n
                             if index == "auto":
@@ -108,7 +135,13 @@ def main(argv=None) -> None:
     ap.add_argument("--windows", default="64K,256K")
     ap.add_argument("--measure", type=parse_size, default=256 * 1024)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--large", default="1M", help="also eq at NBat 1K over this window, "
+    ap.add_argument("--dists", default="uniform,zipf,increasing,equal",
+                    help="key distributions (default: %(default)s; equal: every key the "
+                         "same, at W 4K at most, M cut to 64M pairs)")
+    ap.add_argument("--preds", default="eq,band S=1,band S=64,band2d",
+                    help="predicates (default: %(default)s; band2d: the handshake paper's "
+                         "2-D band join, uniform keys only)")
+    ap.add_argument("--large", default="1M,4M", help="also eq at NBat 1K over these windows, "
                     "against BI-Sort and hash only (default: %(default)s; '' for none)")
     ap.add_argument("--json", help="write the cells here")
     a = ap.parse_args(argv)
@@ -119,11 +152,12 @@ def main(argv=None) -> None:
     rounds = 1 if a.quick else a.rounds
     for index in ("auto", *FIXED):
         warm_up(index)
-    cells = grid(windows, ["uniform", "zipf", "increasing"], ["eq", "band S=1", "band S=64"],
-                 [1024, 32 * 1024], measure, rounds)
+    cells = grid(windows, a.dists.split(","), a.preds.split(","), [1024, 32 * 1024], measure,
+                 rounds)
     if a.large:  # where hash can win: eq, small batches, subwindows beyond the caches
-        cells += grid([parse_size(a.large)], ["uniform", "zipf", "increasing"], ["eq"],
-                      [1024], measure, rounds, fixed=("bisort", "hash"))
+        cells += grid([parse_size(x) for x in a.large.split(",")],
+                      ["uniform", "zipf", "increasing"], ["eq"], [1024], measure, rounds,
+                      fixed=("bisort", "hash"))
     for key in ("auto_over_best", "choice_over_best"):
         worst = max(cells, key=lambda c: c[key] or 0)
         print(f"worst cell by {key}: {worst['workload']} W {worst['window']:,} NBat "
