@@ -283,6 +283,29 @@ def test_the_bound_counts_the_workers_time_until_a_round_is_answered():
     eng.flush()
     eng.take_results()
     b = eng.bound
-    mean_n = b._n / b._w
+    mean_n = b._lat.mean_n
     # every round took 20 ms to come back, which the manager's own time does not show
     assert b.a + b.b * mean_n >= 0.015
+
+
+
+def test_a_round_trip_is_latency_but_not_busy_time():
+    """Rounds answered 20 ms later overlap the engine's next batches: they count against
+    the bound, not as time the engine is busy (which sets the batches that keep up)."""
+    t = generate(4000, seed=3)
+    eng = JoinEngine("count:4K,4K", "eq", index="bisort", max_latency_ms=50,
+                     backend=_RemoteBackend())
+    for a in range(0, 4000, 100):  # 10K tuples/s, driven as a streaming caller does
+        eng.push(t.slice(a, a + 100))
+        end = time.perf_counter() + 0.01
+        while time.perf_counter() < end:
+            eng.tick()
+            eng.take_results(wait=False)
+            time.sleep(0.001)
+    b = eng.bound
+    mean_n = b._lat.mean_n
+    assert b.a + b.b * mean_n >= 0.015  # the bound sees the round trip
+    assert b.busy_a + b.busy_b * mean_n < 0.01  # the engine was not busy for it
+    # so keeping up needs no batch that waits the whole bound (the model that counted
+    # the round trip as busy time called this overloaded: D = L = 50 ms)
+    assert not b.overloaded and eng.max_collect_ms < 25
