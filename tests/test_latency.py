@@ -289,19 +289,24 @@ def test_the_bound_counts_the_workers_time_until_a_round_is_answered():
 
 
 
-def test_a_round_trip_is_latency_but_not_busy_time():
-    """Rounds answered 20 ms later overlap the engine's next batches: they count against
-    the bound, not as time the engine is busy (which sets the batches that keep up)."""
+def _drive(eng: JoinEngine) -> JoinEngine:
+    """4000 tuples at 10K tuples/s, driven as a streaming caller does."""
     t = generate(4000, seed=3)
-    eng = JoinEngine("count:4K,4K", "eq", index="bisort", max_latency_ms=50,
-                     backend=_RemoteBackend())
-    for a in range(0, 4000, 100):  # 10K tuples/s, driven as a streaming caller does
+    for a in range(0, 4000, 100):
         eng.push(t.slice(a, a + 100))
         end = time.perf_counter() + 0.01
         while time.perf_counter() < end:
             eng.tick()
             eng.take_results(wait=False)
             time.sleep(0.001)
+    return eng
+
+
+def test_a_round_trip_is_latency_but_not_busy_time():
+    """Rounds answered 20 ms later overlap the engine's next batches: they count against
+    the bound, not as time the engine is busy (which sets the batches that keep up)."""
+    eng = _drive(JoinEngine("count:4K,4K", "eq", index="bisort", max_latency_ms=50,
+                            backend=_RemoteBackend()))
     b = eng.bound
     mean_n = b._lat.mean_n
     assert b.a + b.b * mean_n >= 0.015  # the bound sees the round trip
@@ -309,3 +314,18 @@ def test_a_round_trip_is_latency_but_not_busy_time():
     # so keeping up needs no batch that waits the whole bound (the model that counted
     # the round trip as busy time called this overloaded: D = L = 50 ms)
     assert not b.overloaded and eng.max_collect_ms < 25
+
+
+class _BusyWorkers(_RemoteBackend):
+    def busiest_worker_s(self):
+        return 0.03  # each collected round cost the busiest worker 30 ms
+
+
+def test_the_workers_time_is_busy_time():
+    """Workers that need 30 ms a batch do not keep up with 10 ms batches, however little
+    the engine's own time: the bound grows the batches (overloaded at L = 50 ms)."""
+    eng = _drive(JoinEngine("count:4K,4K", "eq", index="bisort", max_latency_ms=50,
+                            backend=_BusyWorkers()))
+    b = eng.bound
+    assert b.busy_a + b.busy_b * b._busy.mean_n == pytest.approx(0.03, rel=0.2)
+    assert b.overloaded and eng.max_collect_ms >= 50

@@ -688,7 +688,11 @@ class JoinEngine:
         f = self._inflight.popleft()
         answers = f.answers.result()
         if f.timed is not None and self.bound is not None:
-            self._observe(*f.timed)
+            t_batch, n_batch, busy = f.timed
+            busiest = getattr(self.backend, "busiest_worker_s", None)
+            if busiest is not None:  # the workers keep up too: their time is busy time
+                busy = max(busy, busiest())
+            self._observe(t_batch, n_batch, busy)
         t1 = time.perf_counter()
         before = self.stats.results
         for (start, pays), ans in zip(f.stores, answers, strict=True):
