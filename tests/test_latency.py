@@ -148,6 +148,28 @@ class _Instant:
         pass
 
 
+class _Stepped(_Instant):
+    step_s = 0.01
+
+    def __init__(self):
+        self.pushes = []
+
+    def push(self, chunk):
+        self.pushes.append((time.perf_counter(), len(chunk)))
+
+
+def test_a_target_with_a_step_is_pushed_once_a_step():
+    """A remote target (LiveTarget: the client's linger) takes its input once a step: the
+    source does not spin pushing a few tuples at a time, and pushes all that fell due."""
+    t = _Stepped()
+    r = run_open_loop(generate(3000, seed=1), fill=0, rate=10_000, target=t, tail_s=0.0)
+    times = np.array([p[0] for p in t.pushes])
+    assert sum(p[1] for p in t.pushes) == 3000
+    # 0.3 s of input: about 30 pushes (not one per tuple or per POLL_S)
+    assert len(times) <= 45 and np.median(np.diff(times)) >= 0.009
+    assert r.tuples == 3000
+
+
 def test_a_source_alone_keeps_up():
     # a source with nothing to do keeps up, unless the machine starves this process
     # itself (then it truly falls behind): up to three tries
