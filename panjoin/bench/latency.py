@@ -64,6 +64,8 @@ POLL_S = 0.0002
 #: the source goes on this long past the measured tuples (at the same rate), so that
 #: the measured ones are never held back by the end of the input
 TAIL_S = 0.25
+#: the longest client linger the source uses under a bound (ms), see :func:`linger_ms`
+LINGER_MAX_MS = 5.0
 
 
 @dataclass
@@ -133,14 +135,16 @@ class LiveTarget:
     cores that the manager and the workers need (pushing every few tuples, its process
     used more CPU than the manager or a worker: 2.0-2.6 s in 3.5 s at 500K tuples/s)."""
 
-    def __init__(self, client, join_id: str, mode: str = "cluster"):
+    def __init__(self, client, join_id: str, mode: str = "cluster",
+                 linger_ms: float | None = None):
         from panjoin.client import LINGER_MS
 
         self.client = client
         self.join_id = join_id
         self.mode = mode
-        self.live = client.live(join_id)
-        self.step_s = LINGER_MS / 1000.0
+        linger_ms = LINGER_MS if linger_ms is None else linger_ms
+        self.live = client.live(join_id, linger_ms=linger_ms)
+        self.step_s = linger_ms / 1000.0
 
     def push(self, chunk) -> None:
         self.live.push(chunk)
@@ -418,6 +422,18 @@ def _start_cluster(workers: int, topology: str, replicas: int, index: str, predi
         raise
 
 
+def linger_ms(max_latency_ms: float | None) -> float:
+    """The source's client linger (and step) under a bound: a quarter of it, at most
+    LINGER_MAX_MS (Kafka's default linger.ms): each message costs the manager an apply
+    and an answer, so a 1 ms linger at 500K tuples/s made 1,000 messages a second and
+    a manager that fell seconds behind on them."""
+    from panjoin.client import LINGER_MS
+
+    if not max_latency_ms:
+        return LINGER_MS
+    return max(LINGER_MS, min(LINGER_MAX_MS, max_latency_ms / 4))
+
+
 def _live_target(cluster, topology, window, predicate, index, max_latency_ms, batch_size,
                  collect_ms, subwindow_size):
     """A fresh streaming join on the sweep's cluster; (target, its settings)."""
@@ -432,6 +448,7 @@ def _live_target(cluster, topology, window, predicate, index, max_latency_ms, ba
         max_latency_ms=max_latency_ms or 0.0, **opts))
     st = reply.settings
     target = LiveTarget(client, client.adopt(reply),
-                        "handshake" if topology == "handshake" else "cluster")
+                        "handshake" if topology == "handshake" else "cluster",
+                        linger_ms(max_latency_ms))
     return target, dict(nsub=st.subwindow_size, partitions=st.partitions,
                         nbat=st.batch_size)
