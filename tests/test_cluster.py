@@ -495,6 +495,37 @@ def test_output_parts_cut_by_pairs_and_bytes():
                                                                          (2, 4)]
 
 
+def test_a_probes_answer_leaves_before_the_inserts_after_it(workers):
+    """A message carries a batch's Batch, Probe and Insert: the manager waits for the
+    probe's pairs, so they go back in a message of their own, before the insert runs."""
+    ch, stub = _session(workers[0].address)
+    keys = np.arange(64, dtype=np.int64)
+
+    def create(sub_id, stream):
+        return worker_pb2.Create(sub_id=sub_id, stream=stream, index="bisort", capacity=64,
+                                 key_dtype="int64", partitions=2)
+
+    cmds = [
+        worker_pb2.Command(command_id=1, create=create(1, common_pb2.STREAM_R)),
+        worker_pb2.Command(command_id=2, create=create(2, common_pb2.STREAM_S)),
+        worker_pb2.Command(command_id=3, batch=_batch(1, keys)),
+        worker_pb2.Command(command_id=4, insert=worker_pb2.Insert(
+            sub_id=1, batch_id=1, seq_from=0, seq_to=64)),
+        worker_pb2.Command(command_id=5, batch=_batch(2, keys, stream="S")),
+        worker_pb2.Command(command_id=6, probe=worker_pb2.Probe(batch_id=2, sub_ids=[1])),
+        worker_pb2.Command(command_id=7, insert=worker_pb2.Insert(
+            sub_id=2, batch_id=2, seq_from=0, seq_to=64)),
+    ]
+    outs = list(stub.Session(iter([worker_pb2.Commands(commands=cmds)])))
+    ch.close()
+    assert [[f.command_id for f in o.feedback] for o in outs] == [[1, 2, 3, 4, 5, 6], [7]]
+    assert all(f.error == "" for o in outs for f in o.feedback)
+    (res,) = outs[0].feedback[-1].results
+    assert from_array(res.probe_idx).size == 64  # every key once
+    # the session's status comes once per message of commands, after the last answer
+    assert outs[1].feedback[-1].HasField("load") and outs[1].feedback[-1].load.tuples == 128
+
+
 def test_feedback_carries_the_status_bits(workers):
     from panjoin.backend import CreateSpec, SortedBatch
 

@@ -148,6 +148,28 @@ class _Instant:
         pass
 
 
+class _Stepped(_Instant):
+    step_s = 0.01
+
+    def __init__(self):
+        self.pushes = []
+
+    def push(self, chunk):
+        self.pushes.append((time.perf_counter(), len(chunk)))
+
+
+def test_a_target_with_a_step_is_pushed_once_a_step():
+    """A remote target (LiveTarget: the client's linger) takes its input once a step: the
+    source does not spin pushing a few tuples at a time, and pushes all that fell due."""
+    t = _Stepped()
+    r = run_open_loop(generate(3000, seed=1), fill=0, rate=10_000, target=t, tail_s=0.0)
+    times = np.array([p[0] for p in t.pushes])
+    assert sum(p[1] for p in t.pushes) == 3000
+    # 0.3 s of input: about 30 pushes (not one per tuple or per POLL_S)
+    assert len(times) <= 45 and np.median(np.diff(times)) >= 0.009
+    assert r.tuples == 3000
+
+
 def test_a_source_alone_keeps_up():
     # a source with nothing to do keeps up, unless the machine starves this process
     # itself (then it truly falls behind): up to three tries
@@ -283,6 +305,49 @@ def test_the_bound_counts_the_workers_time_until_a_round_is_answered():
     eng.flush()
     eng.take_results()
     b = eng.bound
-    mean_n = b._n / b._w
+    mean_n = b._lat.mean_n
     # every round took 20 ms to come back, which the manager's own time does not show
     assert b.a + b.b * mean_n >= 0.015
+
+
+
+def _drive(eng: JoinEngine) -> JoinEngine:
+    """4000 tuples at 10K tuples/s, driven as a streaming caller does."""
+    t = generate(4000, seed=3)
+    for a in range(0, 4000, 100):
+        eng.push(t.slice(a, a + 100))
+        end = time.perf_counter() + 0.01
+        while time.perf_counter() < end:
+            eng.tick()
+            eng.take_results(wait=False)
+            time.sleep(0.001)
+    return eng
+
+
+def test_a_round_trip_is_latency_but_not_busy_time():
+    """Rounds answered 20 ms later overlap the engine's next batches: they count against
+    the bound, not as time the engine is busy (which sets the batches that keep up)."""
+    eng = _drive(JoinEngine("count:4K,4K", "eq", index="bisort", max_latency_ms=50,
+                            backend=_RemoteBackend()))
+    b = eng.bound
+    mean_n = b._lat.mean_n
+    assert b.a + b.b * mean_n >= 0.015  # the bound sees the round trip
+    assert b.busy_a + b.busy_b * mean_n < 0.01  # the engine was not busy for it
+    # so keeping up needs no batch that waits the whole bound (the model that counted
+    # the round trip as busy time called this overloaded: D = L = 50 ms)
+    assert not b.overloaded and eng.max_collect_ms < 25
+
+
+class _BusyWorkers(_RemoteBackend):
+    def busiest_worker_s(self):
+        return 0.03  # each collected round cost the busiest worker 30 ms
+
+
+def test_the_workers_time_is_busy_time():
+    """Workers that need 30 ms a batch do not keep up with 10 ms batches, however little
+    the engine's own time: the bound grows the batches (overloaded at L = 50 ms)."""
+    eng = _drive(JoinEngine("count:4K,4K", "eq", index="bisort", max_latency_ms=50,
+                            backend=_BusyWorkers()))
+    b = eng.bound
+    assert b.busy_a + b.busy_b * b._busy.mean_n == pytest.approx(0.03, rel=0.2)
+    assert b.overloaded and eng.max_collect_ms >= 50

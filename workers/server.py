@@ -5,8 +5,10 @@ is decoded by :mod:`panjoin.codec`, carried out by a
 :class:`panjoin.backend.LocalBackend` (the same subwindow stores the
 in-process engine uses), and its answer encoded back. One long-lived
 ``Session`` stream per manager, several commands to a message, one Feedback per
-command; each session owns its subwindows (and the batches its commands name),
-and closing it releases them. A bad command gets a Feedback with ``code =
+command (the answers to a message's commands go back together, but a probe's
+answer goes at once: the inserts after it would hold its pairs back); each session
+owns its subwindows (and the batches its commands name), and closing it releases
+them. A bad command gets a Feedback with ``code =
 INVALID_ARGUMENT`` (or ``NOT_FOUND``) and the reason, and changes nothing.
 
 Sessions are bounded, so that no number of idle or abandoned streams starves the
@@ -150,8 +152,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if cmds is END:
                 return
             out = worker_pb2.Feedbacks()
-            for cmd in cmds.commands:
+            last = len(cmds.commands) - 1
+            for i, cmd in enumerate(cmds.commands):
                 self.handle(sess.backend, cmd, sess.batches, out.feedback.add(), sess)
+                if i < last and cmd.WhichOneof("cmd") == "probe":
+                    # the manager waits for a probe's answer, not for the inserts that
+                    # follow it in the message (its batch's own, the backups'): it
+                    # leaves at once, so a pair's latency holds no insert (issue 27)
+                    yield out
+                    out = worker_pb2.Feedbacks()
             if out.feedback:  # the session's status once per message, after the last
                 out.feedback[-1].load.CopyFrom(self._load(sess.backend))
             yield out

@@ -229,9 +229,10 @@ class _InFlight:
     payload: pa.Array | None  # the probe batch's payloads in arrival order
     order: np.ndarray  # key order -> arrival order (payloads are gathered once, per pair)
     stores: list  # per target: (seq_start, payloads in seq order or None)
-    #: under a latency bound, (when the batch's processing began, its tuples): the round
-    #: is the batch's end when its answers come later (workers), see JoinEngine._process
-    timed: tuple[float, int] | None = None
+    #: under a latency bound, (when the batch's processing began, its tuples, the
+    #: engine's own seconds on it): the round is the batch's end when its answers come
+    #: later (workers), see JoinEngine._process
+    timed: tuple[float, int, float] | None = None
     #: time.monotonic() when the probing batch's oldest tuple arrived (pair latency)
     since: float | None = None
 
@@ -590,18 +591,20 @@ class JoinEngine:
         rounds = len(self._inflight)
         since = self.buf_since[x]
         self._process_batch(x, since)
-        self.stats.batch_s.observe(time.perf_counter() - t_batch)
+        busy = time.perf_counter() - t_batch
+        self.stats.batch_s.observe(busy)
         if self.bound is not None:
             f = self._inflight[-1] if len(self._inflight) > rounds else None
             if f is not None and not f.answers.done():
                 # the workers still probe it: the batch ends when its round is answered
-                # (the wire and the workers' time are part of what the bound must hold)
-                f.timed = (t_batch, n_batch)
+                # (the wire and the workers' time are part of what the bound must hold,
+                # but not of the engine's busy time: the next batches go on meanwhile)
+                f.timed = (t_batch, n_batch, busy)
             else:
                 self._observe(t_batch, n_batch)
 
-    def _observe(self, t_batch: float, n_batch: int) -> None:
-        self.bound.observe_batch(n_batch, time.perf_counter() - t_batch)
+    def _observe(self, t_batch: float, n_batch: int, busy: float | None = None) -> None:
+        self.bound.observe_batch(n_batch, time.perf_counter() - t_batch, busy)
         self._resize()
 
     def _process_batch(self, x: str, since: float | None = None) -> None:
@@ -685,7 +688,11 @@ class JoinEngine:
         f = self._inflight.popleft()
         answers = f.answers.result()
         if f.timed is not None and self.bound is not None:
-            self._observe(*f.timed)
+            t_batch, n_batch, busy = f.timed
+            busiest = getattr(self.backend, "busiest_worker_s", None)
+            if busiest is not None:  # the workers keep up too: their time is busy time
+                busy = max(busy, busiest())
+            self._observe(t_batch, n_batch, busy)
         t1 = time.perf_counter()
         before = self.stats.results
         for (start, pays), ans in zip(f.stores, answers, strict=True):

@@ -390,6 +390,7 @@ class GrpcBackend:
         self.promoted = 0
         self.closed = False
         self.rounds_in_flight = 0
+        self._busy_seen: list[float] = []  # each session's busy_s at the last busiest_worker_s
         self._batch_enc: tuple | None = None  # (batch, its encoding): sent once per worker
         self.stats = BackendStats()
 
@@ -742,6 +743,17 @@ class GrpcBackend:
         self.stats.expires += 1
         if any(s.retiring and s.alive for s in self.sessions):
             self.flush()  # the expire goes out now: the session ends once it is answered
+
+    def busiest_worker_s(self) -> float:
+        """The most seconds one worker spent on this join's commands since the last call,
+        as its feedback reported them: a latency bound's engine counts them as busy time
+        of the batch it collects (workers that fall behind must get larger batches, though
+        the engine's own time per batch is small)."""
+        now = [s.busy_s for s in self.sessions]
+        # sessions are only ever appended (AddWorker)
+        seen = (self._busy_seen + [0.0] * len(now))[:len(now)]
+        self._busy_seen = now
+        return max([a - b for a, b in zip(now, seen, strict=True)] + [0.0])
 
     def set_wake(self, fn) -> None:
         """Have every worker's feedback reader call ``fn()`` (no arguments, from its own

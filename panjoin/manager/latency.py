@@ -4,13 +4,16 @@ A pair waits for its batch to be cut (at most the collect deadline D after the b
 oldest tuple arrived) and then for the batch to be processed (probe, insert). Each
 stream's batch holds about ``lam * D`` tuples at an input rate ``lam`` per stream, and
 processing one costs about ``a + b n`` seconds (a fixed cost per batch: one probe call
-per subwindow, the insert, Python; b per tuple). So, with both streams' batches cut
-in one tick:
+per subwindow, the insert, Python; b per tuple) until its pairs are out, of which
+``a' + b' n`` keep the engine busy. In process the two are the same time; on workers
+the rest is the wire and the workers' time, while the engine already cuts the next
+batches (its probe rounds are pipelined). So, with both streams' batches cut in one
+tick (one batch may wait for the engine to finish the other's):
 
-- the bound holds when ``D + 2 (a + b lam D) <= L``, that is
-  ``D <= D_lat = (L - 2a) / (1 + 2 b lam)``;
-- the engine keeps up when processing takes at most a share U of the time,
-  ``2 (a + b lam D) <= U D``, that is ``D >= D_keep = 2a / (U - 2 b lam)``.
+- the bound holds when ``D + (a + b lam D) + (a' + b' lam D) <= L``, that is
+  ``D <= D_lat = (L - a - a') / (1 + (b + b') lam)``;
+- the engine keeps up when it is busy at most a share U of the time,
+  ``2 (a' + b' lam D) <= U D``, that is ``D >= D_keep = 2a' / (U - 2 b' lam)``.
 
 The deadline is ``D_keep`` (the smallest batches that keep up: small when the input is
 slow), at least ``D_MIN``; it stays below ``D_lat`` whenever the bound can be held at
@@ -20,12 +23,15 @@ batches that still hold the bound. When the input outruns what the bound allows
 (``D_keep > D_lat``, or no batch size keeps up), latency is lost to the backlog
 anyway, and the engine keeps up first: the deadline and cap grow to what keeps up
 (:attr:`LatencyBound.overloaded` says so). This is Flink's buffer timeout, sized from
-measurements instead of by hand.
+measurements instead of by hand. (Until the cluster's sixth session the round trip
+counted as busy time too: a round trip past L/2 made the bound "overloaded" at any
+rate, and every batch waited the whole bound L.)
 
-``a`` and ``b`` are a least-squares fit of the batches' measured times against their
-sizes, with exponential forgetting (the window fills, subwindows expire, the machine
-gets busy); the rate is measured from the pushes. Example, L = 5 ms, measured
-a = 100 us, b = 0.4 us, lam = 500K tuples/s per stream (1M tuples/s in all)::
+``a``, ``b`` (and ``a'``, ``b'``) are least-squares fits of the batches' measured times
+against their sizes, with exponential forgetting (the window fills, subwindows expire,
+the machine gets busy); the rate is measured from the pushes. Example, L = 5 ms,
+measured a = a' = 100 us, b = b' = 0.4 us, lam = 500K tuples/s per stream (1M tuples/s
+in all)::
 
     D_lat  = (5 - 0.2) / (1 + 0.4) = 3.43 ms
     D_keep = 0.2 / (0.7 - 0.4)     = 0.67 ms   -> D = 0.67 ms, batches of ~330 tuples
@@ -36,6 +42,17 @@ a = 100 us, b = 0.4 us, lam = 500K tuples/s per stream (1M tuples/s in all)::
     >>> b.observe_input(0, 0.0); b.observe_input(100_000, 0.1)
     >>> round(b.deadline_ms(), 2), b.batch_cap()
     (0.67, 6000)
+
+On workers whose round trip takes 2 ms more than the engine's own 100 us + 0.4 us a
+tuple, the bound still holds with the same batches: D_lat = (5 - 2.1 - 0.1) / 1.4 =
+2 ms::
+
+    >>> c = LatencyBound(5.0)
+    >>> for n in (300, 600, 1200, 300, 600, 1200):
+    ...     c.observe_batch(n, 2.1e-3 + 0.4e-6 * n, busy=100e-6 + 0.4e-6 * n)
+    >>> c.observe_input(0, 0.0); c.observe_input(100_000, 0.1)
+    >>> round(c.deadline_ms(), 2), c.overloaded
+    (0.67, False)
 """
 
 from __future__ import annotations
@@ -63,33 +80,26 @@ class LatencyBound:
         if not max_latency_ms > 0:
             raise ValueError(f"max latency must be a positive number of ms, got {max_latency_ms}")
         self.bound_s = float(max_latency_ms) / 1000.0
-        # weighted sums of the fit t = a + b n
-        self._w = self._n = self._nn = self._t = self._nt = 0.0
-        self.a = 50e-6  # until measured: a guess of this machine's order
-        self.b = 0.5e-6
+        # until its pairs are out: t = a + b n; busy (the engine's own time): a' + b' n
+        self._lat = _Fit()
+        self._busy = _Fit()
         self.rate = 0.0  # tuples/s per stream (both streams' mean)
         self._arrivals: deque[tuple[float, int]] = deque()  # (time, tuples so far)
         self._count = 0
 
-    def observe_batch(self, n: int, seconds: float) -> None:
-        """A batch of ``n`` tuples took ``seconds`` to process (probe and insert)."""
-        f = FORGET
-        n = float(n)
-        self._w = f * self._w + 1.0
-        self._n = f * self._n + n
-        self._nn = f * self._nn + n * n
-        self._t = f * self._t + seconds
-        self._nt = f * self._nt + n * seconds
-        mean_n, mean_t = self._n / self._w, self._t / self._w
-        var = self._nn / self._w - mean_n * mean_n
-        if var > 0.01 * mean_n * mean_n:  # sizes differ enough to tell a from b
-            b = (self._nt / self._w - mean_n * mean_t) / var
-            a = mean_t - b * mean_n
-            if b > 0 and a >= 0:
-                self.a, self.b = a, b
-                return
-        # one size only (or a fit that makes no sense): the cost per tuple at this size
-        self.b = max(mean_t - self.a, 0.0) / max(mean_n, 1.0) or self.b
+    # the fits' parameters: a, b until the pairs are out (the bound); the busy ones
+    # (keeping up) are the same in process
+    a = property(lambda self: self._lat.a)
+    b = property(lambda self: self._lat.b)
+    busy_a = property(lambda self: self._busy.a)
+    busy_b = property(lambda self: self._busy.b)
+
+    def observe_batch(self, n: int, seconds: float, busy: float | None = None) -> None:
+        """A batch of ``n`` tuples took ``seconds`` until its pairs were out (probe and
+        insert); ``busy``: of which the engine was busy (None: all of it; on workers the
+        wire and the workers take the rest, while the engine goes on)."""
+        self._lat.observe(n, seconds)
+        self._busy.observe(n, seconds if busy is None else busy)
 
     def observe_input(self, tuples: int, now: float) -> None:
         """``tuples`` (both streams) arrived at ``now`` (s, a monotonic clock)."""
@@ -107,9 +117,10 @@ class LatencyBound:
     def _deadlines(self) -> tuple[float, float]:
         """``(D_keep, D_lat)`` in s; D_keep is infinite when no batch size keeps up."""
         a, b, lam, L = self.a, self.b, self.rate, self.bound_s
-        d_lat = (L - 2.0 * a) / (1.0 + 2.0 * b * lam)
-        room = UTILIZATION - 2.0 * b * lam
-        return (2.0 * a / room if room > 0 else float("inf")), d_lat
+        ab, bb = self.busy_a, self.busy_b
+        d_lat = (L - a - ab) / (1.0 + (b + bb) * lam)
+        room = UTILIZATION - 2.0 * bb * lam
+        return (2.0 * ab / room if room > 0 else float("inf")), d_lat
 
     @property
     def overloaded(self) -> bool:
@@ -134,3 +145,37 @@ class LatencyBound:
             return CAP_MAX
         n = max(n, 2.0 * self.rate * d_keep)
         return int(min(CAP_MAX, max(CAP_MIN, n)))
+
+
+class _Fit:
+    """``t = a + b n``: a least-squares fit of measured times against batch sizes, with
+    exponential forgetting (:data:`FORGET`)."""
+
+    def __init__(self):
+        self._w = self._n = self._nn = self._t = self._nt = 0.0  # weighted sums
+        self.a = 50e-6  # until measured: a guess of this machine's order
+        self.b = 0.5e-6
+
+    def observe(self, n: float, seconds: float) -> None:
+        f = FORGET
+        n = float(n)
+        self._w = f * self._w + 1.0
+        self._n = f * self._n + n
+        self._nn = f * self._nn + n * n
+        self._t = f * self._t + seconds
+        self._nt = f * self._nt + n * seconds
+        mean_n, mean_t = self._n / self._w, self._t / self._w
+        var = self._nn / self._w - mean_n * mean_n
+        if var > 0.01 * mean_n * mean_n:  # sizes differ enough to tell a from b
+            b = (self._nt / self._w - mean_n * mean_t) / var
+            a = mean_t - b * mean_n
+            if b > 0 and a >= 0:
+                self.a, self.b = a, b
+                return
+        # one size only (or a fit that makes no sense): the cost per tuple at this size
+        self.b = max(mean_t - self.a, 0.0) / max(mean_n, 1.0) or self.b
+
+    @property
+    def mean_n(self) -> float:
+        """The weighted mean batch size (0 before any batch)."""
+        return self._n / self._w if self._w else 0.0
