@@ -57,6 +57,29 @@ def test_under_overload_the_engine_keeps_up_first():
     assert b.overloaded and b.batch_cap() == 1 << 20 and b.deadline_ms() >= 5.0
 
 
+def test_one_stall_is_not_the_cost_of_every_batch():
+    b = LatencyBound(5.0)
+    for n in (1000, 2000) * 10:
+        b.observe_batch(n, 2e-4 + 3e-7 * n)  # a = 0.2 ms, 0.3 us a tuple
+    b.observe_input(0, 0.0)
+    b.observe_input(100_000, 0.1)  # 1M tuples/s
+    d0 = b.deadline_ms()
+    b.observe_batch(1500, 0.072)  # one batch stalled for 72 ms
+    for n in (1000, 2000) * 3:
+        b.observe_batch(n, 2e-4 + 3e-7 * n)
+    # unclipped, this fit gives a of several ms and a deadline of ~20 ms
+    assert b.a < 1e-3 and b.deadline_ms() < 2.5 * d0
+
+
+def test_a_lasting_slowdown_still_moves_the_fit():
+    b = LatencyBound(5.0)
+    for n in (1000, 2000) * 10:
+        b.observe_batch(n, 2e-4 + 3e-7 * n)
+    for n in (1000, 2000) * 50:  # the machine got 5 times slower
+        b.observe_batch(n, 5 * (2e-4 + 3e-7 * n))
+    assert b.a == pytest.approx(1e-3, rel=0.2) and b.b == pytest.approx(1.5e-6, rel=0.2)
+
+
 def test_a_bound_must_be_positive():
     for bad in (0, -1, float("nan")):
         with pytest.raises(ValueError, match="positive"):

@@ -29,9 +29,10 @@ rate, and every batch waited the whole bound L.)
 
 ``a``, ``b`` (and ``a'``, ``b'``) are least-squares fits of the batches' measured times
 against their sizes, with exponential forgetting (the window fills, subwindows expire,
-the machine gets busy); the rate is measured from the pushes. Example, L = 5 ms,
-measured a = a' = 100 us, b = b' = 0.4 us, lam = 500K tuples/s per stream (1M tuples/s
-in all)::
+the machine gets busy), a batch counted at most ``STALL`` times what the fit predicts
+for it (one stall is not a cost of every batch); the rate is measured from the pushes.
+Example, L = 5 ms, measured a = a' = 100 us, b = b' = 0.4 us, lam = 500K tuples/s per
+stream (1M tuples/s in all)::
 
     D_lat  = (5 - 0.2) / (1 + 0.4) = 3.43 ms
     D_keep = 0.2 / (0.7 - 0.4)     = 0.67 ms   -> D = 0.67 ms, batches of ~330 tuples
@@ -67,6 +68,12 @@ UTILIZATION = 0.7
 FORGET = 0.97
 #: the input rate is measured over this much of the recent past (s)
 RATE_WINDOW_S = 0.2
+#: in the fit a batch counts with at most this many times the time the model predicts
+#: for it: one stall (page faults, the machine's other load; a batch of 8K tuples took
+#: 72 ms once at 1M tuples/s) would otherwise become the fixed cost a of every later
+#: batch, and the deadline ``2a / (U - 2 b lam)`` with it, for hundreds of batches;
+#: a lasting change still moves the fit, by up to this factor a batch
+STALL = 3.0
 #: smallest and largest batch size cap
 CAP_MIN = 256
 CAP_MAX = 1 << 20
@@ -159,6 +166,8 @@ class _Fit:
     def observe(self, n: float, seconds: float) -> None:
         f = FORGET
         n = float(n)
+        if self._w >= 4.0:  # a model to judge a batch by: a stall counts as STALL x
+            seconds = min(seconds, STALL * (self.a + self.b * n))
         self._w = f * self._w + 1.0
         self._n = f * self._n + n
         self._nn = f * self._nn + n * n

@@ -25,7 +25,15 @@ import logging
 import numpy as np
 
 from panjoin.subwindow.base import Residual, SubwindowIndex, WindowFilter, no_pairs
-from panjoin.subwindow.kernels.hash import chain_check, enumerate_points, hash_insert, hash_lookup
+from panjoin.subwindow.kernels.hash import (
+    NXT,
+    SEQ,
+    TS,
+    chain_check,
+    enumerate_points,
+    hash_insert,
+    hash_lookup,
+)
 from panjoin.subwindow.kernels.nested import nested_probe
 
 log = logging.getLogger("panjoin.subwindow.hash")
@@ -114,9 +122,10 @@ class HashTable(SubwindowIndex):
     def __init__(self, capacity, key_dtype=np.int64, partitions=1, threads=1, **_):
         super().__init__(capacity, key_dtype, max(1, partitions), threads)
         self.keys = np.empty(self.capacity, dtype=self.key_dtype)
-        self.ts = np.empty(self.capacity, dtype=np.int64)
-        self.seq = np.empty(self.capacity, dtype=np.int64)
-        self.nxt = np.empty(self.capacity, dtype=np.int64)
+        # what a lookup reads of a row, in one record (kernels/hash.py); the columns are
+        # views for the scan and the checks
+        self.rows = np.empty((self.capacity, 3), dtype=np.int64)
+        self.seq, self.ts, self.nxt = self.rows[:, SEQ], self.rows[:, TS], self.rows[:, NXT]
         nslots = 1 << max(4, int(2 * self.capacity - 1).bit_length())  # >= 2 x capacity
         self.shift = 64 - (nslots.bit_length() - 1)
         # zeros: an empty table, and calloc'ed pages that cost nothing until touched
@@ -132,7 +141,7 @@ class HashTable(SubwindowIndex):
         self.keys[n : n + m] = keys
         self.ts[n : n + m] = ts
         self.seq[n : n + m] = seq
-        hash_insert(self.slots, self.shift, self.nxt, key_bits(keys), n, m)
+        hash_insert(self.slots, self.shift, self.rows, key_bits(keys), n, m)
         self.n = n + m
 
     def probe(self, lo, hi, flt: WindowFilter | None = None, res: Residual | None = None):
@@ -147,8 +156,8 @@ class HashTable(SubwindowIndex):
             p, q = nested_probe(self.keys, self.ts, self.seq, self.n, lo, hi, flt.mode,
                                 c0, c1, c2)
         else:
-            p, q = hash_lookup(self.slots, self.shift, self.nxt, self.ts, self.seq,
-                               points[0], points[1], flt.mode, c0, c1, c2)
+            p, q = hash_lookup(self.slots, self.shift, self.rows, points[0], points[1],
+                               flt.mode, c0, c1, c2)
         return self._keep_residual(p, q, res, m)
 
     def __len__(self):
@@ -156,12 +165,11 @@ class HashTable(SubwindowIndex):
 
     @property
     def nbytes(self):
-        return (self.keys.nbytes + self.ts.nbytes + self.seq.nbytes + self.nxt.nbytes
-                + self.slots.nbytes)
+        return self.keys.nbytes + self.rows.nbytes + self.slots.nbytes
 
     def check(self):
         assert 0 <= self.n <= self.capacity, f"hash: size {self.n} outside [0, {self.capacity}]"
         assert self.slots.shape[0] >= 4 * self.capacity, "hash: load factor above 1/2"
-        code = chain_check(self.slots, self.shift, self.nxt, key_bits(self.keys[: self.n]),
+        code = chain_check(self.slots, self.shift, self.rows, key_bits(self.keys[: self.n]),
                            self.n)
         assert code == 0, f"hash: broken table (chain_check code {code}, see kernels/hash.py)"

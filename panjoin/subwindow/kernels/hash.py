@@ -2,15 +2,17 @@
 
 Arrays in, arrays out; the orchestration lives in :mod:`panjoin.subwindow.hash_table`.
 
-Rows stay in arrival order (``key``, ``ts``, ``seq`` columns plus ``nxt``). The table
-has ``2^bits`` slots, each two int64 words in one array (``slots[2 s]`` = the key's
-64 bits, ``slots[2 s + 1]`` = 1 + the newest row with that key, 0 empty: a table of
-zeros is empty, so a new one costs no pass over its memory), so a lookup reads one
-cache line; ``nxt[row]`` links a row to the previous row with the same key.
-Collisions probe linearly. The load factor stays <= 1/2 (slots >= 2 x capacity), so a
-miss ends after about 1.5 slots. Example, keys 7, 3, 7 inserted as rows 0, 1, 2::
+Rows stay in insertion order. What a lookup reads of a row is one 24-byte record,
+``rows[row] = (seq, ts, nxt)`` (one cache line, at most two), not three columns (three
+lines: a chain's row cost three misses); ``nxt`` links a row to the previous row with
+the same key. The table has ``2^bits`` slots, each two int64 words in one array
+(``slots[2 s]`` = the key's 64 bits, ``slots[2 s + 1]`` = 1 + the newest row with
+that key, 0 empty: a table of zeros is empty, so a new one costs no pass over its
+memory), so a lookup reads one cache line. Collisions probe linearly. The load factor
+stays <= 1/2 (slots >= 2 x capacity), so a miss ends after about 1.5 slots. Example,
+keys 7, 3, 7 inserted as rows 0, 1, 2::
 
-    slot(7): key 7, head 2 + 1      nxt [-1, -1, 0]     lookup 7 -> rows 2, 0
+    slot(7): key 7, head 2 + 1      rows[:, NXT] [-1, -1, 0]     lookup 7 -> rows 2, 0
     slot(3): key 3, head 1 + 1
 
 Inserts prefetch the slot of tuple ``i + AHEAD`` while tuple ``i`` is chained. A
@@ -36,6 +38,8 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 #: also the lookups a probe keeps in flight
 AHEAD = 16
 _SLOT = -2  # a lookup lane's state: its slot is prefetched, its head not yet read
+#: the columns of a row record
+SEQ, TS, NXT = 0, 1, 2
 
 
 @njit(inline="always", cache=True)
@@ -45,7 +49,7 @@ def slot_of(b, shift):
 
 
 @njit(**NJIT)
-def hash_insert(slots, shift, nxt, bits, n0, m):
+def hash_insert(slots, shift, rows, bits, n0, m):
     """Chain rows ``n0 .. n0+m-1`` (their key bits ``bits[0 .. m-1]``) into the table."""
     mask = (slots.shape[0] >> 1) - 1
     for j in range(m):
@@ -58,7 +62,7 @@ def hash_insert(slots, shift, nxt, bits, n0, m):
         row = n0 + j
         if slots[2 * s + 1] == 0:
             slots[2 * s] = b
-        nxt[row] = slots[2 * s + 1] - 1
+        rows[row, NXT] = slots[2 * s + 1] - 1
         slots[2 * s + 1] = row + 1
 
 
@@ -82,7 +86,7 @@ def _grow(a, need):
 
 
 @njit(**NJIT)
-def hash_lookup(slots, shift, nxt, ts, seq, pbits, pidx, mode, c0, c1, c2):
+def hash_lookup(slots, shift, rows, pbits, pidx, mode, c0, c1, c2):
     """Pairs ``(probe index, stored seq)`` of the point lookups ``pbits[k]`` (key bits)
     made for probe tuple ``pidx[k]``, each stored row passed through the window filter
     of its probe tuple; pairs come out in no particular order.
@@ -92,6 +96,7 @@ def hash_lookup(slots, shift, nxt, ts, seq, pbits, pidx, mode, c0, c1, c2):
     lane is left and read when it comes round again, so a chain's serial misses overlap
     with the other lanes' instead of stalling the walk."""
     mask = (slots.shape[0] >> 1) - 1
+    flat = rows.reshape(-1)  # prefetch_read takes a 1-d array
     m = pbits.shape[0]
     lane_k = np.full(AHEAD, -1, dtype=np.int64)  # the lookup a lane serves, -1: none
     lane_row = np.empty(AHEAD, dtype=np.int64)  # its next row; SLOT: its head is due
@@ -115,18 +120,19 @@ def hash_lookup(slots, shift, nxt, ts, seq, pbits, pidx, mode, c0, c1, c2):
                 row = _head(slots, shift, mask, pbits[j])
             else:  # its row was prefetched: filter, then follow the chain
                 p = pidx[j]
-                if in_window(mode, c0[p], c1[p], c2[p], seq[row], ts[row]):
+                sq = rows[row, SEQ]
+                if in_window(mode, c0[p], c1[p], c2[p], sq, rows[row, TS]):
                     if n == out_p.shape[0]:
                         out_p = _grow(out_p, n + 1)
                         out_s = _grow(out_s, n + 1)
                     out_p[n] = p
-                    out_s[n] = seq[row]
+                    out_s[n] = sq
                     n += 1
-                row = nxt[row]
+                row = rows[row, NXT]
             if row >= 0:
-                prefetch_read(seq, row)
-                prefetch_read(ts, row)
-                prefetch_read(nxt, row)
+                # the record's first and last word: one line, or the two it straddles
+                prefetch_read(flat, 3 * row)
+                prefetch_read(flat, 3 * row + 2)
                 lane_row[g] = row
             elif taken < m:  # chain done: the lane takes the next lookup
                 prefetch_read(slots, 2 * slot_of(pbits[taken], shift))
@@ -164,7 +170,7 @@ def enumerate_points(lo, hi, span):
 
 
 @njit(**NJIT)
-def chain_check(slots, shift, nxt, bits, n):
+def chain_check(slots, shift, rows, bits, n):
     """Every row reachable exactly once, from the slot of its own key, newest first;
     returns an error code (0: fine) for :meth:`HashTable.check`."""
     mask = (slots.shape[0] >> 1) - 1
@@ -183,7 +189,7 @@ def chain_check(slots, shift, nxt, bits, n):
                 return 4  # a row under another key's slot
             seen[row] = True
             prev = row
-            row = nxt[row]
+            row = rows[row, NXT]
         if slots[2 * s + 1] > 0 and _head(slots, shift, mask, slots[2 * s]) != slots[2 * s + 1] - 1:
             return 5  # a key that a lookup would not find (broken linear probing)
     for r in range(n):
