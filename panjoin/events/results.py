@@ -18,11 +18,11 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from panjoin.events.arrays import _combine, _first, _np
+from panjoin.events.arrays import _arrow, _combine, _first, _np
 from panjoin.events.errors import _fail
 from panjoin.events.files import CSV_SUFFIXES, _check_readable, _write_table, atomic_write
 from panjoin.events.table import _as_int64
-from panjoin.events.validate import STREAM_TAGS, _int_column, _stream_codes
+from panjoin.events.validate import STREAM_TAGS, TAG_ARRAY, _int_column, _stream_codes
 
 
 def _pairs_format(path) -> str:
@@ -39,7 +39,7 @@ def write_pairs(path, r_id: np.ndarray, s_id: np.ndarray, r_payload=None,
     if r.shape != s.shape:
         raise ValueError(f"write_pairs: {r.size} r_ids but {s.size} s_ids")
     path = os.fspath(path)
-    cols = {"r_id": pa.array(r), "s_id": pa.array(s)}
+    cols = {"r_id": _arrow(r), "s_id": _arrow(s)}
     for name, p in (("r_payload", r_payload), ("s_payload", s_payload)):
         if p is not None:
             if len(p) != r.size:
@@ -103,7 +103,7 @@ def write_ids(path, stream_ids: dict) -> None:
     codes = np.concatenate(parts_tag) if parts_tag else np.zeros(0, np.uint8)
     ids = np.concatenate(parts_id) if parts_id else np.zeros(0, np.int64)
     table = pa.table(
-        {"stream": pc.take(pa.array(STREAM_TAGS), pa.array(codes)), "id": pa.array(ids)}
+        {"stream": pc.take(TAG_ARRAY, _arrow(codes)), "id": _arrow(ids)}
     )
     path = os.fspath(path)
     fmt = _pairs_format(path)

@@ -1,0 +1,78 @@
+"""What ``panjoin replay`` pays around the join: the modules its process imports (no
+pandas, which pyarrow's first numpy conversion would pull in) and the Arrow/numpy
+conversions that avoid them, on real files in a real process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from panjoin.cli.main import main
+from panjoin.events import read_events, read_pairs
+from panjoin.events.arrays import _arrow, _np
+from panjoin.reference import reference_join, sort_pairs
+from panjoin.semantics import parse_predicate, parse_window
+
+#: runs replay in this interpreter, then prints which of these modules it imported
+_PROBE = """
+import json, sys
+from panjoin.cli.main import main
+rc = main(sys.argv[1:])
+print(json.dumps({"rc": rc, "loaded": [m for m in ("pandas", "grpc") if m in sys.modules]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def events(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ev") / "events.parquet"
+    assert main(["gen", str(path), "--n", "4000", "--key-max", "80", "--rate", "1000",
+                 "--disorder-ms", "30", "--seed", "5", "--no-progress"]) == 0
+    return path
+
+
+def _replay_in_a_process(*argv) -> dict:
+    run = subprocess.run([sys.executable, "-c", _PROBE, "replay", *map(str, argv),
+                          "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("window,pred", [("count:300,200", "eq"), ("time:60,90", "band:2")])
+def test_replay_imports_no_pandas_and_writes_the_reference(events, tmp_path, window, pred):
+    out, late = tmp_path / "pairs.parquet", tmp_path / "late.parquet"
+    got = _replay_in_a_process(events, "--window", window, "--predicate", pred, "--out", out,
+                               "--late-out", late)
+    assert got["rc"] == 0
+    assert "pandas" not in got["loaded"]
+    t = read_events(events)
+    ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window(window),
+                         parse_predicate(pred))
+    assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint8, np.float64, np.int32])
+def test_arrow_and_back_without_pyarrows_conversion(dtype):
+    v = np.arange(-3 if np.dtype(dtype).kind != "u" else 0, 20).astype(dtype)
+    a = _arrow(v)
+    assert a.type == pa.from_numpy_dtype(np.dtype(dtype)) and a.null_count == 0
+    assert a.equals(pa.array(v))
+    back = _np(a.slice(3, 9))  # an offset into the buffer
+    assert back.dtype == v.dtype and np.array_equal(back, v[3:12])
+    assert np.array_equal(_np(pa.chunked_array([a.slice(0, 4), a.slice(7)])),
+                          np.concatenate([v[:4], v[7:]]))
+
+
+def test_bool_masks_unpack_at_any_offset():
+    bits = np.random.default_rng(1).random(77) < 0.4
+    arr = pa.array(bits)
+    for start in (0, 1, 5, 8, 13):
+        got = _np(arr.slice(start))
+        assert got.dtype == bool and np.array_equal(got, bits[start:])
+    assert _np(arr.slice(3, 0)).size == 0
+    with_null = pa.array([True, None, False])  # nulls: pyarrow's own conversion
+    assert list(_np(with_null)) == [True, None, False]
