@@ -76,3 +76,25 @@ def test_bool_masks_unpack_at_any_offset():
     assert _np(arr.slice(3, 0)).size == 0
     with_null = pa.array([True, None, False])  # nulls: pyarrow's own conversion
     assert list(_np(with_null)) == [True, None, False]
+
+
+@pytest.mark.parametrize("n", [0, 5, 300_000])
+def test_pairs_files_are_delta_encoded_and_read_back_exactly(tmp_path, n):
+    import pyarrow.parquet as pq
+
+    from panjoin.events import write_pairs
+
+    rng = np.random.default_rng(n)
+    r = np.sort(rng.integers(0, 1 << 40, n))
+    s = rng.integers(-(1 << 62), 1 << 62, n)
+    pay = pa.array([f"p{i}" for i in range(n)], pa.string())
+    out = tmp_path / "pairs.parquet"
+    write_pairs(out, r, s, pay, pay)
+    back = pq.read_table(out)
+    assert np.array_equal(read_pairs(out), np.stack([r, s], axis=1).reshape(-1, 2))
+    assert back.column("r_payload").combine_chunks().equals(pay)
+    if n:
+        meta = pq.ParquetFile(out).metadata.row_group(0)
+        ids = [meta.column(j) for j in range(2)]
+        assert all("DELTA_BINARY_PACKED" in c.encodings and "RLE_DICTIONARY" not in c.encodings
+                   and c.compression == "UNCOMPRESSED" for c in ids)
