@@ -55,6 +55,39 @@ def test_replay_imports_no_pandas_nor_grpc_and_writes_the_reference(events, tmp_
     assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
 
 
+#: runs replay here, then prints on which threads Numba loaded (or compiled) kernels
+_THREADS = """
+import json, sys, threading
+from numba.core import dispatcher
+seen = []
+compile = dispatcher.Dispatcher.compile
+def traced(self, sig):
+    n = len(self.overloads)
+    out = compile(self, sig)
+    if len(self.overloads) > n:
+        seen.append([threading.current_thread().name, self.py_func.__qualname__])
+    return out
+dispatcher.Dispatcher.compile = traced
+from panjoin.cli.main import main
+print(json.dumps({"rc": main(sys.argv[1:]), "loaded": seen}))
+"""
+
+
+@pytest.mark.parametrize("index,pred", [("bisort", "band:3"), ("rap", "eq"), ("auto", "eq")])
+def test_the_join_finds_its_kernels_loaded(events, tmp_path, index, pred):
+    """In-process, the kernels load on the loader thread while the file is read: the
+    join itself (the main thread) loads none."""
+    run = subprocess.run([sys.executable, "-c", _THREADS, "replay", str(events), "--window",
+                          "count:300,200", "--predicate", pred, "--index", index,
+                          "--threads", "1", "--out", str(tmp_path / "p.parquet"),
+                          "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["rc"] == 0 and got["loaded"]
+    on_main = [k for thread, k in got["loaded"] if thread == "MainThread"]
+    assert on_main == [], f"the join loaded {on_main} itself"
+
+
 @pytest.mark.parametrize("dtype", [np.int64, np.uint8, np.float64, np.int32])
 def test_arrow_and_back_without_pyarrows_conversion(dtype):
     v = np.arange(-3 if np.dtype(dtype).kind != "u" else 0, 20).astype(dtype)
