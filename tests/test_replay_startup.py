@@ -73,11 +73,21 @@ print(json.dumps({"rc": main(sys.argv[1:]), "loaded": seen}))
 """
 
 
-@pytest.mark.parametrize("index,pred", [("bisort", "band:3"), ("rap", "eq"), ("auto", "eq")])
-def test_the_join_finds_its_kernels_loaded(events, tmp_path, index, pred):
-    """In-process, the kernels load on the loader thread while the file is read: the
-    join itself (the main thread) loads none."""
-    run = subprocess.run([sys.executable, "-c", _THREADS, "replay", str(events), "--window",
+@pytest.fixture(scope="module")
+def float_events(tmp_path_factory):
+    path = tmp_path_factory.mktemp("evf") / "events.parquet"
+    assert main(["gen", str(path), "--n", "4000", "--key-max", "80", "--float-keys",
+                 "--seed", "6", "--no-progress"]) == 0
+    return path
+
+
+@pytest.mark.parametrize("index,pred,floats", [("bisort", "band:3", False), ("rap", "eq", False),
+                                               ("auto", "eq", False), ("bisort", "band:3", True)])
+def test_the_join_finds_its_kernels_loaded(events, float_events, tmp_path, index, pred, floats):
+    """In-process, the kernels load on the loader thread while the file is read (for
+    the file's key type): the join itself (the main thread) loads none."""
+    path = float_events if floats else events
+    run = subprocess.run([sys.executable, "-c", _THREADS, "replay", str(path), "--window",
                           "count:300,200", "--predicate", pred, "--index", index,
                           "--threads", "1", "--out", str(tmp_path / "p.parquet"),
                           "--no-progress"], capture_output=True, text=True, timeout=600)

@@ -106,15 +106,19 @@ def _load_kernels_behind(args, pred) -> threading.Thread | None:
         return None
     float_keys = False
     with contextlib.suppress(Exception):  # unreadable: read_events says why, in order
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        float_keys = pq.read_schema(args.events).field("key").type.id in (
-            pq.lib.float64().id, pq.lib.float32().id)
+        float_keys = pa.types.is_floating(pq.read_schema(args.events).field("key").type)
+
+    # imported before the thread starts, not by both threads at once: two threads
+    # importing the same packages together can meet in a circular import
+    import panjoin.events  # noqa: F401 (the main thread's read)
+    import panjoin.manager.engine  # noqa: F401 (the loader's join)
+    from panjoin.generate import generate
 
     def load():
         try:
-            from panjoin.generate import generate
-
             _warm_join(generate(WARM_UP_TUPLES, "uniform", key_max=1 << 20, seed=1,
                                 float_keys=float_keys), pred, args.index, args.threads)
         except Exception:  # the join itself will meet (and report) whatever this did
