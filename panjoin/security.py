@@ -1,6 +1,6 @@
 """Who may talk to a PanJoin server, and how large a message may be: one config
 (:class:`Security`), one function that makes every channel (:func:`channel`), and
-the server half (:func:`server_credentials`, :class:`TokenCheck`) that
+the server half (:func:`server_credentials`, the token check) that
 :func:`panjoin.serving.start_server` uses.
 
 The rules, for every server (worker, handshake node, manager):
@@ -26,17 +26,25 @@ A client uses the same flags: ``--tls-ca`` to check the server's certificate,
 A process states its flags once (:func:`use`, the CLI does it); every channel and
 server it makes afterwards follows them, and :mod:`panjoin.launch` passes them on
 to the processes it starts.
+
+grpc is imported where a channel, a credential or an interceptor is made, not with
+this module: a process that never opens one (an in-process ``panjoin replay``)
+need not pay its import (about 0.1 s).
 """
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 from collections import namedtuple
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
-import grpc
+if TYPE_CHECKING:
+    import grpc
 
 #: the default cap on one message, in MiB (``--max-message-mb`` raises it)
 MAX_MESSAGE_MB = 64
@@ -142,6 +150,8 @@ class Security:
         mutual TLS: a client must show a certificate signed by it."""
         if self.cert is None:
             return None
+        import grpc
+
         return grpc.ssl_server_credentials(
             [(_read(self.key), _read(self.cert))],
             root_certificates=_read(self.ca) if self.ca else None,
@@ -150,7 +160,7 @@ class Security:
     def interceptors(self) -> list:
         """A server's interceptors: the token check when there is a token."""
         tok = self.token()
-        return [TokenCheck(tok)] if tok else []
+        return [_interceptors().TokenCheck(tok)] if tok else []
 
     # ------------------------------------------------------------------ client side
 
@@ -159,6 +169,8 @@ class Security:
         certificate (None: the system's roots), the certificate is ours."""
         if self.cert is None and self.ca is None:
             return None
+        import grpc
+
         return grpc.ssl_channel_credentials(
             root_certificates=_read(self.ca) if self.ca else None,
             private_key=_read(self.key) if self.key else None,
@@ -203,6 +215,8 @@ def channel(address: str, security: Security | None = None, *, token: bool = Fal
     the process's). ``token``: send the token (a client of the manager); ``peer``: a
     worker's or node's answers may exceed the message limit (:data:`PEER_ANSWER_BYTES`).
     A token never goes in plaintext off loopback (unless ``insecure``)."""
+    import grpc
+
     sec = security or _current
     receive = max(sec.max_message_bytes, PEER_ANSWER_BYTES) if peer else sec.max_message_bytes
     options = [("grpc.max_receive_message_length", receive),
@@ -217,7 +231,7 @@ def channel(address: str, security: Security | None = None, *, token: bool = Fal
             raise SecurityError(f"the token would travel in plaintext to {address}; give "
                                 "--tls-ca (the manager's CA), or --insecure on a trusted "
                                 "network")
-        ch = grpc.intercept_channel(ch, _AddToken(tok))
+        ch = grpc.intercept_channel(ch, _interceptors().AddToken(tok))
     return ch
 
 
@@ -228,55 +242,63 @@ _Details = namedtuple("_Details", ("method", "timeout", "metadata", "credentials
                                    "wait_for_ready", "compression"))
 
 
-class _CallDetails(_Details, grpc.ClientCallDetails):
-    pass
+@functools.cache
+def _interceptors():
+    """The interceptor classes, made on the first call: they subclass grpc's, and
+    importing grpc is what this module leaves to its first channel or server."""
+    import grpc
 
+    class CallDetails(_Details, grpc.ClientCallDetails):
+        pass
 
-class _AddToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
-                grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
-    """Adds ``authorization: Bearer <token>`` to every call (metadata, so the same
-    channel serves TLS and loopback plaintext)."""
+    class AddToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                   grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+        """Adds ``authorization: Bearer <token>`` to every call (metadata, so the same
+        channel serves TLS and loopback plaintext)."""
 
-    def __init__(self, token: str):
-        self.md = ("authorization", f"Bearer {token}")
+        def __init__(self, token: str):
+            self.md = ("authorization", f"Bearer {token}")
 
-    def _with(self, d):
-        return _CallDetails(d.method, d.timeout, [*(d.metadata or ()), self.md],
-                            d.credentials, d.wait_for_ready, d.compression)
+        def _with(self, d):
+            return CallDetails(d.method, d.timeout, [*(d.metadata or ()), self.md],
+                               d.credentials, d.wait_for_ready, d.compression)
 
-    def intercept_unary_unary(self, continuation, details, request):
-        return continuation(self._with(details), request)
+        def intercept_unary_unary(self, continuation, details, request):
+            return continuation(self._with(details), request)
 
-    def intercept_unary_stream(self, continuation, details, request):
-        return continuation(self._with(details), request)
+        def intercept_unary_stream(self, continuation, details, request):
+            return continuation(self._with(details), request)
 
-    def intercept_stream_unary(self, continuation, details, requests):
-        return continuation(self._with(details), requests)
+        def intercept_stream_unary(self, continuation, details, requests):
+            return continuation(self._with(details), requests)
 
-    def intercept_stream_stream(self, continuation, details, requests):
-        return continuation(self._with(details), requests)
+        def intercept_stream_stream(self, continuation, details, requests):
+            return continuation(self._with(details), requests)
 
+    class TokenCheck(grpc.ServerInterceptor):
+        """Every call but a health check needs ``authorization: Bearer <token>``
+        (UNAUTHENTICATED otherwise), reflection included; the servicers never see it."""
 
-class TokenCheck(grpc.ServerInterceptor):
-    """Every call but a health check needs ``authorization: Bearer <token>``
-    (UNAUTHENTICATED otherwise), reflection included; the servicers never see it."""
+        def __init__(self, token: str):
+            self.want = f"Bearer {token}".encode()
 
-    def __init__(self, token: str):
-        self.want = f"Bearer {token}".encode()
+        def intercept_service(self, continuation, details):
+            handler = continuation(details)
+            if handler is None or details.method.startswith(OPEN_METHODS):
+                return handler
+            got = dict(details.invocation_metadata or ()).get("authorization", "")
+            if hmac.compare_digest(got.encode() if isinstance(got, str) else got, self.want):
+                return handler
+            return _deny(handler, "missing authorization metadata" if not got else
+                         "wrong token")
 
-    def intercept_service(self, continuation, details):
-        handler = continuation(details)
-        if handler is None or details.method.startswith(OPEN_METHODS):
-            return handler
-        got = dict(details.invocation_metadata or ()).get("authorization", "")
-        if hmac.compare_digest(got.encode() if isinstance(got, str) else got, self.want):
-            return handler
-        return _deny(handler, "missing authorization metadata" if not got else
-                     "wrong token")
+    return SimpleNamespace(AddToken=AddToken, TokenCheck=TokenCheck)
 
 
 def _deny(handler: grpc.RpcMethodHandler, why: str) -> grpc.RpcMethodHandler:
     """A handler of ``handler``'s kind that answers UNAUTHENTICATED."""
+    import grpc
+
     msg = (f"{why}: this manager needs 'authorization: Bearer <token>' "
            "(panjoin: --auth-token-file FILE)")
 

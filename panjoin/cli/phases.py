@@ -2,7 +2,8 @@
 
 Each phase is timed with ``perf_counter``; the time Numba spends compiling or
 loading kernels from its disk cache (the ``numba:compiler_lock`` event, held for
-both) is taken out of whichever phase paid it and shown as ``load kernels``.
+both) on the thread that made the :class:`Phases` is taken out of whichever phase
+paid it and shown as ``load kernels``.
 ``other`` is the rest of the process's life so far (interpreter start, imports,
 argument checks), from the process's start time in ``/proc``:
 
@@ -21,6 +22,7 @@ write 0.60, other 0.17``.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -39,7 +41,7 @@ class Phases:
     def __enter__(self) -> Phases:
         from numba.core import event
 
-        self._listener = event.TimingListener()
+        self._listener = _ThreadTimer(event.Listener)()
         event.register("numba:compiler_lock", self._listener)
         return self
 
@@ -50,7 +52,7 @@ class Phases:
 
     def _kernel_s(self) -> float:
         lis = self._listener
-        return lis.duration if lis is not None and lis.done else 0.0
+        return lis.duration if lis is not None else 0.0
 
     @contextmanager
     def phase(self, name: str):
@@ -83,6 +85,34 @@ class Phases:
         else:
             wall = total
         return f"wall {wall:.2f} s: " + ", ".join(parts) + (f" ({note})" if note else "")
+
+
+def _ThreadTimer(base):
+    """A Numba event listener (``base``: ``numba.core.event.Listener``, imported late)
+    that adds up the time the events of one thread last, the thread that made it:
+    kernels loaded on another thread (replay's loader, while this one reads the file)
+    are not taken out of this thread's phases."""
+
+    class ThreadTimer(base):
+        def __init__(self):
+            self.thread = threading.get_ident()
+            self.duration = 0.0
+            self._depth = 0
+            self._t0 = 0.0
+
+        def on_start(self, event):
+            if threading.get_ident() == self.thread:
+                if self._depth == 0:
+                    self._t0 = time.perf_counter()
+                self._depth += 1
+
+        def on_end(self, event):
+            if threading.get_ident() == self.thread:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.duration += time.perf_counter() - self._t0
+
+    return ThreadTimer
 
 
 def process_age_s() -> float | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 
 import numpy as np
@@ -82,6 +83,52 @@ def _warm_events(events):
     return events.slice(0, min(len(events), WARM_UP_TUPLES))
 
 
+def _warm_join(events, pred, index, threads) -> None:
+    """The throwaway join that loads the kernels (``--warm-up``, and
+    :func:`_load_kernels_behind`): count:4K,4K, the join's predicate, index and threads."""
+    from panjoin.manager.engine import JoinEngine
+
+    warm = JoinEngine("count:4096,4096", pred, index=index, threads=threads,
+                      key_dtype=str(events.key.dtype))
+    warm.push(events)
+    warm.flush()
+    warm.take_results()
+
+
+def _load_kernels_behind(args, pred) -> threading.Thread | None:
+    """An in-process replay's kernels, loaded on a thread while this one reads and
+    checks the file (``pyarrow`` and numpy let go of the GIL; so does Numba's cache
+    loading, in LLVM): the ``--warm-up`` join on generated tuples of the file's key
+    type (a Parquet schema says it; otherwise int64). A wrong guess only costs the
+    join loading its kernels itself. The join waits for the thread first, so no two
+    joins run kernels at once."""
+    if args.cluster or args.workers or args.topology == "handshake" or args.warm_up:
+        return None
+    float_keys = False
+    with contextlib.suppress(Exception):  # unreadable: read_events says why, in order
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        float_keys = pa.types.is_floating(pq.read_schema(args.events).field("key").type)
+
+    # imported before the thread starts, not by both threads at once: two threads
+    # importing the same packages together can meet in a circular import
+    import panjoin.events  # noqa: F401 (the main thread's read)
+    import panjoin.manager.engine  # noqa: F401 (the loader's join)
+    from panjoin.generate import generate
+
+    def load():
+        try:
+            _warm_join(generate(WARM_UP_TUPLES, "uniform", key_max=1 << 20, seed=1,
+                                float_keys=float_keys), pred, args.index, args.threads)
+        except Exception:  # the join itself will meet (and report) whatever this did
+            log.debug("loading the kernels ahead failed", exc_info=True)
+
+    t = threading.Thread(target=load, name="panjoin-load-kernels", daemon=True)
+    t.start()
+    return t
+
+
 def run(args) -> int:
     from panjoin.cli.phases import Phases
 
@@ -90,7 +137,6 @@ def run(args) -> int:
 
 
 def _run(args, ph) -> int:
-    from panjoin.events import read_events
     from panjoin.semantics import parse_predicate, parse_window
 
     check_topology(args, "panjoin replay", on_manager=bool(args.cluster))
@@ -100,6 +146,17 @@ def _run(args, ph) -> int:
         from panjoin.sharding import COUNT_REFUSED
 
         raise SystemExit(f"panjoin replay: error: --cluster {args.cluster}: {COUNT_REFUSED}")
+    loader = _load_kernels_behind(args, pred)
+    try:
+        return _read_and_join(args, window, pred, ph, loader)
+    finally:
+        if loader is not None:  # never left loading beside a later join (bad input)
+            loader.join()
+
+
+def _read_and_join(args, window, pred, ph, loader) -> int:
+    from panjoin.events import read_events
+
     t0 = time.perf_counter()
     took = {}
     with ph.phase("read"):
@@ -128,8 +185,14 @@ def _run(args, ph) -> int:
         return _replay_on_manager(args, events, window, pred, ph)
     if args.topology == "handshake":
         return _replay_handshake(args, events, window, pred, ph)
+    waited = 0.0
+    if loader is not None:
+        with ph.phase("load kernels"):  # what the read did not hide
+            waited = time.perf_counter()
+            loader.join()
+            waited = time.perf_counter() - waited
     if not args.workers:
-        return _replay_engine(args, events, window, pred, None, 1, ph)
+        return _replay_engine(args, events, window, pred, None, 1, ph, waited=waited)
     from panjoin.launch import start_cluster
     from panjoin.manager.grpc_backend import GrpcBackend
 
@@ -250,7 +313,11 @@ def _held(window, events) -> int:
     return min(window_tuples(window, events.ts, events.stream), max(n_s, len(events) - n_s))
 
 
-def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=None) -> int:
+def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=None,
+                   waited: float = 0.0) -> int:
+    """The join on ``engine`` (default: a :class:`JoinEngine` in-process or over
+    ``backend``); ``waited``: seconds spent waiting for :func:`_load_kernels_behind`,
+    counted in the join's ``time:`` as kernel loading the join would otherwise pay."""
     from panjoin.events import write_ids, write_pairs
     from panjoin.manager.engine import JoinEngine
 
@@ -267,11 +334,7 @@ def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=No
                  engine.nsub, engine.partitions, engine.batch_size)
         if args.warm_up and backend is None:
             with ph.phase("load kernels"):
-                warm = JoinEngine("count:4096,4096", pred, index=args.index,
-                                  threads=args.threads, key_dtype=str(events.key.dtype))
-                warm.push(_warm_events(events))
-                warm.flush()
-                warm.take_results()
+                _warm_join(_warm_events(events), pred, args.index, args.threads)
             print(WARMED, flush=True)
     parts = []
     peak = 0
@@ -292,7 +355,7 @@ def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=No
             backend.sync()
         peak = max(peak, engine.memory_bytes())
         parts.append(engine.take_results(payloads=True))
-    elapsed = time.perf_counter() - t1
+    elapsed = time.perf_counter() - t1 + waited
     cpu = time.process_time() - c1
     with ph.phase("write"):
         r_all = np.concatenate([p[0] for p in parts])

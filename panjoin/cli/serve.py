@@ -18,7 +18,6 @@ import sys
 
 from panjoin.cli.options import add_common, add_security, add_topology, check_topology, size
 from panjoin.security import current
-from panjoin.serving import serve_until_stopped
 
 log = logging.getLogger("panjoin")
 
@@ -161,6 +160,7 @@ def add_max_latency(p) -> None:
 def run_cluster(args) -> int:
     from panjoin.launch import die_with_parent, start_cluster
     from panjoin.manager.service import serve_manager
+    from panjoin.serving import serve_until_stopped
 
     die_with_parent()  # its workers die with it in turn
     check_topology(args, "panjoin cluster")
@@ -202,6 +202,7 @@ def run_cluster(args) -> int:
 def run_manager(args) -> int:
     from panjoin.launch import MANAGER_READY, WARM_UP_TIMEOUT, die_with_parent, wait_healthy
     from panjoin.manager.service import serve_manager
+    from panjoin.serving import serve_until_stopped
 
     die_with_parent()
     check_topology(args, "panjoin manager")
@@ -223,7 +224,7 @@ def run_manager(args) -> int:
 def run_worker(args) -> int:
     from panjoin.launch import READY, die_with_parent
     from panjoin.limits import fmt
-    from panjoin.serving import set_serving
+    from panjoin.serving import serve_until_stopped, set_serving
     from workers.server import serve
     from workers.warm_up import warm_up
 
@@ -266,7 +267,7 @@ def run_worker(args) -> int:
 
 def run_handshake_node(args) -> int:
     from panjoin.launch import READY, die_with_parent
-    from panjoin.serving import set_serving
+    from panjoin.serving import serve_until_stopped, set_serving
     from workers.handshake_node import serve
     from workers.warm_up import warm_up_handshake
 

@@ -137,11 +137,13 @@ def atomic_write(path, write) -> None:
             os.close(dfd)
 
 
-def _write_table(table: pa.Table, tmp: str, fmt: str) -> None:
+def _write_table(table: pa.Table, tmp: str, fmt: str, **parquet) -> None:
+    """``table`` as CSV or Parquet (``parquet``: :func:`pyarrow.parquet.write_table`'s
+    options)."""
     if fmt == "csv":
         pcsv.write_csv(table, tmp, write_options=pcsv.WriteOptions(quoting_style="needed"))
     else:
-        pq.write_table(table, tmp)
+        pq.write_table(table, tmp, **parquet)
 
 
 def write_events(table: EventTable, path) -> None:

@@ -24,11 +24,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from panjoin.events.arrays import _combine, _first
+from panjoin.events.arrays import _arrow, _combine, _first
 from panjoin.events.errors import _fail
 from panjoin.events.validate import (
     COLUMNS,
-    STREAM_TAGS,
+    TAG_ARRAY,
     _check_columns,
     _check_nulls,
     _check_unique_ids,
@@ -201,17 +201,17 @@ class EventTable:
 
     def to_arrow(self) -> pa.Table:
         """Columns stream ('R'/'S' strings), id, key, ts[, payload]."""
-        tags = pc.take(pa.array(STREAM_TAGS), pa.array(self.stream))
+        tags = pc.take(TAG_ARRAY, _arrow(self.stream))
         cols = {
             "stream": tags,
-            "id": pa.array(self.id),
-            "key": pa.array(self.key),
-            "ts": pa.array(self.ts),
+            "id": _arrow(self.id),
+            "key": _arrow(self.key),
+            "ts": _arrow(self.ts),
         }
         if self.payload is not None:
             cols["payload"] = self.payload
         if self.key2 is not None:
-            cols["key2"] = pa.array(self.key2)
+            cols["key2"] = _arrow(self.key2)
         return pa.table(cols)
 
     @classmethod

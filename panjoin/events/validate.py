@@ -48,6 +48,11 @@ from panjoin.semantics import I64_MAX
 REQUIRED = ("stream", "id", "key", "ts")
 COLUMNS = REQUIRED + ("payload", "key2")
 STREAM_TAGS = ("R", "S")
+#: STREAM_TAGS as an Arrow array, built from its buffers (offsets 0 1 2, bytes "RS"):
+#: ``pa.array(["R", "S"])`` would import pandas (see :mod:`.arrays`)
+TAG_ARRAY = pa.StringArray.from_buffers(
+    2, pa.py_buffer(np.array([0, 1, 2], dtype=np.int32)), pa.py_buffer(b"RS"))
+_R, _S = TAG_ARRAY[0], TAG_ARRAY[1]
 
 # 2**63 as a double: every finite float in [-2**63, 2**63) converts to int64 exactly
 _TWO63 = 9223372036854775808.0
@@ -131,12 +136,12 @@ def _stream_codes(col, source) -> np.ndarray:
                     ch.dictionary_decode(), "stream", source, "the strings 'R' or 'S'"
                 )
             lut = np.full(len(d), 2, dtype=np.uint8)  # 2 = neither R nor S
-            lut[_np(pc.equal(d, "R"))] = 0
-            lut[_np(pc.equal(d, "S"))] = 1
+            lut[_np(pc.equal(d, _R))] = 0
+            lut[_np(pc.equal(d, _S))] = 1
             codes = lut[_np(ch.indices)]
         elif pa.types.is_string(ch.type) or pa.types.is_large_string(ch.type):
-            codes = np.where(_np(pc.equal(ch, "R")), 0, 2).astype(np.uint8)
-            codes[_np(pc.equal(ch, "S"))] = 1
+            codes = np.where(_np(pc.equal(ch, _R)), 0, 2).astype(np.uint8)
+            codes[_np(pc.equal(ch, _S))] = 1
         else:
             raise _type_error(ch, "stream", source, "the strings 'R' or 'S'")
         bad = _first(codes == 2)

@@ -1,0 +1,143 @@
+"""What ``panjoin replay`` pays around the join: the modules its process imports (no
+pandas, which pyarrow's first numpy conversion would pull in; no grpc in-process)
+and the Arrow/numpy conversions that avoid them, on real files in a real process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from panjoin.cli.main import main
+from panjoin.events import read_events, read_pairs
+from panjoin.events.arrays import _arrow, _np
+from panjoin.reference import reference_join, sort_pairs
+from panjoin.semantics import parse_predicate, parse_window
+
+#: runs replay in this interpreter, then prints which of these modules it imported
+_PROBE = """
+import json, sys
+from panjoin.cli.main import main
+rc = main(sys.argv[1:])
+print(json.dumps({"rc": rc, "loaded": [m for m in ("pandas", "grpc") if m in sys.modules]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def events(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ev") / "events.parquet"
+    assert main(["gen", str(path), "--n", "4000", "--key-max", "80", "--rate", "1000",
+                 "--disorder-ms", "30", "--seed", "5", "--no-progress"]) == 0
+    return path
+
+
+def _replay_in_a_process(*argv) -> dict:
+    run = subprocess.run([sys.executable, "-c", _PROBE, "replay", *map(str, argv),
+                          "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("window,pred", [("count:300,200", "eq"), ("time:60,90", "band:2")])
+def test_replay_imports_no_pandas_nor_grpc_and_writes_the_reference(events, tmp_path, window, pred):
+    out, late = tmp_path / "pairs.parquet", tmp_path / "late.parquet"
+    got = _replay_in_a_process(events, "--window", window, "--predicate", pred, "--out", out,
+                               "--late-out", late)
+    assert got["rc"] == 0
+    assert got["loaded"] == []  # neither pandas nor grpc: no channel in-process
+    t = read_events(events)
+    ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window(window),
+                         parse_predicate(pred))
+    assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
+
+
+#: runs replay here, then prints on which threads Numba loaded (or compiled) kernels
+_THREADS = """
+import json, sys, threading
+from numba.core import dispatcher
+seen = []
+compile = dispatcher.Dispatcher.compile
+def traced(self, sig):
+    n = len(self.overloads)
+    out = compile(self, sig)
+    if len(self.overloads) > n:
+        seen.append([threading.current_thread().name, self.py_func.__qualname__])
+    return out
+dispatcher.Dispatcher.compile = traced
+from panjoin.cli.main import main
+print(json.dumps({"rc": main(sys.argv[1:]), "loaded": seen}))
+"""
+
+
+@pytest.fixture(scope="module")
+def float_events(tmp_path_factory):
+    path = tmp_path_factory.mktemp("evf") / "events.parquet"
+    assert main(["gen", str(path), "--n", "4000", "--key-max", "80", "--float-keys",
+                 "--seed", "6", "--no-progress"]) == 0
+    return path
+
+
+@pytest.mark.parametrize("index,pred,floats", [("bisort", "band:3", False), ("rap", "eq", False),
+                                               ("auto", "eq", False), ("bisort", "band:3", True)])
+def test_the_join_finds_its_kernels_loaded(events, float_events, tmp_path, index, pred, floats):
+    """In-process, the kernels load on the loader thread while the file is read (for
+    the file's key type): the join itself (the main thread) loads none."""
+    path = float_events if floats else events
+    run = subprocess.run([sys.executable, "-c", _THREADS, "replay", str(path), "--window",
+                          "count:300,200", "--predicate", pred, "--index", index,
+                          "--threads", "1", "--out", str(tmp_path / "p.parquet"),
+                          "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["rc"] == 0 and got["loaded"]
+    on_main = [k for thread, k in got["loaded"] if thread == "MainThread"]
+    assert on_main == [], f"the join loaded {on_main} itself"
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint8, np.float64, np.int32])
+def test_arrow_and_back_without_pyarrows_conversion(dtype):
+    v = np.arange(-3 if np.dtype(dtype).kind != "u" else 0, 20).astype(dtype)
+    a = _arrow(v)
+    assert a.type == pa.from_numpy_dtype(np.dtype(dtype)) and a.null_count == 0
+    assert a.equals(pa.array(v))
+    back = _np(a.slice(3, 9))  # an offset into the buffer
+    assert back.dtype == v.dtype and np.array_equal(back, v[3:12])
+    assert np.array_equal(_np(pa.chunked_array([a.slice(0, 4), a.slice(7)])),
+                          np.concatenate([v[:4], v[7:]]))
+
+
+def test_bool_masks_unpack_at_any_offset():
+    bits = np.random.default_rng(1).random(77) < 0.4
+    arr = pa.array(bits)
+    for start in (0, 1, 5, 8, 13):
+        got = _np(arr.slice(start))
+        assert got.dtype == bool and np.array_equal(got, bits[start:])
+    assert _np(arr.slice(3, 0)).size == 0
+    with_null = pa.array([True, None, False])  # nulls: pyarrow's own conversion
+    assert list(_np(with_null)) == [True, None, False]
+
+
+@pytest.mark.parametrize("n", [0, 5, 300_000])
+def test_pairs_files_are_delta_encoded_and_read_back_exactly(tmp_path, n):
+    import pyarrow.parquet as pq
+
+    from panjoin.events import write_pairs
+
+    rng = np.random.default_rng(n)
+    r = np.sort(rng.integers(0, 1 << 40, n))
+    s = rng.integers(-(1 << 62), 1 << 62, n)
+    pay = pa.array([f"p{i}" for i in range(n)], pa.string())
+    out = tmp_path / "pairs.parquet"
+    write_pairs(out, r, s, pay, pay)
+    back = pq.read_table(out)
+    assert np.array_equal(read_pairs(out), np.stack([r, s], axis=1).reshape(-1, 2))
+    assert back.column("r_payload").combine_chunks().equals(pay)
+    if n:
+        meta = pq.ParquetFile(out).metadata.row_group(0)
+        ids = [meta.column(j) for j in range(2)]
+        assert all("DELTA_BINARY_PACKED" in c.encodings and "RLE_DICTIONARY" not in c.encodings
+                   and c.compression == "UNCOMPRESSED" for c in ids)
