@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 
 from panjoin.config import INDEX_CHOICES
-from panjoin.memory import fmt, memory_budget
+from panjoin.memory import fmt_bytes, memory_budget
 from panjoin.semantics import Window
 
 #: the largest count window (tuples a stream), subwindow (NSub), partition count (P),
@@ -195,8 +195,8 @@ def check_engine_memory(need: int, budget: int, what: str) -> None:
     """Refuse ``need`` bytes over ``budget`` with the numbers and the ways out."""
     if need > budget:
         raise WindowTooLarge(
-            f"{what} needs about {fmt(need)} for its subwindows, and this process may use "
-            f"{fmt(budget)} (--memory-limit; default {MEMORY_SHARE:.0%} of what is left of "
+            f"{what} needs about {fmt_bytes(need)} for its subwindows, and this process may use "
+            f"{fmt_bytes(budget)} (--memory-limit; default {MEMORY_SHARE:.0%} of what is left of "
             "the host's MemAvailable or of its cgroup's memory limit): use a smaller window "
             "or subwindow size, run it on a cluster of more workers (--workers N, "
             "--cluster HOST:PORT), or give a larger --memory-limit")

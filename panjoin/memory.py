@@ -57,8 +57,8 @@ class CgroupMemory(NamedTuple):
         return max(0, self.limit - self.usage)
 
 
-def fmt(n: int) -> str:
-    """Bytes for a person: ``fmt(3 << 30) == '3.0 GiB'``."""
+def fmt_bytes(n: float) -> str:
+    """Bytes for a person: ``fmt_bytes(3 << 30) == '3.0 GiB'``."""
     if n < 1024:
         return f"{n} B"
     for unit in ("KiB", "MiB", "GiB", "TiB"):
@@ -79,12 +79,12 @@ class MemoryBudget(NamedTuple):
     @property
     def why(self) -> str:
         """E.g. ``160.0 MiB: cgroup limit 256.0 MiB, 96.0 MiB used (<file>), host 20.0 GiB``."""
-        host = f"host MemAvailable {fmt(self.available)}"
+        host = f"host MemAvailable {fmt_bytes(self.available)}"
         if self.cgroup is None:
-            return f"{fmt(self.left)}: {host}, no cgroup memory limit"
+            return f"{fmt_bytes(self.left)}: {host}, no cgroup memory limit"
         c = self.cgroup
-        return (f"{fmt(self.left)}: cgroup limit {fmt(c.limit)}, {fmt(c.usage)} used "
-                f"({c.source}), {host}")
+        return (f"{fmt_bytes(self.left)}: cgroup limit {fmt_bytes(c.limit)}, "
+                f"{fmt_bytes(c.usage)} used ({c.source}), {host}")
 
 
 def _stat(text: str | None, key: str) -> int:
@@ -158,4 +158,5 @@ def memory_budget() -> MemoryBudget:
     return MemoryBudget(min(avail, cg.left) if cg is not None else avail, avail, cg)
 
 
-__all__ = ["CgroupMemory", "MemoryBudget", "cgroup_memory", "fmt", "mem_available", "memory_budget"]
+__all__ = ["CgroupMemory", "MemoryBudget", "cgroup_memory", "fmt_bytes", "mem_available",
+           "memory_budget"]

@@ -46,7 +46,7 @@ from panjoin.limits import (
     MAX_PARTITIONS,
     WORKER_IN_FLIGHT,
     default_memory_limit,
-    fmt,
+    fmt_bytes,
     subwindow_bytes,
 )
 from panjoin.ops.metrics import WorkerCollector, with_metrics
@@ -196,9 +196,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             old = sess.reserved.get(sub_id, 0)
             if self.reserved - old + nbytes > self.memory_limit:
                 raise ResourceExhausted(
-                    f"subwindow {sub_id} needs about {fmt(nbytes)}, and this worker has "
-                    f"{fmt(self.memory_limit - self.reserved + old)} of its "
-                    f"{fmt(self.memory_limit)} budget left (--memory-limit): use a smaller "
+                    f"subwindow {sub_id} needs about {fmt_bytes(nbytes)}, and this worker has "
+                    f"{fmt_bytes(self.memory_limit - self.reserved + old)} of its "
+                    f"{fmt_bytes(self.memory_limit)} budget left (--memory-limit): use a smaller "
                     "window or subwindow_size, more workers, or raise --memory-limit")
             sess.reserved[sub_id] = nbytes
             self.reserved += nbytes - old

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import time
 
-from panjoin.cli.options import add_common, fmt_bytes, progress, size
+from panjoin.cli.options import add_common, progress, size
 from panjoin.config import DEFAULT_INDEX, INDEX_CHOICES
+from panjoin.memory import fmt_bytes
 
 
 def add_parser(sub) -> None:

@@ -215,9 +215,3 @@ def progress(total, desc, disable, unit="tuples"):
                 file=sys.stderr, dynamic_ncols=True)
 
 
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"

@@ -21,10 +21,10 @@ from panjoin.cli.options import (
     add_security,
     add_topology,
     check_topology,
-    fmt_bytes,
     progress,
     size,
 )
+from panjoin.memory import fmt_bytes
 
 log = logging.getLogger("panjoin")
 

@@ -223,7 +223,7 @@ def run_manager(args) -> int:
 
 def run_worker(args) -> int:
     from panjoin.launch import READY, die_with_parent
-    from panjoin.limits import fmt
+    from panjoin.memory import fmt_bytes
     from panjoin.serving import serve_until_stopped, set_serving
     from workers.server import serve
     from workers.warm_up import warm_up
@@ -259,7 +259,7 @@ def run_worker(args) -> int:
         log.info("warm-up: %d joins in %.1f s", n, s)
         server.servicer.settle_memory_limit()
     log.info("memory budget for subwindows: %s (--memory-limit overrides)",
-             fmt(server.servicer.memory_limit))
+             fmt_bytes(server.servicer.memory_limit))
     set_serving(server)
     log.info("worker serving on %s:%d with %d threads", args.host, port, args.threads)
     return serve_until_stopped(lambda: server.stop(grace=2).wait())

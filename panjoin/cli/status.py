@@ -16,7 +16,8 @@ from __future__ import annotations
 import sys
 import time
 
-from panjoin.cli.options import add_common, add_security, fmt_bytes
+from panjoin.cli.options import add_common, add_security
+from panjoin.memory import fmt_bytes
 
 
 def add_parser(sub) -> None:

@@ -292,10 +292,10 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                                             engine.index, alive, backend.replicas)
         if free >= 0 and need > free:
             raise WorkerError(
-                f"the join needs about {limits.fmt(need)} on each of {alive} workers (window "
+                f"the join needs about {limits.fmt_bytes(need)} on each of {alive} workers (window "
                 f"{window}, subwindow_size {engine.nsub}, partitions {engine.partitions}, "
                 f"index {engine.index}, replicas {backend.replicas}), but a worker has "
-                f"{limits.fmt(free)} of its memory budget free: use a smaller window or "
+                f"{limits.fmt_bytes(free)} of its memory budget free: use a smaller window or "
                 "subwindow_size, more workers, or raise their --memory-limit",
                 "RESOURCE_EXHAUSTED")
 
