@@ -34,6 +34,9 @@ PAYLOAD_TYPE = pa.large_binary()
 
 ALLOWED = {"<i8": np.int64, "<f8": np.float64, "|u1": np.uint8, "<u8": np.uint64,
            "|b1": np.bool_}
+#: decoded only where a field asks for it by name (a Batch's narrowed columns): a field
+#: that takes any dtype (a pushed key) must not get these
+NAMED_ONLY = {"<u4": np.uint32}
 
 
 class WireError(ValueError):
@@ -51,8 +54,8 @@ def to_array(a: np.ndarray) -> common_pb2.Array:
 def from_array(msg: common_pb2.Array, want: str | None = None, name: str = "array") -> np.ndarray:
     """Decode an Array; ``want`` ('<i8', '<f8', ...) checks its dtype. Empty message -> []."""
     if not msg.dtype and not msg.data:
-        return np.zeros(0, dtype=ALLOWED[want] if want else np.int64)
-    if msg.dtype not in ALLOWED:
+        return np.zeros(0, dtype=np.dtype(want) if want else np.int64)
+    if msg.dtype not in ALLOWED and not (msg.dtype == want and want in NAMED_ONLY):
         raise WireError(f"{name}: dtype {msg.dtype!r} is not one of {sorted(ALLOWED)}")
     if want is not None and msg.dtype != want:
         raise WireError(f"{name}: expected dtype {want}, got {msg.dtype}")

@@ -133,3 +133,45 @@ def test_a_probe_names_its_batch_and_each_target_gets_its_filter(mode):
 def test_an_array_message_field_of_the_wrong_type_is_refused():
     with pytest.raises(KeyError):
         Encoded(common_pb2.Array).array("nope", np.zeros(1))
+
+
+@pytest.mark.parametrize("span", [0, 1000, 2**32 - 1, 2**32])
+@pytest.mark.parametrize("low", [-(2**63), -5, 0, 2**63 - 2**32])
+def test_narrow_batch_columns_round_trip_and_halve_the_bytes(span, low):
+    """Integer columns of span < 2^32 go as uint32 offsets from a base (int64's ends
+    included), wider ones as int64; the worker gets the same int64 columns back."""
+    rng = np.random.default_rng(span + 7)
+    n = 64
+    hi = min(low + span, 2**63 - 1)
+    col = rng.integers(low, hi, n, endpoint=True, dtype=np.int64)
+    col[0], col[-1] = low, hi  # the whole span
+    keys = np.sort(col)
+    b = SortedBatch.of(5, "R", keys, col, col[::-1].copy(), col.copy(), predicate="eq",
+                       window="count:8,8")
+    raw = codec.encode_batch(b).tobytes()
+    msg = worker_pb2.Batch.FromString(raw)
+    narrow = hi - low < 2**32
+    for name in ("keys", "ts", "seq", "ids"):
+        assert getattr(msg, name).dtype == ("<u4" if narrow else "<i8")
+    got = codec.decode_batch(msg)
+    for g, w in zip(got.columns()[:4], b.columns()[:4], strict=True):
+        assert g.dtype == np.int64
+        np.testing.assert_array_equal(g, w)
+    if narrow:  # the point: half the bytes to every worker the batch goes to
+        assert len(raw) < 4 * n * 4 + 200 < 4 * n * 8
+
+
+def test_a_narrow_column_that_overflows_int64_is_refused():
+    msg = worker_pb2.Batch(batch_id=1, stream=common_pb2.STREAM_R, predicate="eq",
+                           window="count:8,8", keys=to_array(np.array([0], np.int64)),
+                           ts=to_array(np.array([0], np.int64)),
+                           seq=to_array(np.array([5], np.uint32)),
+                           ids=to_array(np.array([0], np.int64)), seq_base=2**63 - 3)
+    with pytest.raises(ValueError, match="seq: base .* overflows int64"):
+        codec.decode_batch(msg)
+
+
+def test_a_pushed_key_of_a_named_only_dtype_is_refused():
+    """uint32 is decoded only where a field asks for it (a Batch's narrowed columns)."""
+    with pytest.raises(wire_mod.WireError, match="dtype"):
+        from_array(to_array(np.array([1], np.uint32)), None, "key")

@@ -89,6 +89,9 @@ def main(argv=None) -> int:
     args = parse(argv)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from panjoin.ops.profiling import install
+
+    install(args.cmd)  # only with $PANJOIN_PROFILE (a debugging aid)
     try:
         use(Security.from_args(args))  # every channel and server follows the flags
         return args.run(args)

@@ -15,7 +15,8 @@ A batch's columns (key, ts, seq, id, sorted by key) cross the wire once per
 worker that needs them, in a ``Batch`` command; the insert and probe commands
 that follow name it by id, and each worker derives the probe tuples' key
 intervals and window bounds from the join's predicate and window. Per tuple
-that is 32 bytes to each worker involved, where an insert and a probe carrying
+that is 32 bytes to each worker involved (16 where the integer columns' spans fit
+32 bits: :func:`panjoin.codec.encode_batch`), where an insert and a probe carrying
 their own arrays (bounds, filter columns) sent 72 to the one worker holding
 both subwindows.
 
