@@ -15,6 +15,8 @@ Fixtures for the Kafka and Spark tests (any test module may ask for them):
 - ``workers``: three worker processes per test module (tests/test_cluster.py,
   tests/test_streaming_cluster.py).
 
+- ``gen_file``: makes an event file with ``panjoin gen`` (the CLI tests' inputs).
+
 Topics get unique names (``kafka_helpers.topic``), so tests share a broker.
 """
 
@@ -59,3 +61,17 @@ def broker(request, brokers):
     if b is None or not b.alive():
         b = brokers[kind] = start_broker(kind)
     return b
+
+
+@pytest.fixture(scope="session")
+def gen_file(tmp_path_factory):
+    """``gen_file(*flags)``: an event file made by ``panjoin gen FLAGS`` in a fresh
+    temporary directory (the CLI tests' inputs)."""
+    from panjoin.cli.main import main
+
+    def make(*flags: str):
+        path = tmp_path_factory.mktemp("ev") / "events.parquet"
+        assert main(["gen", str(path), *flags, "--no-progress"]) == 0
+        return path
+
+    return make

@@ -18,11 +18,9 @@ from panjoin.semantics import parse_predicate, parse_window
 
 
 @pytest.fixture(scope="module")
-def events(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ev") / "events.parquet"
-    assert main(["gen", str(path), "--n", "3000", "--key-max", "60", "--rate", "1000",
-                 "--disorder-ms", "40", "--seed", "3", "--no-progress"]) == 0
-    return path
+def events(gen_file):
+    return gen_file("--n", "3000", "--key-max", "60", "--rate", "1000", "--disorder-ms", "40",
+                    "--seed", "3")
 
 
 @pytest.mark.parametrize("index", ["rap", "wib", "bisort", "nested"])

@@ -12,7 +12,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from panjoin.cli.main import main
 from panjoin.events import read_events, read_pairs
 from panjoin.events.arrays import _arrow, _np
 from panjoin.reference import reference_join, sort_pairs
@@ -28,11 +27,9 @@ print(json.dumps({"rc": rc, "loaded": [m for m in ("pandas", "grpc") if m in sys
 
 
 @pytest.fixture(scope="module")
-def events(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ev") / "events.parquet"
-    assert main(["gen", str(path), "--n", "4000", "--key-max", "80", "--rate", "1000",
-                 "--disorder-ms", "30", "--seed", "5", "--no-progress"]) == 0
-    return path
+def events(gen_file):
+    return gen_file("--n", "4000", "--key-max", "80", "--rate", "1000",
+                    "--disorder-ms", "30", "--seed", "5")
 
 
 def _replay_in_a_process(*argv) -> dict:
@@ -74,11 +71,9 @@ print(json.dumps({"rc": main(sys.argv[1:]), "loaded": seen}))
 
 
 @pytest.fixture(scope="module")
-def float_events(tmp_path_factory):
-    path = tmp_path_factory.mktemp("evf") / "events.parquet"
-    assert main(["gen", str(path), "--n", "4000", "--key-max", "80", "--float-keys",
-                 "--seed", "6", "--no-progress"]) == 0
-    return path
+def float_events(gen_file):
+    return gen_file("--n", "4000", "--key-max", "80", "--float-keys",
+                    "--seed", "6")
 
 
 @pytest.mark.parametrize("index,pred,floats", [("bisort", "band:3", False), ("rap", "eq", False),
