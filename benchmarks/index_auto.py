@@ -20,11 +20,8 @@ import argparse
 import json
 import time
 from collections import Counter
-from dataclasses import replace
 
-import numpy as np
-
-from panjoin.bench.peers.workloads import Workload, calibrate, events_for
+from panjoin.bench.peers.workloads import Workload, calibrate, engine_input, events_for
 from panjoin.manager.engine import JoinEngine, warm_up
 from panjoin.semantics import parse_predicate, parse_size
 from panjoin.subwindow.hash_table import predicate_fits
@@ -34,16 +31,6 @@ FIXED = ("bisort", "hash", "rap", "wib")
 #: the pairs of their measured part at most (M is cut to this over W)
 EQUAL_WINDOW = 4096
 EQUAL_PAIRS = 1 << 26
-
-
-def engine_input(wl: Workload, data):
-    """(events, predicate) as the engine takes them: the 2-D band join's y band is the
-    engine's residual condition on key2 = y (as ``bench peers`` runs it)."""
-    if wl.pred != "band2d":
-        return data.events, wl.predicate()
-    ((_, (a, b)),) = wl.residual.items()
-    return (replace(data.events, key2=data.y.astype(np.float64)),
-            f"{wl.predicate()}&bands2:{a},{b}")
 
 
 def run(data, wl: Workload, index: str, nbat: int, measure: int) -> tuple[float, int, dict]:

@@ -22,7 +22,7 @@ import json
 import re
 import tempfile
 
-from panjoin.bench.peers.workloads import Workload, calibrate, events_for
+from panjoin.bench.peers.workloads import Workload, calibrate, engine_input, events_for
 from panjoin.cli.main import main as panjoin
 from panjoin.events import write_events
 from panjoin.manager.knobs import window_tuples
@@ -30,13 +30,17 @@ from panjoin.semantics import parse_size, parse_window
 
 CPU_RE = re.compile(r"cpu: ([0-9.]+) s in the join")
 K = 1024
+#: all-equal cells (each tuple pairs with the whole window, its fill included): their
+#: window at most, and the pairs of their measured part at most (M is this over W)
+EQUAL_WINDOW = 4 * K
+EQUAL_PAIRS = 1 << 24
 
 
-def replay(path: str, wl: Workload, extra: list[str]) -> float:
+def replay(path: str, wl: Workload, pred: str, extra: list[str]) -> float:
     out = io.StringIO()
     with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(out):
         rc = panjoin(["replay", path, "--window", wl.window_spec(), "--predicate",
-                      wl.predicate(), "--threads", "1", "--out", f"{d}/o.parquet",
+                      pred, "--threads", "1", "--out", f"{d}/o.parquet",
                       "--no-progress", *extra])
     if rc:
         raise RuntimeError(f"replay {extra} failed: {out.getvalue()}")
@@ -46,7 +50,7 @@ def replay(path: str, wl: Workload, extra: list[str]) -> float:
 def cell(wl: Workload, measure: int, rounds: int) -> dict:
     data = events_for(wl, measure, seed=1)
     wl = calibrate(wl, data)
-    ev = data.events
+    ev, pred = engine_input(wl, data)
     w = window_tuples(parse_window(wl.window_spec()), ev.ts, ev.stream)
     configs = {"default": []}
     for nsub in sorted({max(1, w // 4), max(1, w // 2), w}):
@@ -57,13 +61,13 @@ def cell(wl: Workload, measure: int, rounds: int) -> dict:
     with tempfile.TemporaryDirectory() as d:
         path = f"{d}/events.parquet"
         write_events(ev, path)
-        replay(path, wl, configs[max(configs)])  # untimed: every kernel loaded first
+        replay(path, wl, pred, configs[max(configs)])  # untimed: every kernel loaded first
         for _ in range(rounds):
             for name, extra in configs.items():
-                best[name] = min(best.get(name, float("inf")), replay(path, wl, extra))
+                best[name] = min(best.get(name, float("inf")), replay(path, wl, pred, extra))
     tuned = {k: v for k, v in best.items() if k != "default"}
     top = min(tuned, key=tuned.get)
-    row = {"workload": wl.name, "window": wl.window_spec(), "predicate": wl.predicate(),
+    row = {"workload": wl.name, "window": wl.window_spec(), "predicate": pred,
            "tuples": len(ev), "cpu_s": best, "best_tuned": top,
            "default_over_best": best["default"] / tuned[top]}
     print(f"{wl.name:<24} {wl.window_spec():<18}: default {best['default']:6.2f} s, best "
@@ -74,19 +78,38 @@ def cell(wl: Workload, measure: int, rounds: int) -> dict:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="W 64K only, one round")
-    ap.add_argument("--windows", default="64K,1M")
+    ap.add_argument("--windows", default="64K,1M,4M")
     ap.add_argument("--measure", type=parse_size, default=1 << 20)
+    ap.add_argument("--dists", default="uniform,zipf,increasing,equal",
+                    help="key distributions (default: %(default)s; equal: every key the "
+                         "same, at W 4K at most and M cut to 16M pairs: each tuple pairs "
+                         "with the whole window)")
+    ap.add_argument("--preds", default="eq,band S=1,band S=64,band2d",
+                    help="predicates (default: %(default)s; band2d: the handshake paper's "
+                         "2-D band join, uniform keys only)")
+    ap.add_argument("--no-time", action="store_true", help="leave out the time-window cell")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     windows = [64 * K] if a.quick else [parse_size(x) for x in a.windows.split(",")]
     rows = []
-    for w in windows:
-        for dist in ("uniform", "zipf", "increasing"):
-            for pred, s in (("eq", 1.0), ("band", 64.0)):
-                rows.append(cell(Workload(pred, s, dist, w), a.measure, a.rounds))
-    rows.append(cell(Workload("eq", 1.0, "uniform", windows[-1], kind="time"), a.measure,
-                     a.rounds))
+    done = set()
+    for w0 in windows:
+        for dist in a.dists.split(","):
+            for pred in a.preds.split(","):
+                if pred == "band2d" and dist != "uniform":
+                    continue  # the handshake paper's workload: uniform x and y
+                w = min(w0, EQUAL_WINDOW) if dist == "equal" else w0
+                m = min(a.measure, max(256, EQUAL_PAIRS // w)) if dist == "equal" else a.measure
+                if (w, dist, pred) in done:
+                    continue
+                done.add((w, dist, pred))
+                kind, s = (pred, 1.0) if pred in ("eq", "band2d") else (
+                    "band", float(pred.split("=")[1]))
+                rows.append(cell(Workload(kind, s, dist, w), m, a.rounds))
+    if not a.no_time:
+        rows.append(cell(Workload("eq", 1.0, "uniform", windows[-1], kind="time"), a.measure,
+                         a.rounds))
     worst = max(rows, key=lambda r: r["default_over_best"])
     print(f"worst cell: {worst['workload']} {worst['window']}: default "
           f"{worst['default_over_best']:.2f}x the best tuned ({worst['best_tuned']})")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from panjoin.bench.peers.digest import PairDigest
-from panjoin.bench.peers.workloads import Data, Workload
+from panjoin.bench.peers.workloads import Data, Workload, engine_input
 
 
 def engine_config(wl: Workload, index: str, backend=None) -> tuple[int | None, int]:
@@ -88,14 +88,11 @@ class _TwoDimEngineOp(_EngineOp):
     the x-band candidates are found, so only pairs passing both are produced."""
 
     def __init__(self, wl: Workload, data: Data, *args, **kw):
-        ((_, (a, b)),) = wl.residual.items()
-        super().__init__(wl, *args, predicate=f"{wl.predicate()}&bands2:{a},{b}", **kw)
+        self.wl = wl
+        super().__init__(wl, *args, predicate=engine_input(wl, data)[1], **kw)
 
     def events(self, data: Data):
-        from dataclasses import replace
-
-        # y is int64 y * 1024 below 2**53: exact as float64
-        return replace(data.events, key2=data.y.astype(np.float64))
+        return engine_input(self.wl, data)[0]
 
 
 def two_d_engine_op(wl: Workload, data: Data, index: str, threads: int, backend=None,

@@ -93,6 +93,19 @@ def events_for(wl: Workload, measure: int, seed: int) -> Data:
     return Data(ev, y.astype(np.int64))
 
 
+def engine_input(wl: Workload, data: Data):
+    """(events, predicate) as PanJoin's engine and ``panjoin replay`` take them: the 2-D
+    band join's y band is the engine's residual condition on key2 = y (int64 y below
+    2**53: exact as float64), as ``bench peers`` runs it."""
+    if wl.pred != "band2d":
+        return data.events, wl.predicate()
+    from dataclasses import replace
+
+    ((_, (a, b)),) = wl.residual.items()
+    return (replace(data.events, key2=data.y.astype(np.float64)),
+            f"{wl.predicate()}&bands2:{a},{b}")
+
+
 def calibrate(wl: Workload, data: Data, probes: int = 256) -> Workload:
     """The band half-width E that makes a probe tuple match about S tuples of a full
     window on this file (non-uniform keys; uniform keys keep the closed formula):
