@@ -21,15 +21,20 @@ import json
 import time
 from collections import Counter
 
-from panjoin.bench.peers.workloads import Workload, calibrate, engine_input, events_for
+from panjoin.bench.peers.workloads import (
+    Workload,
+    add_grid_args,
+    calibrate,
+    engine_input,
+    events_for,
+    grid_cells,
+)
 from panjoin.manager.engine import JoinEngine, warm_up
 from panjoin.semantics import parse_predicate, parse_size
 from panjoin.subwindow.hash_table import predicate_fits
 
 FIXED = ("bisort", "hash", "rap", "wib")
-#: all-equal cells (each tuple pairs with the whole window): their window at most, and
-#: the pairs of their measured part at most (M is cut to this over W)
-EQUAL_WINDOW = 4096
+#: an all-equal cell's measured part makes at most this many pairs (M is this over W)
 EQUAL_PAIRS = 1 << 26
 
 
@@ -61,58 +66,44 @@ def run(data, wl: Workload, index: str, nbat: int, measure: int) -> tuple[float,
 def grid(windows, dists, preds, batches, measure: int, rounds: int, seed: int = 1,
          fixed=FIXED):
     cells = []
-    done = set()
-    for w0 in windows:
-        for dist in dists:
-            for pred in preds:
-                if pred == "band2d" and dist != "uniform":
-                    continue  # the handshake paper's workload: uniform x and y
-                kind, s = (pred, 1.0) if pred in ("eq", "band2d") else (
-                    "band", float(pred.split("=")[1]))
-                # every tuple of an all-equal cell pairs with the whole window: its
-                # fill alone makes W^2 pairs
-                w = min(w0, EQUAL_WINDOW) if dist == "equal" else w0
-                m = min(measure, max(256, EQUAL_PAIRS // w)) if dist == "equal" else measure
-                if (w, dist, pred) in done:
-                    continue
-                done.add((w, dist, pred))
-                wl = Workload(kind, s, dist, w)
-                data = events_for(wl, 2 * w + m, seed)  # fill: 4W, 2W a stream
-                wl = calibrate(wl, data)
-                indexes = ["auto"] + [i for i in fixed if i != "hash" or predicate_fits(
-                    parse_predicate(engine_input(wl, data)[1]), "int64")]
-                for nbat in batches:
-                    best: dict[str, float] = {}
-                    pairs: dict[str, int] = {}
-                    kinds: dict = {}
-                    for _ in range(rounds):
-                        for index in indexes:
-                            cpu, n, by = run(data, wl, index, nbat, m)
-                            best[index] = min(best.get(index, float("inf")), cpu)
-                            pairs[index] = n
-                            if index == "auto":
-                                kinds = by
-                    if len(set(pairs.values())) != 1:
-                        raise AssertionError(f"{wl.name} W {w} NBat {nbat}: pairs differ {pairs}")
-                    times = {i: t for i, t in best.items() if i != "auto"}
-                    top = min(times, key=times.get)
-                    # auto's choice is deterministic: its kind's own fixed run is a
-                    # second, less noisy figure of what auto costs
-                    chose = (times[next(iter(kinds))] / times[top] if len(kinds) == 1
-                             else None)
-                    cell = {"window": w, "workload": wl.name, "predicate": wl.predicate(),
-                            "nbat": nbat, "pairs": pairs["auto"], "cpu_s": best,
-                            "best_fixed": top, "auto_kinds": kinds,
-                            "auto_over_best": best["auto"] / times[top],
-                            "choice_over_best": chose}
-                    cells.append(cell)
-                    ch = f"{chose:.2f}x" if chose is not None else "mixed"
-                    print(f"W {w:>8,} {wl.name:<22} NBat {nbat:>6,}: best {top:<6} "
-                          f"{times[top]:6.3f} s, auto {best['auto']:6.3f} s "
-                          f"({'+'.join(sorted(kinds))}) = {cell['auto_over_best']:.2f}x, "
-                          f"its choice {ch}  "
-                          + "  ".join(f"{i} {t:.3f}" for i, t in sorted(times.items())),
-                          flush=True)
+    for wl, m in grid_cells(windows, dists, preds, measure, EQUAL_PAIRS):
+        w = wl.window
+        data = events_for(wl, 2 * w + m, seed)  # fill: 4W, 2W a stream
+        wl = calibrate(wl, data)
+        indexes = ["auto"] + [i for i in fixed if i != "hash" or predicate_fits(
+            parse_predicate(engine_input(wl, data)[1]), "int64")]
+        for nbat in batches:
+            best: dict[str, float] = {}
+            pairs: dict[str, int] = {}
+            kinds: dict = {}
+            for _ in range(rounds):
+                for index in indexes:
+                    cpu, n, by = run(data, wl, index, nbat, m)
+                    best[index] = min(best.get(index, float("inf")), cpu)
+                    pairs[index] = n
+                    if index == "auto":
+                        kinds = by
+            if len(set(pairs.values())) != 1:
+                raise AssertionError(f"{wl.name} W {w} NBat {nbat}: pairs differ {pairs}")
+            times = {i: t for i, t in best.items() if i != "auto"}
+            top = min(times, key=times.get)
+            # auto's choice is deterministic: its kind's own fixed run is a
+            # second, less noisy figure of what auto costs
+            chose = (times[next(iter(kinds))] / times[top] if len(kinds) == 1
+                     else None)
+            cell = {"window": w, "workload": wl.name, "predicate": wl.predicate(),
+                    "nbat": nbat, "pairs": pairs["auto"], "cpu_s": best,
+                    "best_fixed": top, "auto_kinds": kinds,
+                    "auto_over_best": best["auto"] / times[top],
+                    "choice_over_best": chose}
+            cells.append(cell)
+            ch = f"{chose:.2f}x" if chose is not None else "mixed"
+            print(f"W {w:>8,} {wl.name:<22} NBat {nbat:>6,}: best {top:<6} "
+                  f"{times[top]:6.3f} s, auto {best['auto']:6.3f} s "
+                  f"({'+'.join(sorted(kinds))}) = {cell['auto_over_best']:.2f}x, "
+                  f"its choice {ch}  "
+                  + "  ".join(f"{i} {t:.3f}" for i, t in sorted(times.items())),
+                  flush=True)
     return cells
 
 
@@ -122,12 +113,7 @@ def main(argv=None) -> None:
     ap.add_argument("--windows", default="64K,256K")
     ap.add_argument("--measure", type=parse_size, default=256 * 1024)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--dists", default="uniform,zipf,increasing,equal",
-                    help="key distributions (default: %(default)s; equal: every key the "
-                         "same, at W 4K at most, M cut to 64M pairs)")
-    ap.add_argument("--preds", default="eq,band S=1,band S=64,band2d",
-                    help="predicates (default: %(default)s; band2d: the handshake paper's "
-                         "2-D band join, uniform keys only)")
+    add_grid_args(ap, "64M")
     ap.add_argument("--large", default="1M,4M", help="also eq at NBat 1K over these windows, "
                     "against BI-Sort and hash only (default: %(default)s; '' for none)")
     ap.add_argument("--json", help="write the cells here")

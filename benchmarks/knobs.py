@@ -22,7 +22,14 @@ import json
 import re
 import tempfile
 
-from panjoin.bench.peers.workloads import Workload, calibrate, engine_input, events_for
+from panjoin.bench.peers.workloads import (
+    Workload,
+    add_grid_args,
+    calibrate,
+    engine_input,
+    events_for,
+    grid_cells,
+)
 from panjoin.cli.main import main as panjoin
 from panjoin.events import write_events
 from panjoin.manager.knobs import window_tuples
@@ -30,9 +37,7 @@ from panjoin.semantics import parse_size, parse_window
 
 CPU_RE = re.compile(r"cpu: ([0-9.]+) s in the join")
 K = 1024
-#: all-equal cells (each tuple pairs with the whole window, its fill included): their
-#: window at most, and the pairs of their measured part at most (M is this over W)
-EQUAL_WINDOW = 4 * K
+#: an all-equal cell's measured part makes at most this many pairs (M is this over W)
 EQUAL_PAIRS = 1 << 24
 
 
@@ -83,33 +88,14 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="W 64K only, one round")
     ap.add_argument("--windows", default="64K,1M,4M")
     ap.add_argument("--measure", type=parse_size, default=1 << 20)
-    ap.add_argument("--dists", default="uniform,zipf,increasing,equal",
-                    help="key distributions (default: %(default)s; equal: every key the "
-                         "same, at W 4K at most and M cut to 16M pairs: each tuple pairs "
-                         "with the whole window)")
-    ap.add_argument("--preds", default="eq,band S=1,band S=64,band2d",
-                    help="predicates (default: %(default)s; band2d: the handshake paper's "
-                         "2-D band join, uniform keys only)")
+    add_grid_args(ap, "16M")
     ap.add_argument("--no-time", action="store_true", help="leave out the time-window cell")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     windows = [64 * K] if a.quick else [parse_size(x) for x in a.windows.split(",")]
-    rows = []
-    done = set()
-    for w0 in windows:
-        for dist in a.dists.split(","):
-            for pred in a.preds.split(","):
-                if pred == "band2d" and dist != "uniform":
-                    continue  # the handshake paper's workload: uniform x and y
-                w = min(w0, EQUAL_WINDOW) if dist == "equal" else w0
-                m = min(a.measure, max(256, EQUAL_PAIRS // w)) if dist == "equal" else a.measure
-                if (w, dist, pred) in done:
-                    continue
-                done.add((w, dist, pred))
-                kind, s = (pred, 1.0) if pred in ("eq", "band2d") else (
-                    "band", float(pred.split("=")[1]))
-                rows.append(cell(Workload(kind, s, dist, w), m, a.rounds))
+    rows = [cell(wl, m, a.rounds) for wl, m in grid_cells(
+        windows, a.dists.split(","), a.preds.split(","), a.measure, EQUAL_PAIRS)]
     if not a.no_time:
         rows.append(cell(Workload("eq", 1.0, "uniform", windows[-1], kind="time"), a.measure,
                          a.rounds))

@@ -106,6 +106,42 @@ def engine_input(wl: Workload, data: Data):
             f"{wl.predicate()}&bands2:{a},{b}")
 
 
+#: an all-equal grid cell's window at most: each of its tuples pairs with the whole
+#: window, so its fill alone makes W^2 pairs
+EQUAL_WINDOW = 4096
+
+
+def grid_cells(windows, dists, preds, measure: int, equal_pairs: int):
+    """The cells of a benchmark grid, ``(workload, M)``: per window, key distribution
+    (``equal`` at W <= :data:`EQUAL_WINDOW`, M cut to ``equal_pairs`` over W) and
+    predicate (``eq``, ``band S=X``, ``band2d``: the 2-D join, uniform keys only), each
+    cell once."""
+    done = set()
+    for w0 in windows:
+        for dist in dists:
+            for pred in preds:
+                if pred == "band2d" and dist != "uniform":
+                    continue  # the handshake paper's workload: uniform x and y
+                w = min(w0, EQUAL_WINDOW) if dist == "equal" else w0
+                m = min(measure, max(256, equal_pairs // w)) if dist == "equal" else measure
+                if (w, dist, pred) in done:
+                    continue
+                done.add((w, dist, pred))
+                kind, sel = (pred, 1.0) if pred in ("eq", "band2d") else (
+                    "band", float(pred.split("=")[1]))
+                yield Workload(kind, sel, dist, w), m
+
+
+def add_grid_args(ap, equal_pairs: str) -> None:
+    """A grid benchmark's ``--dists`` and ``--preds`` (see :func:`grid_cells`)."""
+    ap.add_argument("--dists", default="uniform,zipf,increasing,equal",
+                    help=f"key distributions (default: %(default)s; equal: every key the "
+                         f"same, at W 4K at most, M cut to {equal_pairs} pairs)")
+    ap.add_argument("--preds", default="eq,band S=1,band S=64,band2d",
+                    help="predicates (default: %(default)s; band2d: the handshake paper's "
+                         "2-D band join, uniform keys only)")
+
+
 def calibrate(wl: Workload, data: Data, probes: int = 256) -> Workload:
     """The band half-width E that makes a probe tuple match about S tuples of a full
     window on this file (non-uniform keys; uniform keys keep the closed formula):
