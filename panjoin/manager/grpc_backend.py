@@ -560,9 +560,7 @@ class GrpcBackend:
                 self.unchecked.append((sub, self.sessions[w].send(
                     order, "promote", worker_pb2.Promote(sub_id=sub))))
             except _Down as e:
-                raise WorkerError(f"{e} while promoting the backups of another failed "
-                                  "worker; the join cannot go on: restart it",
-                                  "UNAVAILABLE") from e
+                raise self._lost_during("promoting the backups", e) from e
             self.promoted += 1
         self.unchecked = deque((sub, c) for sub, c in self.unchecked if c.session is not s)
         for call in unanswered:
@@ -586,12 +584,19 @@ class GrpcBackend:
                     parts.append((j, self.sessions[w].send(call.order, "probe", one,
                                                             again=(batch, one))))
                 except _Down as e:
-                    raise WorkerError(f"{e} while replaying the probes of another failed "
-                                      "worker; the join cannot go on: restart it",
-                                      "UNAVAILABLE") from e
+                    raise self._lost_during("replaying the probes", e) from e
             call.msg = parts  # ProbeRound picks these up (see _failover_probe)
         self.flush()
         self.failovers += 1
+
+    def _lost_during(self, doing: str, e: _Down) -> WorkerError:
+        """The error when a second worker dies while the first one's failover runs:
+        when it was the last one, say so (workers killed together race to be first)."""
+        if not self.alive_workers():
+            return WorkerError(f"every worker is down; the join cannot go on (restart "
+                               f"workers and the join). Last: {e}", "DATA_LOSS")
+        return WorkerError(f"{e} while {doing} of another failed worker; "
+                           "the join cannot go on: restart it", "UNAVAILABLE")
 
     def _failover_probe(self, call: _Call, idxs: list[int]):
         """The replacement parts of a probe whose worker died: [(target idxs, call)]."""

@@ -346,6 +346,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                     join_id = msg.join_id
                     with self.lock:
                         j.attached += 1
+                    context.add_callback(lambda jid=join_id: self._on_end(jid, context))
                 elif j.closed:
                     context.abort(grpc.StatusCode.NOT_FOUND, f"join {join_id!r} is closed")
                 if j.streaming:  # the loop takes the stream over, inputs and all
@@ -366,6 +367,16 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                     j.last_used = time.monotonic()
             if join_id is not None and not context.is_active():
                 self._close(join_id)  # the client went away: release the join
+
+    def _on_end(self, join_id: str, context) -> None:
+        """Called by gRPC when a Join stream ends: one the client cancelled releases its
+        join. A cancel can reach the handler as a plain end of input (gRPC reads the
+        reset stream as a half-close), so the handler alone cannot tell it from a client
+        that is done sending; only the call's final state can. gRPC runs this on its
+        polling thread: the release, which waits for the join's lock, gets its own."""
+        if _cancelled(context):
+            threading.Thread(target=self._close, args=(join_id,), daemon=True,
+                             name=f"release-{join_id}").start()
 
     def _apply(self, j: _Join, msg, context) -> list[manager_pb2.JoinOutput]:
         """The answer to one input, last; pushed outputs before it when its pairs are too
@@ -576,6 +587,13 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             if j.wake is not None:  # a streaming Join's loop ends now, not at its next look
                 j.wake()
             log.info("join %s closed", join_id)
+
+
+def _cancelled(context) -> bool:
+    """Whether an ended call was cancelled (the client went away, or its deadline
+    passed). grpc's sync server keeps this in the call's state only (``_state.client``,
+    "cancelled"); where a grpc release lacks it, the idle timeout releases the join."""
+    return getattr(getattr(context, "_state", None), "client", None) == "cancelled"
 
 
 def encode_output(batch_id: int, pushed: bool, r=None, s=None, rp=None, sp=None,
