@@ -41,7 +41,8 @@ def test_replay_says_its_knobs_and_stays_exact(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         assert main(["replay", str(ev), "--window", "count:3000,2000", "--predicate", "eq",
                      "--out", str(out), "--no-progress"]) == 0
-    assert "NSub 32768, NBat 32768" in caplog.text  # W 3000: both at their least
+    assert "NSub 32768, NBat 32768 (W 3000 tuples a stream" in caplog.text  # their least
+    assert "pairs a probe tuple" in caplog.text
     t = read_events(ev)
     ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:3000,2000"),
                          parse_predicate("eq"))
@@ -53,3 +54,62 @@ def test_replay_says_its_knobs_and_stays_exact(tmp_path, caplog):
                      "--subwindow-size", "500", "--out", str(out), "--no-progress"]) == 0
     assert "NSub 500, NBat 32768" in caplog.text
     assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
+
+
+def _pairs_brute(key, stream, pred, w, probes=256) -> float:
+    """Each of the last ``probes`` tuples per stream against its own window: the mean."""
+    means = []
+    for side in (0, 1):
+        mine = np.flatnonzero(stream == side)[-probes:]
+        counts = []
+        for p in mine:
+            win = key[np.flatnonzero(stream[:p] != side)[-w:]]
+            d = (win - key[p]) if side == 0 else (key[p] - win)
+            counts.append(sum(int(((d >= a) & (d <= b)).sum()) for a, b in pred.bands))
+        if counts:
+            means.append(np.mean(counts))
+    return float(np.mean(means))
+
+
+def test_pairs_a_probe_tuple_finds():
+    """The estimate, with a sample as large as the window, is the exact mean over the
+    last probes of each stream, each against its own window: uniform, zipf, increasing,
+    all-equal, negative and float keys; equi, band and multi-band predicates."""
+    rng = np.random.default_rng(3)
+    n = 6000
+    stream = (rng.random(n) < 0.4).astype(np.uint8)  # unbalanced: 40% S
+    keys = {"uniform": rng.integers(-500, 500, n), "zipf": rng.zipf(1.5, n) % 200,
+            "increasing": np.cumsum(rng.integers(0, 3, n)), "equal": np.full(n, -7),
+            "float": rng.normal(0, 50, n)}
+    for name, key in keys.items():
+        for spec in ("eq", "band:5", "bands:-9,-4;2,30"):
+            pred = parse_predicate(spec)
+            for w in (100, 1500, 10_000):
+                got = knobs_mod.pairs_per_tuple(key, stream, pred, w, sample=1 << 20)
+                want = _pairs_brute(key, stream, pred, w)
+                assert abs(got - want) < 1e-9 * max(1.0, want), (name, spec, w, got, want)
+    # a sample of the window: close, not exact (uniform keys, 64 pairs a probe)
+    key = rng.integers(0, 1 << 20, 400_000)
+    st = (rng.random(key.size) < 0.5).astype(np.uint8)
+    pred = parse_predicate("band:128")
+    want = _pairs_brute(key, st, pred, 100_000, probes=64)
+    got = knobs_mod.pairs_per_tuple(key, st, pred, 100_000, sample=4096)
+    assert 0.8 * want < got < 1.25 * want
+    # extreme int64 keys: an estimate, not an overflow
+    ext = np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max] * 500)
+    assert knobs_mod.pairs_per_tuple(ext, np.tile([0, 1], 500).astype(np.uint8),
+                                     parse_predicate("band:3"), 100) >= 0
+
+
+def test_a_result_heavy_join_gets_smaller_batches():
+    K = 1024
+    one_m = parse_window("count:1M,1M")
+    assert offline_knobs(one_m, pairs=1.0) == (512 * K, 256 * K)
+    assert offline_knobs(one_m, pairs=32.0) == (512 * K, 256 * K)  # 8M pairs a batch
+    assert offline_knobs(one_m, pairs=64.0) == (256 * K, 128 * K)
+    assert offline_knobs(one_m, pairs=66.0) == (256 * K, 128 * K)  # an estimate of 64
+    assert offline_knobs(one_m, pairs=100.0) == (128 * K, 64 * K)
+    assert offline_knobs(one_m, pairs=1e6) == (64 * K, 32 * K)  # never below the least
+    assert offline_knobs(parse_window("count:64K,64K"), pairs=64.0) == (64 * K, 32 * K)
+    four_m = parse_window("count:4M,4M")
+    assert offline_knobs(four_m, pairs=40.0) == (2048 * K, 256 * K)  # rounds back: no cut

@@ -180,7 +180,7 @@ def _read_and_join(args, window, pred, ph, loader) -> int:
         raise SystemExit("panjoin replay: error: --warm-up is for the ring topology (the "
                          "handshake nodes' scan loads in the first messages)")
     if args.topology != "handshake" and args.max_latency is None:
-        _fill_knobs(args, window, events)
+        _fill_knobs(args, window, events, pred)
     if args.cluster:
         return _replay_on_manager(args, events, window, pred, ph)
     if args.topology == "handshake":
@@ -215,19 +215,22 @@ def managers(cluster: str) -> list[str]:
     return [a.strip() for a in cluster.split(",") if a.strip()]
 
 
-def _fill_knobs(args, window, events) -> None:
+def _fill_knobs(args, window, events, pred) -> None:
     """NSub and NBat left out: the whole-file rule (:mod:`panjoin.manager.knobs`)."""
-    from panjoin.manager.knobs import offline_knobs
+    from panjoin.manager.knobs import offline_knobs, pairs_per_tuple, window_tuples
 
     if args.subwindow_size is not None and args.batch_size is not None:
         return
-    nsub, nbat = offline_knobs(window, events.ts, events.stream)
+    w = window_tuples(window, events.ts, events.stream)
+    pairs = pairs_per_tuple(events.key, events.stream, pred, w)
+    nsub, nbat = offline_knobs(window, events.ts, events.stream, pairs)
     if args.subwindow_size is None:
         args.subwindow_size = nsub
     if args.batch_size is None:
         args.batch_size = nbat
     log.info("knobs for the whole file (panjoin/manager/knobs.py; --subwindow-size and "
-             "--batch-size override): NSub %d, NBat %d", args.subwindow_size, args.batch_size)
+             "--batch-size override): NSub %d, NBat %d (W %d tuples a stream, about %.3g "
+             "pairs a probe tuple)", args.subwindow_size, args.batch_size, w, pairs)
 
 
 def _replay_on_manager(args, events, window, pred, ph) -> int:
