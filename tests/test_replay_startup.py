@@ -136,3 +136,28 @@ def test_pairs_files_are_delta_encoded_and_read_back_exactly(tmp_path, n):
         ids = [meta.column(j) for j in range(2)]
         assert all("DELTA_BINARY_PACKED" in c.encodings and "RLE_DICTIONARY" not in c.encodings
                    and c.compression == "UNCOMPRESSED" for c in ids)
+
+
+def test_bad_input_is_told_without_waiting_for_the_kernels(events, tmp_path, monkeypatch):
+    """The loader thread may compile for minutes on a cold cache: an input error (here a
+    residual on key2 for a file without it) is reported while it still runs."""
+    import threading
+
+    import panjoin.cli.replay as replay_mod
+    from panjoin.cli.main import main
+
+    release, started, finished = threading.Event(), threading.Event(), threading.Event()
+
+    def slow_warm_join(*_):
+        started.set()
+        release.wait(30)
+        finished.set()
+
+    monkeypatch.setattr(replay_mod, "_warm_join", slow_warm_join)
+    try:
+        with pytest.raises(SystemExit, match="no key2 column"):
+            main(["replay", str(events), "--window", "count:300,200", "--predicate",
+                  "band:3&band2:1", "--out", str(tmp_path / "p.parquet"), "--no-progress"])
+        assert started.is_set() and not finished.is_set()  # told while it loads
+    finally:
+        release.set()

@@ -101,7 +101,7 @@ def _load_kernels_behind(args, pred) -> threading.Thread | None:
     loading, in LLVM): the ``--warm-up`` join on generated tuples of the file's key
     type (a Parquet schema says it; otherwise int64). A wrong guess only costs the
     join loading its kernels itself. The join waits for the thread first, so no two
-    joins run kernels at once."""
+    joins run kernels at once; an input error leaves without waiting for it."""
     if args.cluster or args.workers or args.topology == "handshake" or args.warm_up:
         return None
     float_keys = False
@@ -147,11 +147,10 @@ def _run(args, ph) -> int:
 
         raise SystemExit(f"panjoin replay: error: --cluster {args.cluster}: {COUNT_REFUSED}")
     loader = _load_kernels_behind(args, pred)
-    try:
-        return _read_and_join(args, window, pred, ph, loader)
-    finally:
-        if loader is not None:  # never left loading beside a later join (bad input)
-            loader.join()
+    rc = _read_and_join(args, window, pred, ph, loader)
+    if loader is not None:  # an error leaves without it: bad input is told at once, not
+        loader.join()  # after a cold compile (the thread is a daemon; Numba's lock keeps
+    return rc  # a later join in this process safe beside it)
 
 
 def _read_and_join(args, window, pred, ph, loader) -> int:
