@@ -113,3 +113,10 @@ def test_a_result_heavy_join_gets_smaller_batches():
     assert offline_knobs(parse_window("count:64K,64K"), pairs=64.0) == (64 * K, 32 * K)
     four_m = parse_window("count:4M,4M")
     assert offline_knobs(four_m, pairs=40.0) == (2048 * K, 256 * K)  # rounds back: no cut
+    # no window to speak of, one stream only, an empty file: no estimate, no error
+    one = np.zeros(50, np.uint8)
+    assert knobs_mod.pairs_per_tuple(np.arange(50), one, parse_predicate("eq"), 10) == 0.0
+    assert knobs_mod.pairs_per_tuple(np.arange(0), one[:0], parse_predicate("eq"), 10) == 0.0
+    got = knobs_mod.pairs_per_tuple(np.zeros(50), np.tile([0, 1], 25).astype(np.uint8),
+                                    parse_predicate("eq"), 0)  # the first R finds none
+    assert got == (24 / 25 + 1) / 2

@@ -82,6 +82,7 @@ def pairs_per_tuple(key: np.ndarray, stream: np.ndarray, pred: Predicate, w: int
     >>> pairs_per_tuple(k, st, parse_predicate("band:3"), 1000)  # R finds 3, S 4
     3.5
     """
+    w = max(1, w)
     if pred.negated:
         return float(w)
     found = []
