@@ -6,8 +6,9 @@ predicate x window), one event file of 2W + M tuples; ``panjoin replay`` runs on
 with its defaults (:mod:`panjoin.manager.knobs`) and with every NSub in {W/4, W/2, W}
 and NBat in {32K, 128K, 256K} (a time window: W estimated as the replay does), each in
 a process of its own with ``--threads 1``, the configurations' order reversed every
-other round; the figure is the replay's own CPU seconds in the join (its best round). Prints per cell the best tuned configuration and the default's time over it
-(target: <= 1.2).
+other round; the figure is the replay's own CPU seconds in the join (its best round).
+Prints per cell the best tuned configuration and the default's time over it (target:
+<= 1.2).
 
     python -m benchmarks.knobs --quick       # W 64K only
     python -m benchmarks.knobs --json benchmarks/results/knobs.json
