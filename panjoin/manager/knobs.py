@@ -41,8 +41,13 @@ from __future__ import annotations
 
 import numpy as np
 
-# parse_predicate and parse_window: the doctests'
-from panjoin.semantics import Predicate, Window, parse_predicate, parse_window  # noqa: F401
+from panjoin.semantics import (  # noqa: F401 (parse_*: the doctests')
+    Predicate,
+    Window,
+    parse_predicate,
+    parse_window,
+    stored_bands,
+)
 
 NBAT_MIN = 1 << 15
 NBAT_MAX = 1 << 18
@@ -95,26 +100,24 @@ def pairs_per_tuple(key: np.ndarray, stream: np.ndarray, pred: Predicate, w: int
         win = np.sort(key[u[::max(1, u.size // sample)]].astype(np.float64))
         pk = key[mine].astype(np.float64)
 
+        bands = stored_bands(pred, "RS"[side])  # on the window's key - the probe's
         n = np.zeros(pk.size)
-        for a, b in pred.bands:
-            lo_k, hi_k = (pk + a, pk + b) if side == 0 else (pk - b, pk - a)
-            n += np.searchsorted(win, hi_k, "right") - np.searchsorted(win, lo_k, "left")
+        for a, b in bands:
+            n += np.searchsorted(win, pk + b, "right") - np.searchsorted(win, pk + a, "left")
         n *= u.size / win.size
         start = j - w - lo  # where each probe's window starts in U (< 0: nothing cut)
         edge = int(j[-1] - j[0])
         head, tail = np.arange(min(edge, u.size)), np.arange(max(0, u.size - edge), u.size)
-        n -= (_hits(pred, side, pk, key[u[head]]) & (head < start[:, None])).sum(axis=1)
-        n -= (_hits(pred, side, pk, key[u[tail]]) & (tail >= (j - lo)[:, None])).sum(axis=1)
+        n -= (_hits(bands, pk, key[u[head]]) & (head < start[:, None])).sum(axis=1)
+        n -= (_hits(bands, pk, key[u[tail]]) & (tail >= (j - lo)[:, None])).sum(axis=1)
         found.append(float(n.mean()))
     return float(np.mean(found)) if found else 0.0
 
 
-def _hits(pred: Predicate, side: int, probe: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """probes x keys: does the pair match (``side`` the probes' stream)?"""
+def _hits(bands, probe: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """probes x keys: does the pair match (``bands`` on key - probe key)?"""
     d = keys[None, :] - probe[:, None]
-    if side == 1:
-        d = -d
-    return np.logical_or.reduce([(d >= a) & (d <= b) for a, b in pred.bands])
+    return np.logical_or.reduce([(d >= a) & (d <= b) for a, b in bands])
 
 
 def _probes_and_windows(stream: np.ndarray, side: int, w: int, probes: int):
