@@ -140,6 +140,52 @@ def test_replay_of_a_one_batch_input_reports_its_memory_and_wall_split(events, t
     assert float(lines[-1].split()[1]) >= sum(float(v) for v in phases.values()) - 0.02
 
 
+def test_replay_writes_its_pairs_as_they_come(tmp_path, monkeypatch, capsys):
+    """Replay hands each chunk's pairs to the file as row groups fill (a result-heavy
+    join never holds all its pairs): many row groups, the reference pairs, payloads
+    on every row; the file appears only when the join is done."""
+    import panjoin.cli.replay as replay
+    import panjoin.events.results as results
+
+    monkeypatch.setattr(results, "PAIRS_ROW_GROUP", 1000)
+    ev = tmp_path / "ev.parquet"
+    assert main(["gen", str(ev), "--n", "3000", "--key-max", "30", "--payload",
+                 "--no-progress"]) == 0
+    out = tmp_path / "p.parquet"
+    before_close = []
+    real_close = results.PairsWriter.close
+
+    def close(self):
+        if self._file is not None:  # the first call: what the join left on disk
+            before_close.append((out.exists(), self._waiting,
+                                 sum(p.stat().st_size for p in tmp_path.glob(".p.parquet.*"))))
+        real_close(self)
+
+    monkeypatch.setattr(results.PairsWriter, "close", close)
+    assert main(["replay", str(ev), "--window", "count:500,500", "--predicate", "band:2",
+                 "--with-payload", "--batch-size", "128", "--chunk", "300", "--out", str(out),
+                 "--no-progress"]) == 0
+    t = read_events(ev)
+    ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:500,500"),
+                         parse_predicate("band:2"))
+    assert len(ref.pairs) > 20_000
+    ((existed, waiting, written),) = before_close
+    assert not existed and waiting < 1000 and written > 100_000
+    assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
+    f = pq.ParquetFile(out)
+    assert f.metadata.num_row_groups == -(-len(ref.pairs) // 1000)
+    assert f.metadata.row_group(0).num_rows == 1000
+    table = f.read()
+    assert table.column("r_payload").to_pylist() == \
+        [f"R{i}" for i in table.column("r_id").to_pylist()]
+    assert f"results: {len(ref.pairs)} pairs" in capsys.readouterr().out
+    # the warm-up join that loads the kernels keeps a wide band to about a pair a tuple
+    wide = parse_predicate("band:33554432")
+    assert replay._warm_key_max(wide) >= 8192 * 2 * 33554432
+    assert replay._warm_key_max(parse_predicate("eq")) == 1 << 20
+    assert replay._warm_key_max(parse_predicate("band:4611686018427387904")) == 1 << 61
+
+
 def test_replay_with_payload_writes_both_sides_payloads(tmp_path, capsys):
     ev = tmp_path / "ev.parquet"
     assert main(["gen", str(ev), "--n", "3000", "--key-max", "300", "--payload",

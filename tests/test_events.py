@@ -459,6 +459,10 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
     target.write_bytes(b"old contents")
     expect(lambda: write_events(table("RS"), target), "cannot be written")
     assert target.read_bytes() == b"old contents"
+    def no_space(self, tbl, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", no_space)
     expect(lambda: write_pairs(tmp_path / "p.parquet", [1], [2]), "cannot be written")
     expect(lambda: write_ids(tmp_path / "l.parquet", {"R": [1]}), "cannot be written")
     no_leftovers(tmp_path, "e.parquet")
@@ -513,6 +517,56 @@ def test_pairs_round_trip(tmp_path, name):
     if name.endswith(".parquet"):
         schema = pq.read_schema(tmp_path / name)
         assert schema.names == ["r_id", "s_id"] and schema.field("r_id").type == pa.int64()
+
+
+@pytest.mark.parametrize("name", ["pairs.parquet", "pairs.csv"])
+def test_pairs_writer_streams_row_groups(tmp_path, name, monkeypatch):
+    """Pairs written in pieces come back whole and in order; the file appears only at
+    close, row groups leave as they fill (not all at the end), and payload columns are
+    kept across pieces."""
+    import panjoin.events.results as results
+
+    monkeypatch.setattr(results, "PAIRS_ROW_GROUP", 5)
+    rng = np.random.default_rng(7)
+    r = rng.integers(I64_MIN, I64_MAX, 23, dtype=np.int64, endpoint=True)
+    s = rng.integers(I64_MIN, I64_MAX, 23, dtype=np.int64, endpoint=True)
+    pay = pa.array([f"p{i}" for i in range(23)], pa.large_string())
+    path = tmp_path / name
+    with results.PairsWriter(path) as out:
+        for a, b in ((0, 3), (3, 3), (3, 11), (11, 23)):
+            out.write(r[a:b], s[a:b], pay[a:b], pay[a:b])
+            assert not path.exists()
+        assert out.rows == 23
+        if name.endswith(".parquet"):
+            (tmp,) = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+            assert tmp.stat().st_size > 0  # two groups of 5 pairs already out
+    assert read_pairs(path).tolist() == np.stack([r, s], axis=1).tolist()
+    if name.endswith(".parquet"):
+        f = pq.ParquetFile(path)
+        assert f.metadata.num_row_groups == 5  # 5, 5, 5, 5, 3
+        assert f.read().column("s_payload").to_pylist() == pay.to_pylist()
+    no_leftovers(tmp_path, name)
+
+
+def test_pairs_writer_abandoned_or_failing_leaves_nothing(tmp_path):
+    import panjoin.events.results as results
+
+    path = tmp_path / "p.parquet"
+    path.write_bytes(b"old")
+    with pytest.raises(RuntimeError, match="join failed"):
+        with results.PairsWriter(path) as out:
+            out.write([1, 2], [3, 4])
+            raise RuntimeError("join failed")
+    assert path.read_bytes() == b"old"
+    no_leftovers(tmp_path, "p.parquet")
+    out = results.PairsWriter(path)
+    out.write([1], [2], pa.array(["x"]), None)
+    with pytest.raises(ValueError, match="payload columns differ"):
+        out.write([1], [2])
+    out.abort()
+    out.abort()  # twice is harmless
+    assert path.read_bytes() == b"old"
+    no_leftovers(tmp_path, "p.parquet")
 
 
 def test_pairs_errors(tmp_path):

@@ -13,8 +13,6 @@ import logging
 import threading
 import time
 
-import numpy as np
-
 from panjoin.cli.options import (
     add_common,
     add_join_opts,
@@ -119,7 +117,7 @@ def _load_kernels_behind(args, pred) -> threading.Thread | None:
 
     def load():
         try:
-            _warm_join(generate(WARM_UP_TUPLES, "uniform", key_max=1 << 20, seed=1,
+            _warm_join(generate(WARM_UP_TUPLES, "uniform", key_max=_warm_key_max(pred), seed=1,
                                 float_keys=float_keys), pred, args.index, args.threads)
         except Exception:  # the join itself will meet (and report) whatever this did
             log.debug("loading the kernels ahead failed", exc_info=True)
@@ -127,6 +125,15 @@ def _load_kernels_behind(args, pred) -> threading.Thread | None:
     t = threading.Thread(target=load, name="panjoin-load-kernels", daemon=True)
     t.start()
     return t
+
+
+def _warm_key_max(pred) -> int:
+    """Keys of the generated warm-up tuples in [0, K]: wide enough that a band finds
+    about one partner a tuple in the warm-up's 4K window (K = 8192 x the widest band),
+    so a wide band does not turn a kernel load into a result-heavy join (band:2^25 over
+    keys in [0, 2^20] made 80M pairs: seconds)."""
+    width = 0 if pred.negated else pred.max_width()
+    return int(min(max(1 << 20, 8192 * width), 1 << 61))
 
 
 def run(args) -> int:
@@ -320,7 +327,7 @@ def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=No
     """The join on ``engine`` (default: a :class:`JoinEngine` in-process or over
     ``backend``); ``waited``: seconds spent waiting for :func:`_load_kernels_behind`,
     counted in the join's ``time:`` as kernel loading the join would otherwise pay."""
-    from panjoin.events import write_ids, write_pairs
+    from panjoin.events import PairsWriter, write_ids
     from panjoin.manager.engine import JoinEngine
 
     engine_given = engine is not None  # a handshake chain: its nodes load their kernels
@@ -338,45 +345,39 @@ def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=No
             with ph.phase("load kernels"):
                 _warm_join(_warm_events(events), pred, args.index, args.threads)
             print(WARMED, flush=True)
-    parts = []
     peak = 0
+    spent = _Writing(ph)
     t1 = time.perf_counter()
     c1 = time.process_time()
-    with ph.phase("join"), progress(len(events), "replay", args.no_progress) as bar:
-        for start in range(0, len(events), args.chunk):
-            chunk = events.slice(start, min(len(events), start + args.chunk))
-            engine.push(chunk)
-            parts.append(engine.take_results(payloads=True))
+    with PairsWriter(args.out) as out:  # an error on the way removes the partial file
+        with ph.phase("join"), progress(len(events), "replay", args.no_progress) as bar:
+            for start in range(0, len(events), args.chunk):
+                chunk = events.slice(start, min(len(events), start + args.chunk))
+                engine.push(chunk)
+                spent.write(out, engine.take_result_pieces(payloads=True))
+                peak = max(peak, engine.memory_bytes())
+                bar.update(len(chunk))
+            engine.flush()
+            # an input smaller than a batch is only joined here: sample the window after
+            # the flush too, or a one-batch input reports a peak of 0 bytes; workers
+            # report what they hold with their answers, so wait for the last ones first
+            if backend is not None:
+                backend.sync()
             peak = max(peak, engine.memory_bytes())
-            bar.update(len(chunk))
-        engine.flush()
-        # an input smaller than a batch is only joined here: sample the window after
-        # the flush too, or a one-batch input reports a peak of 0 bytes; workers report
-        # what they hold with their answers, so wait for the last ones first
-        if backend is not None:
-            backend.sync()
-        peak = max(peak, engine.memory_bytes())
-        parts.append(engine.take_results(payloads=True))
-    elapsed = time.perf_counter() - t1 + waited
-    cpu = time.process_time() - c1
-    with ph.phase("write"):
-        r_all = np.concatenate([p[0] for p in parts])
-        s_all = np.concatenate([p[1] for p in parts])
-        pays = [None, None]
-        if getattr(engine, "with_payload", False):
-            import pyarrow as pa
-
-            pays = [pa.concat_arrays([p[k] for p in parts]) for k in (2, 3)]
-        write_pairs(args.out, r_all, s_all, *pays)
-        late = engine.take_late()
-        if args.late_out:
-            write_ids(args.late_out, late)
+            spent.write(out, engine.take_result_pieces(payloads=True))
+            elapsed = time.perf_counter() - t1 + waited - spent.wall
+            cpu = time.process_time() - c1 - spent.cpu
+        with ph.phase("write"):
+            out.close()  # the last row group, then the file moves into place
+            late = engine.take_late()
+            if args.late_out:
+                write_ids(args.late_out, late)
     n_late = sum(len(v) for v in late.values())
     rate = len(events) / elapsed if elapsed > 0 else float("inf")
     stored = max(1, max(engine.window_tuples().values()) * 2)
     print(f"input tuples: {len(events)}  late: {n_late}"
           + ("" if args.late_out or not n_late else " (not written: give --late-out)"))
-    print(f"results: {len(r_all)} pairs -> {args.out}")
+    print(f"results: {out.rows} pairs -> {args.out}")
     print(f"time: {elapsed:.2f} s  throughput: {rate:,.0f} tuples/s")
     print(f"cpu: {cpu:.2f} s in the join (this process)")
     if engine_given:  # a handshake chain: its segments live in the node processes
@@ -387,6 +388,24 @@ def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=No
     if not engine_given:  # a handshake chain's caller prints its own line first
         print(wall_line(args, ph, remote=backend is not None))
     return 0
+
+
+class _Writing:
+    """Pairs written while the join runs (a :class:`PairsWriter` row group at a time,
+    so a result-heavy join never holds all its pairs): their wall and CPU seconds are
+    the write phase's, not the join's."""
+
+    def __init__(self, ph):
+        self.ph, self.wall, self.cpu = ph, 0.0, 0.0
+
+    def write(self, out, pieces) -> None:
+        t, c = time.perf_counter(), time.process_time()
+        for piece in pieces:
+            out.write(*piece)
+        dt = time.perf_counter() - t
+        self.wall += dt
+        self.cpu += time.process_time() - c
+        self.ph.move("join", "write", dt)
 
 
 def wall_line(args, ph, remote: bool) -> str:

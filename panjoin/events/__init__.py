@@ -34,14 +34,15 @@ One job per module; each imports only those above it in this list::
     table     EventTable: construction, slice/take/concat/equals, to_arrow/from_arrow
     csv_text  CSV parsing and CSV-specific number conversions (both ways)
     files     read_events / write_events: format by suffix, readability, atomic writes
-    results   result files: write_pairs / read_pairs, write_ids / read_ids
+    results   result files: write_pairs / read_pairs (PairsWriter: as they come),
+              write_ids / read_ids
 
 Everything other code uses is imported from here, ``panjoin.events``.
 """
 
 from panjoin.events.errors import EventError
 from panjoin.events.files import CSV_SUFFIXES, PARQUET_SUFFIXES, read_events, write_events
-from panjoin.events.results import read_ids, read_pairs, write_ids, write_pairs
+from panjoin.events.results import PairsWriter, read_ids, read_pairs, write_ids, write_pairs
 from panjoin.events.table import EventTable
 from panjoin.events.validate import COLUMNS, REQUIRED, STREAM_TAGS
 
@@ -59,4 +60,5 @@ __all__ = [
     "write_events",
     "write_ids",
     "write_pairs",
+    "PairsWriter",
 ]

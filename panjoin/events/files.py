@@ -106,6 +106,16 @@ def read_events(path, timings: dict | None = None) -> EventTable:
 def atomic_write(path, write) -> None:
     """``write(tmp_path)`` into a fresh file beside ``path``, fsync, then
     ``os.replace``: readers see the old file or the whole new one, never a part."""
+    with atomic_file(path) as tmp:
+        write(tmp)
+
+
+@contextlib.contextmanager
+def atomic_file(path):
+    """A fresh temporary path beside ``path`` to write into; when the block ends the
+    file is fsynced and moved onto ``path`` (``os.replace``), and when it raises the
+    temporary file is removed and an I/O error says how to fix it. For writers that
+    fill a file in several steps (:class:`panjoin.events.results.PairsWriter`)."""
     path = Path(os.fspath(path))
     parent = path.parent
     if not parent.is_dir():
@@ -114,7 +124,7 @@ def atomic_write(path, write) -> None:
     try:
         # O_EXCL: never reuse someone else's file; mode 0o666 so the umask applies
         os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-        write(str(tmp))
+        yield str(tmp)
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)

@@ -9,6 +9,7 @@ files (:mod:`.files`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -20,7 +21,13 @@ import pyarrow.parquet as pq
 
 from panjoin.events.arrays import _arrow, _combine, _first, _np
 from panjoin.events.errors import _fail
-from panjoin.events.files import CSV_SUFFIXES, _check_readable, _write_table, atomic_write
+from panjoin.events.files import (
+    CSV_SUFFIXES,
+    _check_readable,
+    _write_table,
+    atomic_file,
+    atomic_write,
+)
 from panjoin.events.table import _as_int64
 from panjoin.events.validate import STREAM_TAGS, TAG_ARRAY, _int_column, _stream_codes
 
@@ -53,24 +60,131 @@ def write_pairs(path, r_id: np.ndarray, s_id: np.ndarray, r_payload=None,
                 s_payload=None) -> None:
     """Result pairs as int64 columns ``r_id``, ``s_id`` (CSV if named .csv, else
     Parquet, written as :func:`_pairs_parquet` says), atomically; with payloads (Arrow
-    arrays, one per pair) also columns ``r_payload``, ``s_payload``."""
-    r = _as_int64("r_id", np.asarray(r_id).ravel())
-    s = _as_int64("s_id", np.asarray(s_id).ravel())
-    if r.shape != s.shape:
-        raise ValueError(f"write_pairs: {r.size} r_ids but {s.size} s_ids")
-    path = os.fspath(path)
-    cols = {"r_id": _arrow(r), "s_id": _arrow(s)}
-    for name, p in (("r_payload", r_payload), ("s_payload", s_payload)):
-        if p is not None:
-            if len(p) != r.size:
+    arrays, one per pair) also columns ``r_payload``, ``s_payload``. All at once: a
+    join that makes its pairs over time writes them with :class:`PairsWriter`."""
+    with PairsWriter(path) as out:
+        out.write(r_id, s_id, r_payload, s_payload)
+
+
+class PairsWriter:
+    """Result pairs written as they come, a row group at a time, into a file that
+    appears whole when the writer closes (atomically: :func:`.files.atomic_file`), so
+    a join's pairs need not all be held until its end (a result-heavy join makes
+    gigabytes). A failure, or leaving the ``with`` block by an exception, removes the
+    partial file. The columns are :func:`write_pairs`'; whether the pairs carry
+    payloads (which) is fixed by the first :meth:`write`.
+
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> with PairsWriter(d + "/p.parquet") as out:
+        ...     out.write(np.array([1, 2]), np.array([7, 7]))
+        ...     out.write(np.array([3]), np.array([9]))
+        >>> read_pairs(d + "/p.parquet").tolist()
+        [[1, 7], [2, 7], [3, 9]]
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self.rows = 0  # pairs written or waiting
+        self._fmt = _pairs_format(self.path)
+        self._parts: list[tuple] = []  # pairs waiting for a row group
+        self._waiting = 0
+        self._payloads: tuple[bool, bool] | None = None  # which payload columns
+        self._writer = None  # opened by the first row group (its schema is the first write's)
+        self._file: contextlib.ExitStack | None = contextlib.ExitStack()
+        self._tmp = self._file.enter_context(atomic_file(self.path))  # until close or abort
+
+    def __enter__(self) -> PairsWriter:
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
+
+    def write(self, r_id, s_id, r_payload=None, s_payload=None) -> None:
+        r = _as_int64("r_id", np.asarray(r_id).ravel())
+        s = _as_int64("s_id", np.asarray(s_id).ravel())
+        if r.shape != s.shape:
+            raise ValueError(f"write_pairs: {r.size} r_ids but {s.size} s_ids")
+        pays = (r_payload, s_payload)
+        for name, p in zip(("r_payload", "s_payload"), pays, strict=True):
+            if p is not None and len(p) != r.size:
                 raise ValueError(f"write_pairs: {len(p)} {name}s for {r.size} pairs")
-            cols[name] = p
-    table = pa.table(cols)
-    fmt = _pairs_format(path)
-    opts = _pairs_parquet(table.column_names) if fmt == "parquet" else {}
-    atomic_write(path, lambda tmp: _write_table(table, tmp, fmt, **opts))
+        has = tuple(p is not None for p in pays)
+        if self._payloads is None:
+            self._payloads = has
+        if has != self._payloads:
+            raise ValueError("write_pairs: the payload columns differ from the first pairs' "
+                             "(give the same payloads, or none, with every write)")
+        cols = {"r_id": _arrow(r), "s_id": _arrow(s)}
+        cols.update((n, p) for n, p in zip(("r_payload", "s_payload"), pays, strict=True)
+                    if p is not None)
+        self._parts.append(pa.table(cols))
+        self._waiting += r.size
+        self.rows += r.size
+        if self._waiting >= PAIRS_ROW_GROUP:
+            self._flush()
+
+    def _flush(self, last: bool = False) -> None:
+        """Write the waiting pairs in whole row groups (all of them if ``last``)."""
+        table = (pa.concat_tables(self._parts) if self._parts else
+                 pa.table({n: _arrow(np.zeros(0, np.int64)) for n in ("r_id", "s_id")}))
+        cut = table.num_rows if last else table.num_rows // PAIRS_ROW_GROUP * PAIRS_ROW_GROUP
+        self._parts = [table.slice(cut)] if cut < table.num_rows else []
+        self._waiting = table.num_rows - cut
+        try:
+            if self._writer is None:
+                if self._fmt == "csv":
+                    self._writer = pcsv.CSVWriter(self._tmp, table.schema, write_options=(
+                        pcsv.WriteOptions(quoting_style="needed")))
+                else:
+                    opts = _pairs_parquet(table.column_names)
+                    del opts["row_group_size"]
+                    self._writer = pq.ParquetWriter(self._tmp, table.schema, **opts)
+            if self._fmt == "csv":
+                self._writer.write_table(table.slice(0, cut))
+            else:
+                self._writer.write_table(table.slice(0, cut), row_group_size=PAIRS_ROW_GROUP)
+        except BaseException as e:
+            self._end(e)
+            raise
+
+    def close(self) -> None:
+        """Write what waits (a file of no pairs still gets its columns) and move the
+        file into place."""
+        if self._file is None:
+            return
+        try:
+            if self._parts or self._writer is None:
+                self._flush(last=True)
+            self._writer.close()
+        except BaseException as e:
+            self._end(e)
+            raise
+        file, self._file = self._file, None
+        file.close()  # fsync, then the rename
+
+    def abort(self) -> None:
+        """Give up: the partial file is removed, nothing is moved into place."""
+        self._end(_Abandoned())
+
+    def _end(self, e: BaseException) -> None:
+        """Close the writer and remove the temporary file; an I/O error ``e`` comes
+        back from :func:`.files.atomic_file` saying how to fix it."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()
+        file, self._file = self._file, None
+        if file is not None:
+            file.__exit__(type(e), e, e.__traceback__)
 
 
+class _Abandoned(Exception):
+    """Thrown into :func:`.files.atomic_file` by :meth:`PairsWriter.abort`: not an I/O
+    error, so it only removes the file."""
 def _read_any(path, columns: tuple[str, ...], what: str) -> pa.Table:
     path = os.fspath(path)
     _check_readable(path)
