@@ -519,8 +519,9 @@ def test_pairs_round_trip(tmp_path, name):
         assert schema.names == ["r_id", "s_id"] and schema.field("r_id").type == pa.int64()
 
 
+@pytest.mark.parametrize("background", [False, True])
 @pytest.mark.parametrize("name", ["pairs.parquet", "pairs.csv"])
-def test_pairs_writer_streams_row_groups(tmp_path, name, monkeypatch):
+def test_pairs_writer_streams_row_groups(tmp_path, name, background, monkeypatch):
     """Pairs written in pieces come back whole and in order; the file appears only at
     close, row groups leave as they fill (not all at the end), and payload columns are
     kept across pieces."""
@@ -532,11 +533,13 @@ def test_pairs_writer_streams_row_groups(tmp_path, name, monkeypatch):
     s = rng.integers(I64_MIN, I64_MAX, 23, dtype=np.int64, endpoint=True)
     pay = pa.array([f"p{i}" for i in range(23)], pa.large_string())
     path = tmp_path / name
-    with results.PairsWriter(path) as out:
+    with results.PairsWriter(path, background=background) as out:
         for a, b in ((0, 3), (3, 3), (3, 11), (11, 23)):
             out.write(r[a:b], s[a:b], pay[a:b], pay[a:b])
             assert not path.exists()
         assert out.rows == 23
+        if background:
+            out._stop_thread(drain=False)  # the groups handed over are on disk
         if name.endswith(".parquet"):
             (tmp,) = [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
             assert tmp.stat().st_size > 0  # two groups of 5 pairs already out
@@ -567,6 +570,36 @@ def test_pairs_writer_abandoned_or_failing_leaves_nothing(tmp_path):
     out.abort()  # twice is harmless
     assert path.read_bytes() == b"old"
     no_leftovers(tmp_path, "p.parquet")
+
+
+def test_pairs_writer_thread_failure_comes_back_and_leaves_nothing(tmp_path, monkeypatch):
+    """A row group that fails on the writing thread fails the caller's next call with an
+    error that says how to fix it; the thread ends and the partial file is removed."""
+    import threading
+
+    import panjoin.events.results as results
+
+    monkeypatch.setattr(results, "PAIRS_ROW_GROUP", 4)
+    real = pq.ParquetWriter.write_table
+    calls = []
+
+    def second_fails(self, tbl, **kw):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real(self, tbl, **kw)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", second_fails)
+    path = tmp_path / "p.parquet"
+    out = results.PairsWriter(path, background=True)
+    with pytest.raises(EventError, match="No space left"):
+        for i in range(100):
+            out.write(np.arange(4) + 4 * i, np.arange(4))
+            time.sleep(0.01)
+    assert set(calls) == {"panjoin-pairs-writer"}
+    assert out._thread is None and not path.exists()
+    no_leftovers(tmp_path)
+    out.abort()  # after the failure: nothing left to do
 
 
 def test_pairs_errors(tmp_path):

@@ -349,7 +349,7 @@ def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=No
     spent = _Writing(ph)
     t1 = time.perf_counter()
     c1 = time.process_time()
-    with PairsWriter(args.out) as out:  # an error on the way removes the partial file
+    with PairsWriter(args.out, background=True) as out:  # an error removes the partial file
         with ph.phase("join"), progress(len(events), "replay", args.no_progress) as bar:
             for start in range(0, len(events), args.chunk):
                 chunk = events.slice(start, min(len(events), start + args.chunk))
@@ -366,7 +366,7 @@ def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=No
             peak = max(peak, engine.memory_bytes())
             spent.write(out, engine.take_result_pieces(payloads=True))
             elapsed = time.perf_counter() - t1 + waited - spent.wall
-            cpu = time.process_time() - c1 - spent.cpu
+            cpu = time.process_time() - c1 - spent.cpu(out)
         with ph.phase("write"):
             out.close()  # the last row group, then the file moves into place
             late = engine.take_late()
@@ -391,21 +391,25 @@ def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=No
 
 
 class _Writing:
-    """Pairs written while the join runs (a :class:`PairsWriter` row group at a time,
-    so a result-heavy join never holds all its pairs): their wall and CPU seconds are
-    the write phase's, not the join's."""
+    """Pairs written while the join runs (a :class:`PairsWriter` row group at a time on
+    a thread of its own, so a result-heavy join never holds all its pairs and its
+    encoding overlaps the join): the seconds this thread spends handing them over, and
+    the writing thread's CPU, are the write phase's, not the join's."""
 
     def __init__(self, ph):
-        self.ph, self.wall, self.cpu = ph, 0.0, 0.0
+        self.ph, self.wall, self._cpu = ph, 0.0, 0.0
 
     def write(self, out, pieces) -> None:
-        t, c = time.perf_counter(), time.process_time()
+        t, c = time.perf_counter(), time.thread_time()
         for piece in pieces:
             out.write(*piece)
         dt = time.perf_counter() - t
         self.wall += dt
-        self.cpu += time.process_time() - c
+        self._cpu += time.thread_time() - c
         self.ph.move("join", "write", dt)
+
+    def cpu(self, out) -> float:
+        return self._cpu + out.thread_cpu
 
 
 def wall_line(args, ph, remote: bool) -> str:
