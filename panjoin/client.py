@@ -52,6 +52,10 @@ MAX_COALESCE = 1 << 18
 LINGER_MS = 1.0
 
 
+_NO_IDS = np.zeros(0, np.int64)
+_NO_IDS.flags.writeable = False
+
+
 class Output(NamedTuple):
     """The manager's answer to one input batch."""
 
@@ -330,19 +334,34 @@ class LiveJoin:
 
 
 def payloads_of(events, stream: int, ids: np.ndarray) -> pa.Array:
-    """The payloads of ``events``' tuples of ``stream`` with ``ids``, in that order: a
-    sort of the stream's ids and one binary search per id. Strings stay text
-    (large_string), anything else is large_binary: the types the in-process engine gives
-    for the same input, so a file joined on a cluster or in-process is the same file."""
-    rows = np.flatnonzero(events.stream == stream)
-    order = np.argsort(events.id[rows], kind="stable")
-    pos = np.searchsorted(events.id[rows][order], ids)
+    """The payloads of ``events``' tuples of ``stream`` with ``ids``, in that order
+    (:func:`payload_lookup`, for one look)."""
+    return payload_lookup(events)(stream, ids)
+
+
+def payload_lookup(events):
+    """``take(stream, ids)``: the payloads of ``events``' tuples of ``stream`` with
+    ``ids``, in that order: each stream's ids sorted once (at its first look), then one
+    binary search per id. Strings stay text (large_string), anything else is
+    large_binary: the types the in-process engine gives for the same input, so a file
+    joined on a cluster or in-process is the same file."""
     pay = events.payload
     if isinstance(pay, pa.ChunkedArray):
         pay = pay.combine_chunks()
     pay = pa.array(pay)
     text = pa.types.is_string(pay.type) or pa.types.is_large_string(pay.type)
-    return pay.cast(pa.large_string() if text else PAYLOAD_TYPE).take(pa.array(rows[order[pos]]))
+    pay = pay.cast(pa.large_string() if text else PAYLOAD_TYPE)
+    sorted_ids = {}
+
+    def take(stream: int, ids: np.ndarray) -> pa.Array:
+        if stream not in sorted_ids:
+            rows = np.flatnonzero(events.stream == stream)
+            order = np.argsort(events.id[rows], kind="stable")
+            sorted_ids[stream] = rows[order], events.id[rows][order]
+        rows, keys = sorted_ids[stream]
+        return pay.take(pa.array(rows[np.searchsorted(keys, ids)]))
+
+    return take
 
 
 def rows_of(events, rows: np.ndarray) -> SimpleNamespace:
@@ -355,12 +374,13 @@ def rows_of(events, rows: np.ndarray) -> SimpleNamespace:
                            key2=None if key2 is None else key2[rows])
 
 
-def with_payloads(events, r: np.ndarray, s: np.ndarray, late: dict) -> Result:
+def with_payloads(events, r: np.ndarray, s: np.ndarray, late: dict, lookup=None) -> Result:
     """The :class:`Result` of pairs ``r``, ``s``, with ``events``' payloads joined on by
-    id where it has them (:func:`payloads_of`)."""
+    id where it has them (``lookup``: a :func:`payload_lookup` of ``events`` to reuse)."""
     if getattr(events, "payload", None) is None:
         return Result(r, s, late)
-    return Result(r, s, late, payloads_of(events, 0, r), payloads_of(events, 1, s))
+    take = lookup or payload_lookup(events)
+    return Result(r, s, late, take(0, r), take(1, s))
 
 
 def input_bytes(chunk) -> int:
@@ -473,32 +493,51 @@ class Client:
         return LiveJoin(self, join_id, first_batch_id, linger_ms)
 
     def join(self, events, window: str, predicate: str, index: str = DEFAULT_INDEX,
-             chunk: int = 1 << 18, **settings) -> Result:
+             chunk: int = 1 << 18, out=None, **settings) -> Result:
         """Join a whole event table; returns a :class:`Result` (which unpacks as
-        ``r_id, s_id, late_ids_by_stream``)."""
+        ``r_id, s_id, late_ids_by_stream``). ``out``: a
+        :class:`panjoin.events.PairsWriter` (anything with ``write(r_id, s_id,
+        r_payload, s_payload)``) that takes each answer's pairs as it arrives, so they
+        are never all held here; the Result then has the late ids and no pairs."""
         join_id = self.open(window, predicate, index, **settings)
         n = len(events)
         step = self.chunk_rows(chunk)
         chunks = [rows_of(events, np.arange(a, min(n, a + step)))
                   for a in range(0, max(1, n), step)]  # no payloads: they stay here
-        outs = self.run_join(join_id, chunks)
+        each = None
+        if out is not None:
+            lookup = (payload_lookup(events) if getattr(events, "payload", None) is not None
+                      else None)
+
+            def each(o: Output) -> None:
+                res = with_payloads(events, o.r_id, o.s_id, {}, lookup)
+                out.write(res.r_id, res.s_id, res.r_payload, res.s_payload)
+
+        outs = self.run_join(join_id, chunks, each)
         ls = np.concatenate([o.late_stream for o in outs])
         li = np.concatenate([o.late_id for o in outs])
         r = np.concatenate([o.r_id for o in outs])
         s = np.concatenate([o.s_id for o in outs])
-        return with_payloads(events, r, s, {"R": li[ls == 0], "S": li[ls == 1]})
+        late = {"R": li[ls == 0], "S": li[ls == 1]}
+        return Result(r, s, late) if out is not None else with_payloads(events, r, s, late)
 
     def chunk_rows(self, chunk: int) -> int:
         """Rows a chunk may hold below the message limit: 33 bytes a tuple without
         payloads (stream, id, key, ts, key2), and a margin."""
         return max(1, min(chunk, self.security.max_message_bytes // 40))
 
-    def run_join(self, join_id: str, chunks) -> list[Output]:
+    def run_join(self, join_id: str, chunks, each=None) -> list[Output]:
         """Stream ``chunks`` to an open join (:meth:`stream`, the last flushed) and close
-        it; its outputs. A join that fails is closed at once, not at the manager's idle
-        timeout."""
+        it; its outputs. ``each(output)``, where given, takes each output's pairs as it
+        arrives, and the outputs returned keep only their late ids. A join that fails is
+        closed at once, not at the manager's idle timeout."""
         try:
-            outs = list(self.stream(join_id, chunks))
+            outs = []
+            for o in self.stream(join_id, chunks):
+                if each is not None:
+                    each(o)
+                    o = o._replace(r_id=_NO_IDS, s_id=_NO_IDS, r_payload=None, s_payload=None)
+                outs.append(o)
             self.close_join(join_id)
         except BaseException:
             try:

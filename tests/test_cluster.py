@@ -417,6 +417,43 @@ def test_payloads_travel_through_the_manager_and_status_has_the_feedback_bits(ma
     assert st.memory_bytes >= sum(w.nbytes for w in st.workers)
 
 
+def test_a_client_join_hands_its_pairs_out_as_they_arrive(manager):
+    """``Client.join(out=...)``: each answer's pairs go to the writer as the manager
+    sends them (several writes, payloads looked up per answer), the Result keeps only
+    the late ids, and the pairs written are the reference's."""
+    import pyarrow as pa
+
+    from panjoin.client import Client
+    from panjoin.events import EventTable
+
+    t = generate(3000, "uniform", key_min=0, key_max=100, rate=1000, seed=5)
+    ev = EventTable(t.stream, t.id, t.key, t.ts,
+                    payload=pa.array([f"{'RS'[a]}{b}" for a, b in zip(t.stream, t.id,
+                                                                     strict=True)]))
+
+    class Writes:
+        def __init__(self):
+            self.calls = []
+
+        def write(self, r, s, rp, sp):
+            self.calls.append((r, s, rp, sp))
+
+    out = Writes()
+    with Client(manager) as c:
+        res = c.join(ev, "count:400,400", "band:1", "bisort", chunk=500, out=out,
+                     batch_size=128, subwindow_size=100)
+    assert len(res.r_id) == 0 and len(res.s_id) == 0 and set(res.late) == {"R", "S"}
+    assert len([w for w in out.calls if len(w[0])]) >= 4
+    r = np.concatenate([w[0] for w in out.calls])
+    s = np.concatenate([w[1] for w in out.calls])
+    ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:400,400"),
+                         parse_predicate("band:1"))
+    assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+    for rr, ss, rp, sp in out.calls:
+        assert rp.to_pylist() == [f"R{i}" for i in rr]
+        assert sp.to_pylist() == [f"S{i}" for i in ss]
+
+
 @pytest.mark.parametrize("kind", ["string", "binary"])
 def test_replay_on_a_cluster_writes_the_in_process_payload_types(manager, tmp_path, kind,
                                                                  capsys):

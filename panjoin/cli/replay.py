@@ -241,7 +241,7 @@ def _fill_knobs(args, window, events, pred) -> None:
 
 def _replay_on_manager(args, events, window, pred, ph) -> int:
     from panjoin.client import Client
-    from panjoin.events import write_ids, write_pairs
+    from panjoin.events import PairsWriter, write_ids
     from panjoin.sharded import sharded_join
 
     t1 = time.perf_counter()
@@ -261,23 +261,27 @@ def _replay_on_manager(args, events, window, pred, ph) -> int:
         print(WARMED, flush=True)
         t1 = time.perf_counter()
     c1 = time.process_time()
-    with ph.phase("join"):
-        if len(addresses) > 1:  # one key range each; late tuples decided here
-            res = sharded_join(addresses, events, str(window), str(pred), args.index,
-                               chunk=args.chunk, **opts)
-        else:
-            with Client(addresses[0]) as c:
-                res = c.join(events, str(window), str(pred), args.index, chunk=args.chunk,
-                             **opts)
-    r, s, late = res
-    elapsed = time.perf_counter() - t1
-    cpu = time.process_time() - c1
-    with ph.phase("write"):
-        write_pairs(args.out, r, s, res.r_payload, res.s_payload)
-        if args.late_out:
-            write_ids(args.late_out, late)
+    with PairsWriter(args.out, background=True) as out:  # an error removes the partial file
+        spent = _Writing(ph, out)
+        with ph.phase("join"):
+            if len(addresses) > 1:  # one key range each; late tuples decided here
+                res = sharded_join(addresses, events, str(window), str(pred), args.index,
+                                   chunk=args.chunk, **opts)
+            else:  # the pairs go to the file as the manager answers
+                with Client(addresses[0]) as c:
+                    res = c.join(events, str(window), str(pred), args.index,
+                                 chunk=args.chunk, out=spent, **opts)
+            elapsed = time.perf_counter() - t1 - spent.wall
+            cpu = time.process_time() - c1 - spent.cpu()
+        with ph.phase("write"):
+            if len(res.r_id):  # a sharded join's pairs, all at its end
+                out.write(res.r_id, res.s_id, res.r_payload, res.s_payload)
+            out.close()
+            late = res.late
+            if args.late_out:
+                write_ids(args.late_out, late)
     print(f"input tuples: {len(events)}  late: {sum(len(v) for v in late.values())}")
-    print(f"results: {len(r)} pairs -> {args.out}")
+    print(f"results: {out.rows} pairs -> {args.out}")
     where = (f"manager {args.cluster}" if len(addresses) == 1 else
              f"sharded over {len(addresses)} managers {args.cluster}")
     print(f"time: {elapsed:.2f} s  throughput: {len(events) / max(elapsed, 1e-9):,.0f} tuples/s"
@@ -346,15 +350,15 @@ def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=No
                 _warm_join(_warm_events(events), pred, args.index, args.threads)
             print(WARMED, flush=True)
     peak = 0
-    spent = _Writing(ph)
     t1 = time.perf_counter()
     c1 = time.process_time()
     with PairsWriter(args.out, background=True) as out:  # an error removes the partial file
+        spent = _Writing(ph, out)
         with ph.phase("join"), progress(len(events), "replay", args.no_progress) as bar:
             for start in range(0, len(events), args.chunk):
                 chunk = events.slice(start, min(len(events), start + args.chunk))
                 engine.push(chunk)
-                spent.write(out, engine.take_result_pieces(payloads=True))
+                spent.write_all(engine.take_result_pieces(payloads=True))
                 peak = max(peak, engine.memory_bytes())
                 bar.update(len(chunk))
             engine.flush()
@@ -364,9 +368,9 @@ def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=No
             if backend is not None:
                 backend.sync()
             peak = max(peak, engine.memory_bytes())
-            spent.write(out, engine.take_result_pieces(payloads=True))
+            spent.write_all(engine.take_result_pieces(payloads=True))
             elapsed = time.perf_counter() - t1 + waited - spent.wall
-            cpu = time.process_time() - c1 - spent.cpu(out)
+            cpu = time.process_time() - c1 - spent.cpu()
         with ph.phase("write"):
             out.close()  # the last row group, then the file moves into place
             late = engine.take_late()
@@ -391,25 +395,30 @@ def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=No
 
 
 class _Writing:
-    """Pairs written while the join runs (a :class:`PairsWriter` row group at a time on
-    a thread of its own, so a result-heavy join never holds all its pairs and its
-    encoding overlaps the join): the seconds this thread spends handing them over, and
-    the writing thread's CPU, are the write phase's, not the join's."""
+    """Pairs written to ``out`` while the join runs (a :class:`PairsWriter` row group at
+    a time on a thread of its own, so a result-heavy join never holds all its pairs and
+    its encoding overlaps the join): the seconds this thread spends handing them over,
+    and the writing thread's CPU, are the write phase's, not the join's. Its
+    :meth:`write` is a PairsWriter's, so a :class:`~panjoin.client.Client` join can
+    take it as its ``out``."""
 
-    def __init__(self, ph):
-        self.ph, self.wall, self._cpu = ph, 0.0, 0.0
+    def __init__(self, ph, out):
+        self.ph, self.out, self.wall, self._cpu = ph, out, 0.0, 0.0
 
-    def write(self, out, pieces) -> None:
+    def write(self, r_id, s_id, r_payload=None, s_payload=None) -> None:
+        self.write_all([(r_id, s_id, r_payload, s_payload)])
+
+    def write_all(self, pieces) -> None:
         t, c = time.perf_counter(), time.thread_time()
         for piece in pieces:
-            out.write(*piece)
+            self.out.write(*piece)
         dt = time.perf_counter() - t
         self.wall += dt
         self._cpu += time.thread_time() - c
         self.ph.move("join", "write", dt)
 
-    def cpu(self, out) -> float:
-        return self._cpu + out.thread_cpu
+    def cpu(self) -> float:
+        return self._cpu + self.out.thread_cpu
 
 
 def wall_line(args, ph, remote: bool) -> str:
