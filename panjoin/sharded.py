@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from panjoin.client import Client, Result, rows_of, with_payloads
+from panjoin.client import Client, Result, payload_lookup, rows_of, with_payloads
 from panjoin.config import DEFAULT_INDEX
 from panjoin.security import Security
 from panjoin.semantics import STREAMS, parse_predicate, parse_window
@@ -42,11 +43,12 @@ DEPTH = 4
 def sharded_join(addresses: list[str], events, window: str, predicate: str,
                  index: str = DEFAULT_INDEX, chunk: int = 1 << 18,
                  security: Security | None = None, bounds: np.ndarray | None = None,
-                 **settings) -> Result:
+                 out=None, **settings) -> Result:
     """Join an event table over the managers at ``addresses`` (one shard each) and
     return the union of their pairs as :meth:`Client.join` does; ``bounds``: the shard
-    boundaries (default: quantiles of the events' keys, :func:`boundaries`);
-    ``settings``: OpenRequest fields for every shard (``allowed_lateness`` too)."""
+    boundaries (default: quantiles of the events' keys, :func:`boundaries`); ``out``:
+    as :meth:`Client.join`'s, written by one shard at a time; ``settings``:
+    OpenRequest fields for every shard (``allowed_lateness`` too)."""
     if not addresses:
         raise ValueError("no manager addresses given")
     win = parse_window(window, settings.get("allowed_lateness", 0))
@@ -63,10 +65,20 @@ def sharded_join(addresses: list[str], events, window: str, predicate: str,
         while (ch := queues[j].get()) is not None:
             yield ch
 
+    each = None
+    if out is not None:
+        lookup = payload_lookup(events) if getattr(events, "payload", None) is not None else None
+        writing = threading.Lock()
+
+        def each(o) -> None:
+            res = with_payloads(events, o.r_id, o.s_id, {}, lookup)
+            with writing:
+                out.write(res.r_id, res.s_id, res.r_payload, res.s_payload)
+
     def run(j: int):
         c = clients[j]
         join_id = c.open(str(win), str(pred), index, **settings)
-        return c.run_join(join_id, feed(j))
+        return c.run_join(join_id, feed(j), each)
 
     try:
         # the shards stream while the rest is routed (the client's CPU overlaps the
@@ -128,5 +140,5 @@ def sharded_join(addresses: list[str], events, window: str, predicate: str,
         late[name].append(li[ls == x])
     r = np.concatenate([np.zeros(0, np.int64)] + [o.r_id for o in outs])
     s = np.concatenate([np.zeros(0, np.int64)] + [o.s_id for o in outs])
-    return with_payloads(events, r, s, {name: np.concatenate(v) if v else np.zeros(0, np.int64)
-                                        for name, v in late.items()})
+    late = {name: np.concatenate(v) if v else np.zeros(0, np.int64) for name, v in late.items()}
+    return Result(r, s, late) if out is not None else with_payloads(events, r, s, late)

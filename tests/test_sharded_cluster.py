@@ -105,6 +105,38 @@ def test_each_shard_stores_its_share(managers):
                           sort_pairs(np.stack(both[:2], axis=1)))
 
 
+def test_sharded_pairs_go_to_a_writer_as_the_shards_answer(managers):
+    """``sharded_join(out=...)``: every shard's answers go to the one writer (one at a
+    time), with their payloads; the Result keeps the late ids only."""
+    import pyarrow as pa
+
+    from panjoin.events import EventTable
+
+    g = generate(1500, "uniform", key_min=-40, key_max=40, rate=1000, seed=3,
+                 disorder_ms=30, disorder_fraction=0.2)
+    ev = EventTable(g.stream, g.id, g.key, g.ts,
+                    payload=pa.array([f"{'RS'[a]}{b}" for a, b in zip(g.stream, g.id,
+                                                                     strict=True)]))
+
+    class Writes(list):
+        def write(self, r, s, rp, sp):
+            assert rp.to_pylist() == [f"R{i}" for i in r]
+            assert sp.to_pylist() == [f"S{i}" for i in s]
+            self.append((r, s))
+
+    out = Writes()
+    res = sharded_join(managers, ev, "time:60,40", "band:3", chunk=173, allowed_lateness=10,
+                       batch_size=64, subwindow_size=50, out=out)
+    assert len(res.r_id) == 0 and len([w for w in out if len(w[0])]) >= 4
+    ref = reference_join(ev.stream, ev.id, ev.key, ev.ts, parse_window("time:60,40", 10),
+                         parse_predicate("band:3"))
+    got = sort_pairs(np.stack([np.concatenate([w[0] for w in out]),
+                               np.concatenate([w[1] for w in out])], axis=1))
+    assert np.array_equal(got, ref.pairs) and len(got) > 100
+    for name in ("R", "S"):
+        assert np.array_equal(np.sort(res.late[name]), np.sort(ref.late_ids[name]))
+
+
 def test_replay_cli_over_two_managers(managers, tmp_path):
     ev = generate(1500, "uniform", key_min=0, key_max=60, rate=1000, seed=4, disorder_ms=30,
                   disorder_fraction=0.2)

@@ -266,16 +266,14 @@ def _replay_on_manager(args, events, window, pred, ph) -> int:
         with ph.phase("join"):
             if len(addresses) > 1:  # one key range each; late tuples decided here
                 res = sharded_join(addresses, events, str(window), str(pred), args.index,
-                                   chunk=args.chunk, **opts)
-            else:  # the pairs go to the file as the manager answers
+                                   chunk=args.chunk, out=spent, **opts)
+            else:  # the pairs go to the file as the managers answer
                 with Client(addresses[0]) as c:
                     res = c.join(events, str(window), str(pred), args.index,
                                  chunk=args.chunk, out=spent, **opts)
             elapsed = time.perf_counter() - t1 - spent.wall
             cpu = time.process_time() - c1 - spent.cpu()
         with ph.phase("write"):
-            if len(res.r_id):  # a sharded join's pairs, all at its end
-                out.write(res.r_id, res.s_id, res.r_payload, res.s_payload)
             out.close()
             late = res.late
             if args.late_out:
