@@ -55,6 +55,7 @@ exactly-once output from its own batch ids (see :mod:`spark_conn.pipeline`).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 
 import numpy as np
@@ -306,9 +307,34 @@ class KafkaStreamReader(DataSourceStreamReader):
         pass  # progress lives in Spark's checkpoint, not in a consumer group
 
     def stop(self) -> None:
+        """Spark's end of this reader (the query stops): its runner process learns of it
+        by the JVM closing the runner's socket, and then reports the closed socket as
+        an error on that same socket (:func:`quiet_hang_up`)."""
+        self.close_probe()
+        quiet_hang_up()
+
+    def close_probe(self) -> None:
         if self._probe is not None:
             self._probe.close()
             self._probe = None
+
+
+def quiet_hang_up() -> None:
+    """Leave out the traceback of a process whose peer hung up: Spark 4's Python
+    streaming source runner has no stop message; a query's stop closes the runner's
+    socket, the runner reads the end of it (EOFError), calls the reader's ``stop()``,
+    and then writes that error back to the closed socket, whose BrokenPipeError ends
+    the process with three chained tracebacks on the job's terminal (a race with the
+    JVM killing the process: seen under load, and after every correct run). Installed
+    from ``stop()``, in the runner only; any other uncaught error still prints."""
+    default = sys.excepthook
+
+    def hook(kind, exc, tb):
+        if issubclass(kind, (BrokenPipeError, ConnectionResetError)):
+            return
+        default(kind, exc, tb)
+
+    sys.excepthook = hook
 
 
 class KafkaBatchReader(DataSourceReader):
@@ -321,7 +347,7 @@ class KafkaBatchReader(DataSourceReader):
     def partitions(self):
         start = self.stream.initialOffset()
         end = self.stream.latestOffset(start, ReadAllAvailable())
-        self.stream.stop()
+        self.stream.close_probe()
         return self.stream.partitions(start, end)
 
     def read(self, partition):

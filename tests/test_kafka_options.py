@@ -358,7 +358,7 @@ def test_options_reach_every_client(broker, made, tmp_path, capsys):
         assert sum(x.num_rows for x in rows) == len(ev)
         seen.step("consumer")
     finally:
-        src.stop()
+        src.close_probe()  # stop() is Spark's: test_a_stopped_source_runner_hangs_up_quietly
     out = topic("sink")
     io.create_topics(b, [out], options=opts)
     seen.step("admin")
@@ -437,3 +437,29 @@ def _run_until_spark(cfg, seen) -> None:
     with pytest.raises(RuntimeError, match="connector"):
         pipeline.source_frame(spark, cfg, None)
     assert spark.readStream.opts["kafka.client.id"] == seen.tag
+
+
+QUIET_RUNNER = """
+import sys
+from spark_conn import kafka_source
+kafka_source.KafkaStreamReader.stop(type("R", (), {"close_probe": lambda self: None})())
+raise ERROR
+"""
+
+
+@pytest.mark.parametrize("error, printed", [
+    ("BrokenPipeError(32, 'Broken pipe') from EOFError()", False),
+    ("ConnectionResetError(104, 'reset')", False),
+    ("ValueError('a real failure')", True),
+])
+def test_a_stopped_source_runner_hangs_up_quietly(error, printed):
+    """After Spark stops the stream reader, the runner's write of the closed socket's
+    error to that same socket (BrokenPipeError, chained on the EOFError) ends the
+    process without a traceback on the job's terminal; any other error still prints."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", QUIET_RUNNER.replace("ERROR", error)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    assert ("Traceback" in p.stderr) == printed, p.stderr
