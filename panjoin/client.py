@@ -30,6 +30,7 @@ session for it: ``push`` never waits, ``poll`` returns what has arrived::
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -383,6 +384,21 @@ def with_payloads(events, r: np.ndarray, s: np.ndarray, late: dict, lookup=None)
     return Result(r, s, late, take(0, r), take(1, s))
 
 
+def answer_writer(events, out, lock=None):
+    """``each(output)`` for :meth:`Client.run_join`: an answer's pairs, with ``events``'
+    payloads where it has them (each stream's ids sorted once), written to ``out`` (a
+    :class:`panjoin.events.PairsWriter`), under ``lock`` where several threads answer."""
+    lookup = payload_lookup(events) if getattr(events, "payload", None) is not None else None
+    lock = lock or contextlib.nullcontext()
+
+    def each(o: Output) -> None:
+        res = with_payloads(events, o.r_id, o.s_id, {}, lookup)
+        with lock:
+            out.write(res.r_id, res.s_id, res.r_payload, res.s_payload)
+
+    return each
+
+
 def input_bytes(chunk) -> int:
     """About the size of ``chunk``'s JoinInput on the wire (its arrays and payloads)."""
     n = len(chunk.id)
@@ -504,16 +520,7 @@ class Client:
         step = self.chunk_rows(chunk)
         chunks = [rows_of(events, np.arange(a, min(n, a + step)))
                   for a in range(0, max(1, n), step)]  # no payloads: they stay here
-        each = None
-        if out is not None:
-            lookup = (payload_lookup(events) if getattr(events, "payload", None) is not None
-                      else None)
-
-            def each(o: Output) -> None:
-                res = with_payloads(events, o.r_id, o.s_id, {}, lookup)
-                out.write(res.r_id, res.s_id, res.r_payload, res.s_payload)
-
-        outs = self.run_join(join_id, chunks, each)
+        outs = self.run_join(join_id, chunks, None if out is None else answer_writer(events, out))
         ls = np.concatenate([o.late_stream for o in outs])
         li = np.concatenate([o.late_id for o in outs])
         r = np.concatenate([o.r_id for o in outs])

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from panjoin.client import Client, Result, payload_lookup, rows_of, with_payloads
+from panjoin.client import Client, Result, answer_writer, rows_of, with_payloads
 from panjoin.config import DEFAULT_INDEX
 from panjoin.security import Security
 from panjoin.semantics import STREAMS, parse_predicate, parse_window
@@ -65,15 +65,7 @@ def sharded_join(addresses: list[str], events, window: str, predicate: str,
         while (ch := queues[j].get()) is not None:
             yield ch
 
-    each = None
-    if out is not None:
-        lookup = payload_lookup(events) if getattr(events, "payload", None) is not None else None
-        writing = threading.Lock()
-
-        def each(o) -> None:
-            res = with_payloads(events, o.r_id, o.s_id, {}, lookup)
-            with writing:
-                out.write(res.r_id, res.s_id, res.r_payload, res.s_payload)
+    each = None if out is None else answer_writer(events, out, threading.Lock())
 
     def run(j: int):
         c = clients[j]
