@@ -110,7 +110,12 @@ def test_a_result_heavy_join_gets_smaller_batches():
     assert offline_knobs(one_m, pairs=66.0) == (256 * K, 128 * K)  # an estimate of 64
     assert offline_knobs(one_m, pairs=100.0) == (128 * K, 64 * K)
     assert offline_knobs(one_m, pairs=1e6) == (64 * K, 32 * K)  # never below the least
-    assert offline_knobs(parse_window("count:64K,64K"), pairs=64.0) == (64 * K, 32 * K)
+    # NBat is 32K already; the subwindows still shrink (the expired tail a probe meets)
+    w64 = parse_window("count:64K,64K")
+    assert offline_knobs(w64, pairs=8.0) == (64 * K, 32 * K)
+    assert offline_knobs(w64, pairs=32.0) == (32 * K, 32 * K)
+    assert offline_knobs(w64, pairs=64.0) == (16 * K, 32 * K)
+    assert offline_knobs(parse_window("count:16K,16K"), pairs=1e3) == (16 * K, 32 * K)
     four_m = parse_window("count:4M,4M")
     assert offline_knobs(four_m, pairs=40.0) == (2048 * K, 256 * K)  # rounds back: no cut
     # no window to speak of, one stream only, an empty file: no estimate, no error

@@ -26,6 +26,14 @@ gained nothing alone)::
     NBat = min(NBat, max(32K, 8M / S))      # about 8M pairs a batch at most (a power of 2)
     NSub = min(NSub, max(32K, 2 NBat))      # only where NBat was cut
 
+and whatever the batch, the subwindows shrink as S grows: a probe also meets the
+expired tail of a window's oldest subwindow (on average NSub / 2 tuples beyond the
+window's W, candidates it finds, checks and drops), a cost per candidate that small
+batches do not save (measured at W 64K, band S = 64, NBat 32K: NSub W/4 or W/2 took
+0.43-0.55x the CPU of NSub W on zipf and increasing keys; at W 1M the best was W/4)::
+
+    NSub = min(NSub, max(16K, W / clamp(S / 16, 1, 4)))    # S >= 64: W/4 (a power of 2)
+
 P follows NSub (:func:`panjoin.manager.engine.default_partitions`). A stream with a
 latency bound (``--max-latency``) sizes its batches itself (:mod:`panjoin.manager.latency`).
 
@@ -35,6 +43,8 @@ latency bound (``--max-latency``) sizes its batches itself (:mod:`panjoin.manage
     (65536, 32768)
     >>> offline_knobs(parse_window("count:1M,1M"), pairs=64.0)  # 64 pairs a tuple
     (262144, 131072)
+    >>> offline_knobs(parse_window("count:64K,64K"), pairs=64.0)
+    (16384, 32768)
 """
 
 from __future__ import annotations
@@ -56,6 +66,10 @@ NSUB_MIN = 1 << 15
 NSUB_HALF = 1 << 19
 #: a batch makes at most about this many pairs (a result-heavy join's batches shrink)
 BATCH_PAIRS = 1 << 23
+#: from this many pairs a probe tuple on, subwindows shrink (to W/4 at 4x as many)
+HEAVY_PAIRS = 16
+#: the least NSub of a result-heavy join
+NSUB_MIN_HEAVY = 1 << 14
 
 
 def window_tuples(window: Window, ts: np.ndarray | None = None,
@@ -156,4 +170,8 @@ def offline_knobs(window: Window, ts: np.ndarray | None = None,
     if cut < nbat:
         nbat = cut
         nsub = min(nsub, max(NSUB_MIN, 2 * nbat))
+    # the expired tail a probe meets is NSub / 2 on average: W/2 at 2x, W/4 at 4x HEAVY
+    shrink = round(np.log2(min(4.0, max(1.0, pairs / HEAVY_PAIRS))))
+    if shrink:
+        nsub = min(nsub, max(NSUB_MIN_HEAVY, w >> shrink))
     return nsub, nbat
