@@ -1,7 +1,5 @@
 """``python -m panjoin.cli``: the ``panjoin`` command."""
 
-import sys
+from panjoin.cli.main import entry
 
-from panjoin.cli.main import main
-
-sys.exit(main())
+entry()
