@@ -36,24 +36,29 @@ from panjoin.manager.knobs import window_tuples
 from panjoin.semantics import parse_size, parse_window
 
 CPU_RE = re.compile(r"cpu: ([0-9.]+) s in the join")
+KNOBS_RE = re.compile(r"NSub (\d+), NBat (\d+), chunks")
 K = 1024
 #: an all-equal cell's measured part makes at most this many pairs (M is this over W)
 EQUAL_PAIRS = 1 << 24
 
 
-def replay(path: str, wl: Workload, pred: str, extra: list[str]) -> float:
+def replay(path: str, wl: Workload, pred: str, extra: list[str]) -> tuple[float, str]:
     """The join's CPU seconds of one ``panjoin replay`` in a process of its own, as a
     user runs it: in one long process, later replays reuse memory the earlier ones
     faulted in, which hid half the cost of a result-heavy join's large batches (band
-    S = 64, W 1M: 3.4-5.6 s in-process against 6.7-9.4 s a fresh process)."""
+    S = 64, W 1M: 3.4-5.6 s in-process against 6.7-9.4 s a fresh process). With it,
+    the configuration the replay's log names (its defaults' choice), as the grid
+    names its configurations."""
     with tempfile.TemporaryDirectory() as d:
         run = subprocess.run([sys.executable, "-m", "panjoin.cli", "replay", path,
                               "--window", wl.window_spec(), "--predicate", pred,
                               "--threads", "1", "--out", f"{d}/o.parquet", "--no-progress",
-                              *extra], capture_output=True, text=True)
+                              "-v", *extra], capture_output=True, text=True)
     if run.returncode:
         raise RuntimeError(f"replay {extra} failed: {run.stdout}{run.stderr[-2000:]}")
-    return float(CPU_RE.search(run.stdout).group(1))
+    knobs = KNOBS_RE.search(run.stderr)
+    config = f"NSub {int(knobs[1]):,} NBat {int(knobs[2]):,}" if knobs else "?"
+    return float(CPU_RE.search(run.stdout).group(1)), config
 
 
 def cell(wl: Workload, measure: int, rounds: int) -> dict:
@@ -67,6 +72,7 @@ def cell(wl: Workload, measure: int, rounds: int) -> dict:
             configs[f"NSub {nsub:,} NBat {nbat:,}"] = ["--subwindow-size", str(nsub),
                                                      "--batch-size", str(nbat)]
     best: dict[str, float] = {}
+    chosen = "?"
     with tempfile.TemporaryDirectory() as d:
         path = f"{d}/events.parquet"
         write_events(ev, path)
@@ -75,15 +81,21 @@ def cell(wl: Workload, measure: int, rounds: int) -> dict:
         for r in range(rounds):  # the order reversed every other round: no config is
             # always the first after the cell's file was written (fresh memory, caches)
             for name in names if r % 2 == 0 else names[::-1]:
-                best[name] = min(best.get(name, float("inf")),
-                                 replay(path, wl, pred, configs[name]))
+                cpu, config = replay(path, wl, pred, configs[name])
+                best[name] = min(best.get(name, float("inf")), cpu)
+                chosen = config if name == "default" else chosen
     tuned = {k: v for k, v in best.items() if k != "default"}
     top = min(tuned, key=tuned.get)
     row = {"workload": wl.name, "window": wl.window_spec(), "predicate": pred,
            "tuples": len(ev), "cpu_s": best, "best_tuned": top,
-           "default_over_best": best["default"] / tuned[top]}
+           "default_over_best": best["default"] / tuned[top], "default_config": chosen,
+           # the default's configuration run as a tuned one (when the grid has it): the
+           # same comparison without the default's own runs' noise
+           "its_config_over_best": tuned[chosen] / tuned[top] if chosen in tuned else None}
+    same = (f" (its {chosen}: {row['its_config_over_best']:.2f}x)" if chosen in tuned
+            else f" (its {chosen})")
     print(f"{wl.name:<24} {wl.window_spec():<18}: default {best['default']:6.2f} s, best "
-          f"{top} {tuned[top]:6.2f} s = {row['default_over_best']:.2f}x", flush=True)
+          f"{top} {tuned[top]:6.2f} s = {row['default_over_best']:.2f}x{same}", flush=True)
     return row
 
 

@@ -41,7 +41,8 @@ def test_replay_says_its_knobs_and_stays_exact(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         assert main(["replay", str(ev), "--window", "count:3000,2000", "--predicate", "eq",
                      "--out", str(out), "--no-progress"]) == 0
-    assert "NSub 32768, NBat 32768 (W 3000 tuples a stream" in caplog.text  # their least
+    # their least; about 1 pair a tuple: the largest chunks
+    assert "NSub 32768, NBat 32768, chunks of 1048576 rows (W 3000 tuples a stream" in caplog.text
     assert "pairs a probe tuple" in caplog.text
     t = read_events(ev)
     ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:3000,2000"),
@@ -52,7 +53,7 @@ def test_replay_says_its_knobs_and_stays_exact(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         assert main(["replay", str(ev), "--window", "count:3000,2000", "--predicate", "eq",
                      "--subwindow-size", "500", "--out", str(out), "--no-progress"]) == 0
-    assert "NSub 500, NBat 32768" in caplog.text
+    assert "NSub 500, NBat 32768, chunks of 1048576" in caplog.text
     assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
 
 
@@ -116,6 +117,11 @@ def test_a_result_heavy_join_gets_smaller_batches():
     assert offline_knobs(w64, pairs=32.0) == (32 * K, 32 * K)
     assert offline_knobs(w64, pairs=64.0) == (16 * K, 32 * K)
     assert offline_knobs(parse_window("count:16K,16K"), pairs=1e3) == (16 * K, 32 * K)
+    # a chunk makes about 8M pairs: the writer trails the join by that much at the end
+    assert knobs_mod.chunk_rows(1.0, 256 * K) == 1024 * K
+    assert knobs_mod.chunk_rows(64.0, 128 * K) == 128 * K
+    assert knobs_mod.chunk_rows(64.0, 32 * K) == 128 * K
+    assert knobs_mod.chunk_rows(1e6, 32 * K) == 32 * K  # never below a batch
     four_m = parse_window("count:4M,4M")
     assert offline_knobs(four_m, pairs=40.0) == (2048 * K, 256 * K)  # rounds back: no cut
     # no window to speak of, one stream only, an empty file: no estimate, no error

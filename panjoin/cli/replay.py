@@ -37,7 +37,9 @@ def add_parser(sub) -> None:
     p.add_argument("--out", required=True, metavar="PAIRS.parquet", help="result pairs")
     p.add_argument("--late-out", metavar="LATE.parquet",
                    help="late tuples (time windows): columns stream, id")
-    p.add_argument("--chunk", type=size, default=1 << 20, help="rows pushed at a time")
+    p.add_argument("--chunk", type=size,
+                   help="rows pushed at a time (default: about 8M pairs' worth, from a "
+                        "batch to 1M rows; 1M on a --cluster)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--workers", type=int, metavar="N",
                        help="run on a local cluster of N worker processes (default: in-process)")
@@ -187,6 +189,10 @@ def _read_and_join(args, window, pred, ph, loader) -> int:
                          "handshake nodes' scan loads in the first messages)")
     if args.topology != "handshake" and args.max_latency is None:
         _fill_knobs(args, window, events, pred)
+    if args.chunk is None:
+        from panjoin.manager.knobs import CHUNK_MAX
+
+        args.chunk = CHUNK_MAX
     if args.cluster:
         return _replay_on_manager(args, events, window, pred, ph)
     if args.topology == "handshake":
@@ -223,7 +229,7 @@ def managers(cluster: str) -> list[str]:
 
 def _fill_knobs(args, window, events, pred) -> None:
     """NSub and NBat left out: the whole-file rule (:mod:`panjoin.manager.knobs`)."""
-    from panjoin.manager.knobs import offline_knobs, pairs_per_tuple, window_tuples
+    from panjoin.manager.knobs import chunk_rows, offline_knobs, pairs_per_tuple, window_tuples
 
     if args.subwindow_size is not None and args.batch_size is not None:
         return
@@ -234,9 +240,12 @@ def _fill_knobs(args, window, events, pred) -> None:
         args.subwindow_size = nsub
     if args.batch_size is None:
         args.batch_size = nbat
-    log.info("knobs for the whole file (panjoin/manager/knobs.py; --subwindow-size and "
-             "--batch-size override): NSub %d, NBat %d (W %d tuples a stream, about %.3g "
-             "pairs a probe tuple)", args.subwindow_size, args.batch_size, w, pairs)
+    if args.chunk is None and not args.cluster:
+        args.chunk = chunk_rows(pairs, args.batch_size)
+    log.info("knobs for the whole file (panjoin/manager/knobs.py; --subwindow-size, "
+             "--batch-size and --chunk override): NSub %d, NBat %d, chunks of %d rows (W %d "
+             "tuples a stream, about %.3g pairs a probe tuple)", args.subwindow_size,
+             args.batch_size, args.chunk, w, pairs)
 
 
 def _replay_on_manager(args, events, window, pred, ph) -> int:

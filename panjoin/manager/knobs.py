@@ -34,7 +34,13 @@ batches do not save (measured at W 64K, band S = 64, NBat 32K: NSub W/4 or W/2 t
 
     NSub = min(NSub, max(16K, W / clamp(S / 16, 1, 4)))    # S >= 64: W/4 (a power of 2)
 
-P follows NSub (:func:`panjoin.manager.engine.default_partitions`). A stream with a
+P follows NSub (:func:`panjoin.manager.engine.default_partitions`). Replay pushes the
+file a chunk at a time and hands each chunk's pairs to the writer's thread, which
+encodes them while the next chunk joins; after the last chunk the process waits for its
+pairs alone, so a chunk makes about 8M pairs at most (:func:`chunk_rows`)::
+
+    chunk = clamp(8M / S, NBat, 1M)
+ A stream with a
 latency bound (``--max-latency``) sizes its batches itself (:mod:`panjoin.manager.latency`).
 
     >>> offline_knobs(parse_window("count:1M,1M"))
@@ -45,6 +51,8 @@ latency bound (``--max-latency``) sizes its batches itself (:mod:`panjoin.manage
     (262144, 131072)
     >>> offline_knobs(parse_window("count:64K,64K"), pairs=64.0)
     (16384, 32768)
+    >>> chunk_rows(64.0, 131072)  # 64 pairs a tuple: a batch's worth of rows
+    131072
 """
 
 from __future__ import annotations
@@ -70,6 +78,8 @@ BATCH_PAIRS = 1 << 23
 HEAVY_PAIRS = 16
 #: the least NSub of a result-heavy join
 NSUB_MIN_HEAVY = 1 << 14
+#: rows replay pushes at a time at most (a join with few pairs a tuple)
+CHUNK_MAX = 1 << 20
 
 
 def window_tuples(window: Window, ts: np.ndarray | None = None,
@@ -175,3 +185,10 @@ def offline_knobs(window: Window, ts: np.ndarray | None = None,
     if shrink:
         nsub = min(nsub, max(NSUB_MIN_HEAVY, w >> shrink))
     return nsub, nbat
+
+
+def chunk_rows(pairs: float, nbat: int) -> int:
+    """Rows replay pushes at a time: about :data:`BATCH_PAIRS` pairs' worth, at least a
+    batch and at most :data:`CHUNK_MAX` (a power of two, as the batches)."""
+    rows = 1 << round(np.log2(max(1.0, BATCH_PAIRS / max(pairs, 1.0))))
+    return int(min(CHUNK_MAX, max(nbat, rows)))
