@@ -228,10 +228,10 @@ def managers(cluster: str) -> list[str]:
 
 
 def _fill_knobs(args, window, events, pred) -> None:
-    """NSub and NBat left out: the whole-file rule (:mod:`panjoin.manager.knobs`)."""
+    """NSub, NBat and the chunk left out: the whole-file rule (:mod:`panjoin.manager.knobs`)."""
     from panjoin.manager.knobs import chunk_rows, offline_knobs, pairs_per_tuple, window_tuples
 
-    if args.subwindow_size is not None and args.batch_size is not None:
+    if None not in (args.subwindow_size, args.batch_size, args.chunk):
         return
     w = window_tuples(window, events.ts, events.stream)
     pairs = pairs_per_tuple(events.key, events.stream, pred, w)
