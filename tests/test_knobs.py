@@ -87,14 +87,23 @@ def test_pairs_a_probe_tuple_finds():
             pred = parse_predicate(spec)
             for w in (100, 1500, 10_000):
                 got = knobs_mod.pairs_per_tuple(key, stream, pred, w, sample=1 << 20)
-                want = _pairs_brute(key, stream, pred, w)
+                want = np.mean([_pairs_brute(key[:e], stream[:e], pred, w)
+                                for e in knobs_mod.sample_ends(n, w)])
                 assert abs(got - want) < 1e-9 * max(1.0, want), (name, spec, w, got, want)
+    # keys that change on the way: increasing ones that reach their cap and end all equal
+    # (as the peers' increasing workload does) are judged over the file, not by its end
+    w = 1000
+    key = np.minimum(np.arange(40_000), 36_000)
+    st = np.tile([0, 1], 20_000).astype(np.uint8)
+    end = knobs_mod.pairs_per_tuple(key, st, parse_predicate("eq"), w, points=1)
+    assert end > 0.9 * w  # the tail: every key equal
+    assert knobs_mod.pairs_per_tuple(key, st, parse_predicate("eq"), w) < 0.3 * end
     # a sample of the window: close, not exact (uniform keys, 64 pairs a probe)
     key = rng.integers(0, 1 << 20, 400_000)
     st = (rng.random(key.size) < 0.5).astype(np.uint8)
     pred = parse_predicate("band:128")
     want = _pairs_brute(key, st, pred, 100_000, probes=64)
-    got = knobs_mod.pairs_per_tuple(key, st, pred, 100_000, sample=4096)
+    got = knobs_mod.pairs_per_tuple(key, st, pred, 100_000, sample=4096, points=1)
     assert 0.8 * want < got < 1.25 * want
     # extreme int64 keys: an estimate, not an overflow
     ext = np.array([np.iinfo(np.int64).min, np.iinfo(np.int64).max] * 500)
@@ -106,24 +115,27 @@ def test_a_result_heavy_join_gets_smaller_batches():
     K = 1024
     one_m = parse_window("count:1M,1M")
     assert offline_knobs(one_m, pairs=1.0) == (512 * K, 256 * K)
-    assert offline_knobs(one_m, pairs=32.0) == (512 * K, 256 * K)  # 8M pairs a batch
-    assert offline_knobs(one_m, pairs=64.0) == (256 * K, 128 * K)
-    assert offline_knobs(one_m, pairs=66.0) == (256 * K, 128 * K)  # an estimate of 64
-    assert offline_knobs(one_m, pairs=100.0) == (128 * K, 64 * K)
-    assert offline_knobs(one_m, pairs=1e6) == (64 * K, 32 * K)  # never below the least
+    assert offline_knobs(one_m, pairs=8.0) == (512 * K, 256 * K)  # 2M pairs a batch
+    assert offline_knobs(one_m, pairs=16.0) == (512 * K, 128 * K)
+    assert offline_knobs(one_m, pairs=32.0) == (512 * K, 64 * K)  # and NSub W/2
+    assert offline_knobs(one_m, pairs=64.0) == (256 * K, 32 * K)
+    assert offline_knobs(one_m, pairs=66.0) == (256 * K, 32 * K)  # an estimate of 64
+    assert offline_knobs(one_m, pairs=1e6) == (256 * K, 32 * K)  # never below the least
     # NBat is 32K already; the subwindows still shrink (the expired tail a probe meets)
     w64 = parse_window("count:64K,64K")
     assert offline_knobs(w64, pairs=8.0) == (64 * K, 32 * K)
     assert offline_knobs(w64, pairs=32.0) == (32 * K, 32 * K)
     assert offline_knobs(w64, pairs=64.0) == (16 * K, 32 * K)
-    assert offline_knobs(parse_window("count:16K,16K"), pairs=1e3) == (16 * K, 32 * K)
+    assert offline_knobs(parse_window("count:16K,16K"), pairs=1e3) == (4 * K, 32 * K)
+    assert offline_knobs(parse_window("count:2K,2K"), pairs=2e3) == (1 * K, 32 * K)
     # a chunk makes about 8M pairs: the writer trails the join by that much at the end
     assert knobs_mod.chunk_rows(1.0, 256 * K) == 1024 * K
     assert knobs_mod.chunk_rows(64.0, 128 * K) == 128 * K
     assert knobs_mod.chunk_rows(64.0, 32 * K) == 128 * K
     assert knobs_mod.chunk_rows(1e6, 32 * K) == 32 * K  # never below a batch
     four_m = parse_window("count:4M,4M")
-    assert offline_knobs(four_m, pairs=40.0) == (2048 * K, 256 * K)  # rounds back: no cut
+    assert offline_knobs(four_m, pairs=40.0) == (2048 * K, 64 * K)  # 40 rounds to 32: W/2
+    assert offline_knobs(four_m, pairs=4.0) == (2048 * K, 256 * K)
     # no window to speak of, one stream only, an empty file: no estimate, no error
     one = np.zeros(50, np.uint8)
     assert knobs_mod.pairs_per_tuple(np.arange(50), one, parse_predicate("eq"), 10) == 0.0

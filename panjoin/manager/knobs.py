@@ -16,23 +16,23 @@ per ms of event time per stream)::
     NBat = clamp(W / 2, 32K, 256K)
     NSub = max(min(W, max(W / 2, 512K)), 32K)
 
-A result-heavy join is the exception: with S pairs a probe tuple (estimated from a
-sample of the file, :func:`pairs_per_tuple`), a batch makes about NBat x S pairs, and
-once those outgrow the caches a smaller batch into smaller subwindows is cheaper per
-pair (measured, W 1M, band S = 64, separate processes: NSub 256K / NBat 128K took 0.83x
-the CPU of 512K / 256K on uniform keys, 0.96x on zipf; 512K / 128K and 256K / 256K
-gained nothing alone)::
+A result-heavy join is the exception: with S pairs a probe tuple (estimated from
+samples of the file, :func:`pairs_per_tuple`), a batch makes about NBat x S pairs, and
+once those outgrow the caches a smaller batch is cheaper per pair; and the subwindows
+shrink as S grows, since a probe also meets the expired tail of a window's oldest
+subwindow (on average NSub / 2 tuples beyond the window's W: candidates it finds,
+checks and drops)::
 
-    NBat = min(NBat, max(32K, 8M / S))      # about 8M pairs a batch at most (a power of 2)
-    NSub = min(NSub, max(32K, 2 NBat))      # only where NBat was cut
+    NBat = min(NBat, max(32K, 2M / S))                   # about 2M pairs a batch (a power of 2)
+    NSub = min(NSub, max(1K, W / clamp(S / 16, 1, 4)))   # W/2 from S = 32, W/4 from 64
 
-and whatever the batch, the subwindows shrink as S grows: a probe also meets the
-expired tail of a window's oldest subwindow (on average NSub / 2 tuples beyond the
-window's W, candidates it finds, checks and drops), a cost per candidate that small
-batches do not save (measured at W 64K, band S = 64, NBat 32K: NSub W/4 or W/2 took
-0.43-0.55x the CPU of NSub W on zipf and increasing keys; at W 1M the best was W/4)::
-
-    NSub = min(NSub, max(16K, W / clamp(S / 16, 1, 4)))    # S >= 64: W/4 (a power of 2)
+Measured (``benchmarks/knobs.py``, CPU seconds of separate processes, best of 2): at
+W 1M, band S = 64, NBat 32K was the best or within 1.1x of it on uniform, zipf and
+increasing keys (128K: 1.0x, 1.4x, 1.3x; 256K: 1.6-2.2x), NSub 256K-1M within 1.1x
+of each other there, while NSub 64K lost 1.2x on increasing keys; at W 64K NSub W/4 or
+W/2 took 0.43-0.55x the CPU of NSub W on zipf and increasing keys (eighth session,
+one round); all-equal keys at W 4K, every tuple a pair: NSub 1K-2K against 16K, up
+to 1.7x.
 
 P follows NSub (:func:`panjoin.manager.engine.default_partitions`). Replay pushes the
 file a chunk at a time and hands each chunk's pairs to the writer's thread, which
@@ -40,15 +40,16 @@ encodes them while the next chunk joins; after the last chunk the process waits 
 pairs alone, so a chunk makes about 8M pairs at most (:func:`chunk_rows`)::
 
     chunk = clamp(8M / S, NBat, 1M)
- A stream with a
-latency bound (``--max-latency``) sizes its batches itself (:mod:`panjoin.manager.latency`).
+
+A stream with a latency bound (``--max-latency``) sizes its batches itself
+(:mod:`panjoin.manager.latency`).
 
     >>> offline_knobs(parse_window("count:1M,1M"))
     (524288, 262144)
     >>> offline_knobs(parse_window("count:64K,64K"))
     (65536, 32768)
     >>> offline_knobs(parse_window("count:1M,1M"), pairs=64.0)  # 64 pairs a tuple
-    (262144, 131072)
+    (262144, 32768)
     >>> offline_knobs(parse_window("count:64K,64K"), pairs=64.0)
     (16384, 32768)
     >>> chunk_rows(64.0, 131072)  # 64 pairs a tuple: a batch's worth of rows
@@ -73,11 +74,13 @@ NSUB_MIN = 1 << 15
 #: windows above this many tuples get subwindows of half the window
 NSUB_HALF = 1 << 19
 #: a batch makes at most about this many pairs (a result-heavy join's batches shrink)
-BATCH_PAIRS = 1 << 23
+BATCH_PAIRS = 1 << 21
+#: a chunk replay pushes makes at most about this many pairs
+CHUNK_PAIRS = 1 << 23
 #: from this many pairs a probe tuple on, subwindows shrink (to W/4 at 4x as many)
 HEAVY_PAIRS = 16
-#: the least NSub of a result-heavy join
-NSUB_MIN_HEAVY = 1 << 14
+#: the least NSub of a result-heavy join (all-equal keys, W 4K: the best was 1K-2K)
+NSUB_MIN_HEAVY = 1 << 10
 #: rows replay pushes at a time at most (a join with few pairs a tuple)
 CHUNK_MAX = 1 << 20
 
@@ -96,16 +99,12 @@ def window_tuples(window: Window, ts: np.ndarray | None = None,
 
 
 def pairs_per_tuple(key: np.ndarray, stream: np.ndarray, pred: Predicate, w: int,
-                    probes: int = 256, sample: int = 1 << 14) -> float:
-    """About how many pairs a probe tuple finds in a full window of the other stream.
-
-    Per stream, its last ``probes`` tuples in the file, each against its own window
-    (the ``w`` other-stream tuples before it; increasing keys match only near the
-    window's end, so a window shared by all probes would miss them). The windows of
-    consecutive probes overlap: their union U is counted once from a strided sample of
-    at most ``sample`` keys (sorted, one binary search per band end, scaled up), and
-    each probe's count loses, exactly, the few keys of U outside its own window. The
-    residual on key2 is left out: its candidates cost probing all the same.
+                    probes: int = 256, sample: int = 1 << 14, points: int = 4) -> float:
+    """About how many pairs a probe tuple finds in a full window of the other stream:
+    the mean of :func:`pairs_at` at ``points`` places of the file (:func:`sample_ends`),
+    so that a file whose keys change on the way is not judged by its end alone (the
+    peers' increasing keys reach their cap and end all equal: 41 pairs a tuple at the
+    end of a file that averages 1).
 
     >>> k = np.arange(10_000) // 2; st = np.tile([0, 1], 5_000).astype(np.uint8)
     >>> pairs_per_tuple(k, st, parse_predicate("band:3"), 1000)  # R finds 3, S 4
@@ -114,6 +113,37 @@ def pairs_per_tuple(key: np.ndarray, stream: np.ndarray, pred: Predicate, w: int
     w = max(1, w)
     if pred.negated:
         return float(w)
+    found = [f for e in sample_ends(stream.shape[0], w, probes, points)
+             if (f := pairs_at(key[:e], stream[:e], pred, w, probes, sample)) is not None]
+    return float(np.mean(found)) if found else 0.0
+
+
+def sample_ends(n: int, w: int, probes: int = 256, points: int = 4) -> list[int]:
+    """Where :func:`pairs_per_tuple` looks: the file's end, and evenly before it down to
+    where both streams' windows are first full (about 2W + the probes of two streams).
+
+    >>> sample_ends(10_000, 1000, 250)
+    [3000, 5333, 7666, 10000]
+    >>> sample_ends(2_000, 1000, 250)  # the windows never fill: the end only
+    [2000]
+    """
+    first = 2 * w + 4 * probes
+    if n <= first or points <= 1:
+        return [n]
+    return sorted({int(e) for e in np.linspace(first, n, points)})
+
+
+def pairs_at(key: np.ndarray, stream: np.ndarray, pred: Predicate, w: int,
+             probes: int = 256, sample: int = 1 << 14) -> float | None:
+    """Pairs a probe tuple finds at the end of ``key``/``stream`` (None: no probes).
+
+    Per stream, its last ``probes`` tuples in the file, each against its own window
+    (the ``w`` other-stream tuples before it; increasing keys match only near the
+    window's end, so a window shared by all probes would miss them). The windows of
+    consecutive probes overlap: their union U is counted once from a strided sample of
+    at most ``sample`` keys (sorted, one binary search per band end, scaled up), and
+    each probe's count loses, exactly, the few keys of U outside its own window. The
+    residual on key2 is left out: its candidates cost probing all the same."""
     found = []
     for side in (0, 1):
         mine, theirs, j = _probes_and_windows(stream, side, w, probes)
@@ -135,7 +165,7 @@ def pairs_per_tuple(key: np.ndarray, stream: np.ndarray, pred: Predicate, w: int
         n -= (_hits(bands, pk, key[u[head]]) & (head < start[:, None])).sum(axis=1)
         n -= (_hits(bands, pk, key[u[tail]]) & (tail >= (j - lo)[:, None])).sum(axis=1)
         found.append(float(n.mean()))
-    return float(np.mean(found)) if found else 0.0
+    return float(np.mean(found)) if found else None
 
 
 def _hits(bands, probe: np.ndarray, keys: np.ndarray) -> np.ndarray:
@@ -175,11 +205,9 @@ def offline_knobs(window: Window, ts: np.ndarray | None = None,
     w = max(1, window_tuples(window, ts, stream))
     nbat = int(min(NBAT_MAX, max(NBAT_MIN, w // 2)))
     nsub = max(min(w, max(w // 2, NSUB_HALF)), NSUB_MIN)
-    # the nearest power of two, as the grids measured (an estimate of 66 pairs: 128K)
+    # the nearest power of two, as the grids measured (an estimate of 66 pairs: 32K)
     cut = max(NBAT_MIN, 1 << round(np.log2(max(1.0, BATCH_PAIRS / max(pairs, 1.0)))))
-    if cut < nbat:
-        nbat = cut
-        nsub = min(nsub, max(NSUB_MIN, 2 * nbat))
+    nbat = min(nbat, cut)
     # the expired tail a probe meets is NSub / 2 on average: W/2 at 2x, W/4 at 4x HEAVY
     shrink = round(np.log2(min(4.0, max(1.0, pairs / HEAVY_PAIRS))))
     if shrink:
@@ -188,7 +216,7 @@ def offline_knobs(window: Window, ts: np.ndarray | None = None,
 
 
 def chunk_rows(pairs: float, nbat: int) -> int:
-    """Rows replay pushes at a time: about :data:`BATCH_PAIRS` pairs' worth, at least a
+    """Rows replay pushes at a time: about :data:`CHUNK_PAIRS` pairs' worth, at least a
     batch and at most :data:`CHUNK_MAX` (a power of two, as the batches)."""
-    rows = 1 << round(np.log2(max(1.0, BATCH_PAIRS / max(pairs, 1.0))))
+    rows = 1 << round(np.log2(max(1.0, CHUNK_PAIRS / max(pairs, 1.0))))
     return int(min(CHUNK_MAX, max(nbat, rows)))
