@@ -166,3 +166,25 @@ def test_real_nested_parent_quota():
             with open(os.path.join(parent, "cpu.cfs_quota_us"), "w") as f:
                 f.write("-1")
     assert out == "1"
+
+
+def test_openmp_threads_wait_passively_unless_the_user_says_otherwise():
+    """Numba's OpenMP threads sleep between kernels instead of spinning on the core the
+    manager, the writer or another process needs; a user's own setting is kept."""
+    code = ("import os, panjoin.config, numba, numpy as np\n"
+            "@numba.njit(parallel=True)\n"
+            "def f(a):\n"
+            "    s = 0.0\n"
+            "    for i in numba.prange(a.size):\n"
+            "        s += a[i]\n"
+            "    return s\n"
+            "f(np.ones(64))\n"
+            "print(os.environ['OMP_WAIT_POLICY'], numba.threading_layer())")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == "PASSIVE"
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
+                         capture_output=True, text=True, timeout=300)
+    assert out.stdout.split()[0] == "ACTIVE"
