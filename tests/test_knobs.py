@@ -87,7 +87,7 @@ def test_pairs_a_probe_tuple_finds():
             pred = parse_predicate(spec)
             for w in (100, 1500, 10_000):
                 got = knobs_mod.pairs_per_tuple(key, stream, pred, w, sample=1 << 20)
-                want = np.mean([_pairs_brute(key[:e], stream[:e], pred, w)
+                want = np.median([_pairs_brute(key[:e], stream[:e], pred, w)
                                 for e in knobs_mod.sample_ends(n, w)])
                 assert abs(got - want) < 1e-9 * max(1.0, want), (name, spec, w, got, want)
     # keys that change on the way: increasing ones that reach their cap and end all equal
@@ -97,7 +97,7 @@ def test_pairs_a_probe_tuple_finds():
     st = np.tile([0, 1], 20_000).astype(np.uint8)
     end = knobs_mod.pairs_per_tuple(key, st, parse_predicate("eq"), w, points=1)
     assert end > 0.9 * w  # the tail: every key equal
-    assert knobs_mod.pairs_per_tuple(key, st, parse_predicate("eq"), w) < 0.3 * end
+    assert knobs_mod.pairs_per_tuple(key, st, parse_predicate("eq"), w) < 0.01 * end
     # a sample of the window: close, not exact (uniform keys, 64 pairs a probe)
     key = rng.integers(0, 1 << 20, 400_000)
     st = (rng.random(key.size) < 0.5).astype(np.uint8)
