@@ -143,3 +143,27 @@ def test_a_result_heavy_join_gets_smaller_batches():
     got = knobs_mod.pairs_per_tuple(np.zeros(50), np.tile([0, 1], 25).astype(np.uint8),
                                     parse_predicate("eq"), 0)  # the first R finds none
     assert got == (24 / 25 + 1) / 2
+
+
+def test_the_chunk_follows_the_pairs_in_process_and_stays_1m_on_a_manager(caplog):
+    """Replay's chunk: about 8M pairs' worth in-process; a manager's Join stream keeps
+    1M-row chunks; a chunk given is kept (and the log line names it in every case)."""
+    import argparse
+
+    from panjoin.cli.replay import _fill_knobs
+    from panjoin.generate import generate
+
+    ev = generate(40_000, "uniform", key_max=100, seed=2)  # about 100 pairs a tuple
+    window, pred = parse_window("count:10000,10000"), parse_predicate("eq")
+
+    def chunk(cluster, given=None):
+        a = argparse.Namespace(cluster=cluster, chunk=given, subwindow_size=None,
+                               batch_size=None)
+        with caplog.at_level(logging.INFO):
+            _fill_knobs(a, window, ev, pred)
+        assert f"chunks of {a.chunk} rows" in caplog.text
+        return a.chunk
+
+    assert chunk(None) == 64 * 1024  # 8M / 100 pairs, to a power of two
+    assert chunk("localhost:1") == 1 << 20
+    assert chunk(None, given=5000) == 5000

@@ -229,7 +229,13 @@ def managers(cluster: str) -> list[str]:
 
 def _fill_knobs(args, window, events, pred) -> None:
     """NSub, NBat and the chunk left out: the whole-file rule (:mod:`panjoin.manager.knobs`)."""
-    from panjoin.manager.knobs import chunk_rows, offline_knobs, pairs_per_tuple, window_tuples
+    from panjoin.manager.knobs import (
+        CHUNK_MAX,
+        chunk_rows,
+        offline_knobs,
+        pairs_per_tuple,
+        window_tuples,
+    )
 
     if None not in (args.subwindow_size, args.batch_size, args.chunk):
         return
@@ -240,8 +246,8 @@ def _fill_knobs(args, window, events, pred) -> None:
         args.subwindow_size = nsub
     if args.batch_size is None:
         args.batch_size = nbat
-    if args.chunk is None and not args.cluster:
-        args.chunk = chunk_rows(pairs, args.batch_size)
+    if args.chunk is None:  # a manager's Join stream takes 1M-row chunks as before
+        args.chunk = CHUNK_MAX if args.cluster else chunk_rows(pairs, args.batch_size)
     log.info("knobs for the whole file (panjoin/manager/knobs.py; --subwindow-size, "
              "--batch-size and --chunk override): NSub %d, NBat %d, chunks of %d rows (W %d "
              "tuples a stream, about %.3g pairs a probe tuple)", args.subwindow_size,
