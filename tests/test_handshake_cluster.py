@@ -147,7 +147,8 @@ def test_replay_cli_handshake_topology(tmp_path, capsys):
     ev = tmp_path / "ev.parquet"
     write_events(t, ev)
     out = tmp_path / "p.parquet"
-    # about 10 pairs per tuple into FIFOs of 4 pairs: --fifo must reach the chain and pause it
+    # about 10 pairs per tuple into FIFOs of 4 pairs: --fifo must reach the chain and bound
+    # its FIFOs (whether admission control ever finds one full is up to the threads' timing)
     assert main(["replay", str(ev), "--window", "count:200,200", "--predicate", "band:1",
                  "--topology", "handshake", "--workers", "2", "--batch-size", "100",
                  "--fifo", "4", "--segment", "sorted", "--out", str(out),
@@ -165,8 +166,8 @@ def test_replay_cli_handshake_topology(tmp_path, capsys):
     assert np.array_equal(sort_pairs(read_pairs(ff)), ref.pairs)
     printed = capsys.readouterr().out
     assert "handshake: 2 nodes  admission pauses: " in printed, printed
-    pauses = int(printed.split("admission pauses: ")[1].split()[0])
-    assert pauses > 0, printed
+    # the leaves take a node's answer 4 pairs at a time: full, never fuller
+    assert "FIFO high water 4 of 4 " in printed, printed
 
 
 def test_cluster_command_with_handshake_topology():

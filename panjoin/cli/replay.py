@@ -322,6 +322,7 @@ def _replay_handshake(args, events, window, pred, ph) -> int:
                                 engine=chain)
             st = chain.status()
             print(f"handshake: {len(nodes.workers)} nodes  admission pauses: {st['pauses']}  "
+                  f"FIFO high water {max(st['fifo_high_water'])} of {args.fifo}  "
                   f"segments R {st['segments']['R']} S {st['segments']['S']}")
             print(wall_line(args, ph, remote=True))
             return rc
