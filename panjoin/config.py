@@ -6,16 +6,6 @@ Every kernel module imports ``NJIT`` / ``NJIT_PAR`` from here, so switching cach
 
 import os
 
-#: GNU OpenMP (Numba's ``omp`` threading layer) keeps its threads spinning for a while
-#: after each parallel kernel, in case another follows at once. Here one follows a few
-#: milliseconds later at best, and meanwhile the spinning thread takes the core from the
-#: thread that has work: the manager's Python, the pairs writer, another process on a
-#: shared host. Measured, the 2M-tuple equi replay's engine with 2 threads, warm,
-#: beside one busy core: 0.45-1.04 s spinning, 0.32-0.37 s passive; the whole replay
-#: on a quiet host: 0.89x the CPU, 0.97x the wall. Set before libgomp loads (it reads
-#: the environment once); a value the user set is kept.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 #: options for single-threaded kernels: compiled once, cached on disk, GIL released
 NJIT = dict(cache=True, nogil=True)
 #: options for the multi-threaded drivers (``prange`` over chunks of the probe batch)
@@ -71,6 +61,21 @@ def thread_budget() -> tuple[int, str]:
 
     b = cpu_budget()
     return b.threads, b.why
+
+
+def wait_passively() -> None:
+    """Numba's OpenMP threads (its ``omp`` threading layer, GNU OpenMP) sleep between
+    kernels instead of spinning, for a join with no latency to hold (``panjoin replay``
+    of a file without ``--max-latency``): there the next parallel kernel comes
+    milliseconds later, and the spinning thread takes the core from the thread with work
+    (the pairs writer, another process on a shared host). Measured, the 2M-tuple equi
+    replay's engine, 2 threads, beside one busy core: 0.45-1.04 s spinning, 0.32-0.37 s
+    passive; the whole replay on a quiet host: 0.89x the CPU, 0.97x the wall. Not for a
+    stream with a latency bound: small BI-Sort batches then wait for a sleeping thread
+    to wake (``bench latency --index bisort`` at 500K tuples/s: p50 2.4-2.6 ms against
+    0.48 ms). Effective only before libgomp loads (it reads the environment once); a
+    value the user set is kept."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def default_threads() -> int:

@@ -168,23 +168,24 @@ def test_real_nested_parent_quota():
     assert out == "1"
 
 
-def test_openmp_threads_wait_passively_unless_the_user_says_otherwise():
-    """Numba's OpenMP threads sleep between kernels instead of spinning on the core the
-    manager, the writer or another process needs; a user's own setting is kept."""
-    code = ("import os, panjoin.config, numba, numpy as np\n"
-            "@numba.njit(parallel=True)\n"
-            "def f(a):\n"
-            "    s = 0.0\n"
-            "    for i in numba.prange(a.size):\n"
-            "        s += a[i]\n"
-            "    return s\n"
-            "f(np.ones(64))\n"
-            "print(os.environ['OMP_WAIT_POLICY'], numba.threading_layer())")
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[0] == "PASSIVE"
-    out = subprocess.run([sys.executable, "-c", code], env={**env, "OMP_WAIT_POLICY": "ACTIVE"},
-                         capture_output=True, text=True, timeout=300)
-    assert out.stdout.split()[0] == "ACTIVE"
+def test_a_file_join_lets_openmp_threads_sleep_a_stream_with_a_bound_does_not(
+        tmp_path, monkeypatch):
+    """``panjoin replay`` of a file without ``--max-latency`` asks Numba's OpenMP threads
+    to wait passively (set before its kernels load; a user's own setting kept); with a
+    latency bound they keep spinning, so small batches do not wait for a thread to wake."""
+    from panjoin.cli.main import main
+    from panjoin.config import wait_passively
+
+    ev = tmp_path / "ev.parquet"
+    assert main(["gen", str(ev), "--n", "2000", "--no-progress"]) == 0
+    replay = ["replay", str(ev), "--window", "count:500,500", "--predicate", "eq",
+              "--out", str(tmp_path / "o.parquet"), "--no-progress"]
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert main([*replay, "--max-latency", "5"]) == 0
+    assert "OMP_WAIT_POLICY" not in os.environ
+    assert main(replay) == 0
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    wait_passively()
+    assert main(replay) == 0
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -149,6 +149,10 @@ def _run(args, ph) -> int:
     from panjoin.semantics import parse_predicate, parse_window
 
     check_topology(args, "panjoin replay", on_manager=bool(args.cluster))
+    if args.max_latency is None:  # a file's join: no latency to hold (before any kernel)
+        from panjoin.config import wait_passively
+
+        wait_passively()
     window = parse_window(args.window, args.allowed_lateness)
     pred = parse_predicate(args.predicate)
     if args.cluster and len(managers(args.cluster)) > 1 and window.kind != "time":
