@@ -346,10 +346,12 @@ def test_a_hung_worker_is_detected_by_its_deadline(events):
 
 
 def test_a_busy_worker_answers_its_heartbeat_and_is_not_declared_dead(workers, caplog):
-    # nested-loop probes of 16K tuples over a 40K window take longer than the deadline:
-    # without the heartbeat both workers would be declared dead mid-join
+    # nested-loop probes of 16K tuples over a 40K window take longer than the deadline
+    # (5 ms: on a quiet host two threads finish such a probe within 50 ms, and a deadline
+    # that never passed made this test fail there): without the heartbeat (its own
+    # timeout is HEARTBEAT_S) both workers would be declared dead mid-join
     t = generate(100_000, "uniform", key_min=0, key_max=1 << 20, rate=1000, seed=3)
-    backend = GrpcBackend([w.address for w in workers[:2]], deadline=0.05)
+    backend = GrpcBackend([w.address for w in workers[:2]], deadline=0.005)
     try:
         eng = JoinEngine("count:40K,40K", "band:2", index="nested", batch_size=16384,
                          backend=backend, n_workers=2)
