@@ -157,6 +157,11 @@ def test_replay_writes_its_pairs_as_they_come(tmp_path, monkeypatch, capsys):
 
     def close(self):
         if self._file is not None:  # the first call: what the join left on disk
+            with self._behind:  # the writer's thread may trail a fast join: let it catch up
+                for _ in range(600):
+                    if not self._pending:
+                        break
+                    self._behind.wait(0.1)
             before_close.append((out.exists(), self._waiting,
                                  sum(p.stat().st_size for p in tmp_path.glob(".p.parquet.*"))))
         real_close(self)
