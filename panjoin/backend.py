@@ -281,8 +281,11 @@ class LocalBackend:
         self.store(sub_id).promote()
 
     def expire(self, sub_id: int) -> None:
-        for d in (self.subs, self.streams, self.dtypes):
+        st = self.subs.pop(sub_id, None)
+        for d in (self.streams, self.dtypes):
             d.pop(sub_id, None)
+        if st is not None:
+            st.release()
         self.stats.expires += 1
 
     def nbytes(self) -> int:

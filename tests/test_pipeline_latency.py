@@ -78,3 +78,22 @@ def test_job_argv_round_trips_and_max_latency_goes_with_the_join():
     assert config_from_args(args).open_settings()["max_latency_ms"] == 20.0
     with pytest.raises(ValueError, match="positive"):
         config_from_args(ap.parse_args(job_argv(cfg) + ["--max-latency", "0"]))
+
+
+def test_a_phase_after_one_that_fell_behind_did_not_keep_up():
+    """A phase keeps up only if the job caught up after it and the phase before kept up: a
+    phase that starts with the last one's backlog hands its pairs out in a burst as the job
+    drains it (its latency trend about -1 s/s), which once read as "kept up"."""
+    import doctest
+
+    from panjoin.bench import latency_pipeline
+    from panjoin.bench.latency import LatencyResult
+    from panjoin.bench.latency_pipeline import kept_up
+
+    assert doctest.testmod(latency_pipeline).failed == 0
+    fine = LatencyResult("pipeline", 1e5, 1e5, 10, 10, 1, 2, 3, 4, 0, 0, True)
+    late = LatencyResult("pipeline", 1e5, 1e5, 10, 10, 1, 2, 3, 4, 900, 900, False)
+    assert kept_up(fine, True, True)
+    assert not kept_up(fine, False, True)  # its marker never came out
+    assert not kept_up(fine, True, False)  # the phase before fell behind
+    assert not kept_up(late, True, True)

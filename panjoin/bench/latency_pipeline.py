@@ -368,6 +368,22 @@ def phase_results(phases: list[Phase], consumer: Consumer, settings: dict,
     return out
 
 
+def kept_up(res: LatencyResult, caught: bool, before: bool) -> bool:
+    """Whether the phase of ``res`` kept up: by its own measure (producer on schedule,
+    latency not growing), the job caught up after it (``caught``: its marker came out in
+    time), and the phase before it kept up (``before``).
+
+    A phase after one that fell behind starts with that backlog: its pairs come out in a
+    burst as the job drains it (a latency trend near -1 s/s, as if shrinking), which is
+    not keeping up with its rate.
+
+        >>> r = LatencyResult("pipeline", 1e5, 1e5, 10, 10, 1, 2, 3, 4, 0, 0, True)
+        >>> kept_up(r, True, True), kept_up(r, False, True), kept_up(r, True, False)
+        (True, False, False)
+    """
+    return bool(res.kept_up and caught and before)
+
+
 def _stop_job(job: subprocess.Popen, timeout: float = 60.0) -> None:
     """SIGINT (the job stops its query and writes its counters), then SIGKILL to its
     process group (Spark's JVM and Python workers) if it does not end."""
@@ -463,6 +479,7 @@ def pipeline_latency(cfg: PipelineLatencyConfig, echo=print, work: str | None = 
             start_new_session=True)
         alive = lambda: job.poll() is None  # noqa: E731
         caught_up: list[bool] = []  # per phase: its marker came out in time
+        kept: list[bool] = []  # per phase: it kept up (see kept_up)
         try:
             t_start = time.perf_counter()
             run.markers.append(producer.marker(0))
@@ -479,16 +496,19 @@ def pipeline_latency(cfg: PipelineLatencyConfig, echo=print, work: str | None = 
                 caught = consumer.wait_for(k + 1, CATCH_UP_S, alive)
                 caught_up.append(caught)
                 res = phase_results(run.phases, consumer, settings, mode)[k]
+                res.kept_up = kept_up(res, caught, k == 0 or kept[-1])
+                kept.append(res.kept_up)
                 echo(res.line() + f"  trend {res.settings['trend_s_per_s']:+.3f} s/s")
                 if not caught:
                     echo(f"the job did not catch up within {CATCH_UP_S:.0f} s after "
                          f"{ph.rate:,.0f} tuples/s: higher rates not run")
                     break
             run.results = phase_results(run.phases, consumer, settings, mode)
-            for r, c in zip(run.results, caught_up, strict=True):
+            for k, r in enumerate(run.results):
                 # not caught up: its latest pairs were never read, the quantiles are lower
                 # bounds
-                r.settings["caught_up"] = c
+                r.settings["caught_up"] = caught_up[k]
+                r.kept_up = kept[k]
             run.reads = consumer.pairs()
         finally:
             _stop_job(job)

@@ -222,6 +222,7 @@ def run_manager(args) -> int:
 
 
 def run_worker(args) -> int:
+    from panjoin.config import freeze_heap
     from panjoin.launch import READY, die_with_parent
     from panjoin.memory import fmt_bytes
     from panjoin.serving import serve_until_stopped, set_serving
@@ -260,12 +261,14 @@ def run_worker(args) -> int:
         server.servicer.settle_memory_limit()
     log.info("memory budget for subwindows: %s (--memory-limit overrides)",
              fmt_bytes(server.servicer.memory_limit))
+    freeze_heap()  # startup's objects out of the full collections (latency)
     set_serving(server)
     log.info("worker serving on %s:%d with %d threads", args.host, port, args.threads)
     return serve_until_stopped(lambda: server.stop(grace=2).wait())
 
 
 def run_handshake_node(args) -> int:
+    from panjoin.config import freeze_heap
     from panjoin.launch import READY, die_with_parent
     from panjoin.serving import serve_until_stopped, set_serving
     from workers.handshake_node import serve
@@ -281,6 +284,7 @@ def run_handshake_node(args) -> int:
     print(f"{READY}{args.host}:{port}", flush=True)
     n, s = warm_up_handshake()  # NOT_SERVING until its scans are compiled
     log.info("warm-up: %d chains in %.1f s", n, s)
+    freeze_heap()
     set_serving(server)
     log.info("handshake node serving on %s:%d", args.host, port)
     return serve_until_stopped(lambda: server.stop(grace=2).wait())

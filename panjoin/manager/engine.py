@@ -67,6 +67,7 @@ from panjoin.config import (
     INDEX_CHOICES,
     advise_heap_hugepages,
     default_threads,
+    freeze_heap,
     thread_budget,
     tune_allocator,
 )
@@ -304,6 +305,7 @@ class JoinEngine:
         self.max_collect_ms = max_collect_ms
         if self.bound is not None:
             self._resize()
+            freeze_heap()  # no full collection over startup's objects mid-stream
         if threads:
             self.threads = threads
         else:

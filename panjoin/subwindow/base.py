@@ -161,6 +161,11 @@ class SubwindowIndex(ABC):
     def full(self) -> bool:
         return len(self) >= self.capacity
 
+    def release(self) -> None:
+        """The subwindow expired: hand back what can serve the next one (the hash table
+        gives its arrays to :mod:`panjoin.subwindow.spares`); nothing by default."""
+        return None
+
     def _check_insert(self, keys, ts, seq, key2=None):
         keys = np.ascontiguousarray(keys)
         if keys.dtype != self.key_dtype:

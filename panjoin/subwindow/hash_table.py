@@ -35,6 +35,7 @@ from panjoin.subwindow.kernels.hash import (
     hash_lookup,
 )
 from panjoin.subwindow.kernels.nested import nested_probe
+from panjoin.subwindow.spares import SPARES
 
 log = logging.getLogger("panjoin.subwindow.hash")
 
@@ -115,22 +116,44 @@ def _points_of(given, lo, hi):
     return pts
 
 
+#: spares of each array's shape prepared ahead (panjoin.subwindow.spares): a hash table
+#: serves small batches under a latency bound, where a create's clearing and page
+#: faults are the stalls; one subwindow of each stream may be created at once
+AHEAD_SPARES = 2
+
+
 class HashTable(SubwindowIndex):
     kind = "hash"
     _points = staticmethod(_points)
 
     def __init__(self, capacity, key_dtype=np.int64, partitions=1, threads=1, **_):
         super().__init__(capacity, key_dtype, max(1, partitions), threads)
-        self.keys = np.empty(self.capacity, dtype=self.key_dtype)
+        # from the spares an expired table gave back, cleared in the background: a new
+        # table costs the batch that creates it no clearing and no page faults
+        self.keys = SPARES.empty(self.capacity, self.key_dtype, AHEAD_SPARES)
         # what a lookup reads of a row, in one record (kernels/hash.py); the columns are
         # views for the scan and the checks
-        self.rows = np.empty((self.capacity, 3), dtype=np.int64)
-        self.seq, self.ts, self.nxt = self.rows[:, SEQ], self.rows[:, TS], self.rows[:, NXT]
+        self._flat = SPARES.empty(3 * self.capacity, np.int64, AHEAD_SPARES)
+        self._views()
         nslots = 1 << max(4, int(2 * self.capacity - 1).bit_length())  # >= 2 x capacity
         self.shift = 64 - (nslots.bit_length() - 1)
-        # zeros: an empty table, and calloc'ed pages that cost nothing until touched
-        self.slots = np.zeros(2 * nslots, dtype=np.int64)
+        self.slots = SPARES.zeros(2 * nslots, np.int64, AHEAD_SPARES)  # zeros: empty
         self.n = 0
+
+    def _views(self):
+        self.rows = self._flat.reshape(-1, 3)
+        self.seq, self.ts, self.nxt = self.rows[:, SEQ], self.rows[:, TS], self.rows[:, NXT]
+
+    def release(self):
+        """The subwindow expired: its arrays go back to the spares for the next table
+        (each one only if nothing else refers to it), and this one is empty from now on."""
+        arrays = [self.keys, self._flat, self.slots]
+        self.n = 0
+        self.keys = np.empty(0, self.key_dtype)
+        self._flat = np.empty(0, np.int64)
+        self._views()
+        self.slots = np.zeros(2, np.int64)
+        SPARES.give_all(arrays)
 
     def insert(self, keys, ts, seq, key2=None):
         keys, ts, seq = self._check_insert(keys, ts, seq, key2)

@@ -33,6 +33,8 @@ from __future__ import annotations
 import numpy as np
 
 from panjoin.subwindow import Residual, SubwindowIndex, WindowFilter, make_index
+from panjoin.subwindow.hash_table import AHEAD_SPARES
+from panjoin.subwindow.spares import SPARES
 
 
 class SubwindowStore:
@@ -53,7 +55,9 @@ class SubwindowStore:
         if not backup:
             self.index = make_index(kind, capacity, key_dtype=key_dtype, partitions=partitions,
                                     threads=threads, predecessor=predecessor, **self.opts)
-        self.ids = np.empty(self.capacity, np.int64)  # untouched pages cost nothing
+        # an expired subwindow's (panjoin.subwindow.spares): pages mapped already
+        self.ids = SPARES.empty(self.capacity, np.int64,
+                                AHEAD_SPARES if kind == "hash" else 0)
         self.count = 0
         self.seq_start = -1
 
@@ -147,6 +151,18 @@ class SubwindowStore:
 
     def ids_of(self, seq: np.ndarray) -> np.ndarray:
         return self.ids[seq - self.seq_start]
+
+    def release(self) -> None:
+        """The subwindow expired: it and its index hand back what the next one can reuse
+        (this store is empty afterwards)."""
+        if self.index is not None:
+            self.index.release()
+        arrays = [self.ids]
+        self.ids = np.empty(0, np.int64)
+        self.count = 0
+        if self.log is not None:
+            self.log, self._log_bytes = [], 0
+        SPARES.give_all(arrays)
 
     def successor_splitters(self):
         """RaP-Table, once full: its successor's partition table (Algorithm 1)."""
