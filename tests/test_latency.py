@@ -54,7 +54,22 @@ def test_under_overload_the_engine_keeps_up_first():
     assert b.overloaded and b.deadline_ms() == pytest.approx(1000 * d_keep)
     assert b.batch_cap() >= 2 * b.rate * d_keep - 1  # what such a deadline collects, twice
     b.observe_input(400_000, 0.5)  # 2M tuples/s and more: no batch size keeps up
-    assert b.overloaded and b.batch_cap() == 1 << 20 and b.deadline_ms() >= 5.0
+    assert b.overloaded and b.batch_cap() == 1 << 20 and b.deadline_ms() == 5.0
+
+
+def test_the_deadline_never_passes_the_bound():
+    """Near 2 b lam = U the batches that keep up need a deadline that grows without end
+    (here 33 ms at L = 5 ms); an idle engine would wait it out, a busy one collects its
+    backlog anyway: D stays at L, and the cap lets the backlog's batches grow."""
+    b = LatencyBound(5.0)
+    for n in (1000, 2000) * 5:
+        b.observe_batch(n, 2e-4 + 2e-6 * n)
+    b.observe_input(0, 0.0)
+    b.observe_input(34_400, 0.1)  # 344K tuples/s: 172K per stream
+    d_keep = 2 * b.a / (0.7 - 2 * b.b * b.rate)
+    assert d_keep > 0.030
+    assert b.overloaded and b.deadline_ms() == 5.0
+    assert b.batch_cap() >= 2 * b.rate * d_keep - 1
 
 
 def test_one_stall_is_not_the_cost_of_every_batch():
