@@ -13,10 +13,7 @@ the later of its two tuples::
 
 Each run first fills both windows closed-loop (untimed; pairs discarded), so what is
 measured is the steady state with full windows, subwindows expiring as they would
-in production; an in-process engine with a latency bound fills in small batches, as
-its stream does at the bound, so the window's subwindows are the ones the steady
-state builds (``--index auto`` picks an index per subwindow from its batches). The
-source then runs ``TAIL_S`` past the measured tuples, whose pairs
+in production. The source then runs ``TAIL_S`` past the measured tuples, whose pairs
 alone are counted: the end of the input (a last partial batch, a flush) is not part of
 a stream's steady state. The target *kept up* when the source's backlog behind its
 schedule grew by less than ``KEPT_UP_MS`` over the run, and so did the pairs' median
@@ -67,9 +64,6 @@ POLL_S = 0.0002
 #: the source goes on this long past the measured tuples (at the same rate), so that
 #: the measured ones are never held back by the end of the input
 TAIL_S = 0.25
-#: tuples a batch while an in-process engine with a latency bound fills its window
-#: (about what it cuts at 1M tuples/s: a hash table's batches, HASH_MAX_BATCH or below)
-FILL_STEP_BOUND = 2048
 #: the longest client linger the source uses under a bound (ms), see :func:`linger_ms`
 LINGER_MAX_MS = 5.0
 
@@ -111,11 +105,6 @@ class EngineTarget:
 
     def __init__(self, engine: JoinEngine):
         self.engine = engine
-        # under a latency bound the window fills in batches of a stream at that bound,
-        # so its subwindows get the index such batches choose (--index auto: a hash
-        # table at small batches, BI-Sort for one closed-loop backlog), as in the
-        # steady state that is measured; without one, in the batches NBat cuts
-        self.fill_step = FILL_STEP_BOUND if engine.bound is not None else None
 
     def push(self, chunk) -> None:
         self.engine.push(chunk)
@@ -203,12 +192,9 @@ def run_open_loop(events, fill: int, rate: float, target, *, tail_s: float = TAI
     """Fill with ``events[:fill]`` closed-loop, then replay ``events[fill:]`` at ``rate``
     tuples/s into ``target``; returns the pair latencies of the replayed part but its
     last ``tail_s`` seconds (see the module docstring)."""
-    # a target may fill as its stream would at the bound (see EngineTarget.fill_step)
-    step = getattr(target, "fill_step", None) or 1 << 16
+    step = 1 << 16
     for a in range(0, fill, step):
         target.push(events.slice(a, min(fill, a + step)))
-        if getattr(target, "fill_step", None):
-            target.flush()
         target.poll()
     while target.pending():  # the fill's rounds answered before the clock starts
         target.flush()
@@ -361,11 +347,6 @@ def latency_sweep(rates, *, window: str = "count:1M,1M", predicate: str = "eq",
     if topology == "handshake" and not workers:
         raise ValueError("the handshake topology runs on node processes: give workers")
     fill = int(w.r + w.s)
-    if max_latency_ms is not None and not workers:
-        # twice over: the subwindows made before --index auto had seen enough batches to
-        # choose (BI-Sort, the general one) expire before the clock starts, as they
-        # would in a stream's steady state (EngineTarget.fill_step)
-        fill *= 2
     top = max(rates)
     events = generate(fill + int(top * (seconds + TAIL_S)), dist, key_max=key_max, seed=seed)
     settings = dict(window=window, predicate=predicate, index=index, dist=dist,
