@@ -278,7 +278,10 @@ def test_a_target_that_falls_behind_is_told_apart():
     # healthy run's first quarter
     ev = generate(16_000, seed=1)
     r = run_open_loop(ev, fill=0, rate=5000, target=_Slow(JoinEngine("count:1K,1K", "eq")))
-    assert not r.kept_up and r.achieved < 0.95 * 5000 and r.behind_ms > 1000
+    # (not the achieved rate: a source that falls behind pushes all that is due at once,
+    # so its last push may come about when the last tuple was due: 4,983/s beside two
+    # CPU hogs; its oldest tuple then waited half the run)
+    assert not r.kept_up and r.behind_ms > 1000 and r.end_behind_ms > 500
 
 
 class _Queueing(EngineTarget):
