@@ -133,7 +133,12 @@ def test_a_result_heavy_join_gets_smaller_batches():
     assert knobs_mod.chunk_rows(64.0, 128 * K) == 128 * K
     assert knobs_mod.chunk_rows(64.0, 32 * K) == 128 * K
     assert knobs_mod.chunk_rows(1e6, 32 * K) == 32 * K  # never below a batch
+    # increasing keys beyond 512K: a band's probes meet the newest keys, W/2 at least
+    assert offline_knobs(one_m, pairs=64.0, increasing=True) == (512 * K, 32 * K)
+    assert offline_knobs(w64, pairs=64.0, increasing=True) == (16 * K, 32 * K)  # W/4 best
+    assert offline_knobs(w64, pairs=8.0, increasing=True) == (64 * K, 32 * K)
     four_m = parse_window("count:4M,4M")
+    assert offline_knobs(four_m, pairs=64.0, increasing=True) == (2048 * K, 32 * K)
     assert offline_knobs(four_m, pairs=40.0) == (2048 * K, 64 * K)  # 40 rounds to 32: W/2
     assert offline_knobs(four_m, pairs=4.0) == (2048 * K, 256 * K)
     # no window to speak of, one stream only, an empty file: no estimate, no error
@@ -167,3 +172,16 @@ def test_the_chunk_follows_the_pairs_in_process_and_stays_1m_on_a_manager(caplog
     assert chunk(None) == 64 * 1024  # 8M / 100 pairs, to a power of two
     assert chunk("localhost:1") == 1 << 20
     assert chunk(None, given=5000) == 5000
+
+
+def test_keys_that_increase_are_told_from_the_rest():
+    """The peers' increasing keys (capped: they end all equal) increase; uniform, zipf,
+    all-equal and decreasing keys do not."""
+    from panjoin.generate import generate
+
+    assert knobs_mod.keys_increase(generate(200_000, "increasing", seed=1).key)
+    for dist in ("uniform", "zipf", "equal"):
+        assert not knobs_mod.keys_increase(generate(200_000, dist, seed=1).key), dist
+    capped = np.minimum(np.arange(100_000), 60_000)  # the last 40% all equal
+    assert knobs_mod.keys_increase(capped)
+    assert not knobs_mod.keys_increase(np.arange(100_000)[::-1].copy())

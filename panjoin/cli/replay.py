@@ -236,6 +236,7 @@ def _fill_knobs(args, window, events, pred) -> None:
     from panjoin.manager.knobs import (
         CHUNK_MAX,
         chunk_rows,
+        keys_increase,
         offline_knobs,
         pairs_per_tuple,
         window_tuples,
@@ -245,7 +246,8 @@ def _fill_knobs(args, window, events, pred) -> None:
         return
     w = window_tuples(window, events.ts, events.stream)
     pairs = pairs_per_tuple(events.key, events.stream, pred, w)
-    nsub, nbat = offline_knobs(window, events.ts, events.stream, pairs)
+    increasing = keys_increase(events.key)
+    nsub, nbat = offline_knobs(window, events.ts, events.stream, pairs, increasing)
     if args.subwindow_size is None:
         args.subwindow_size = nsub
     if args.batch_size is None:
@@ -254,8 +256,8 @@ def _fill_knobs(args, window, events, pred) -> None:
         args.chunk = CHUNK_MAX if args.cluster else chunk_rows(pairs, args.batch_size)
     log.info("knobs for the whole file (panjoin/manager/knobs.py; --subwindow-size, "
              "--batch-size and --chunk override): NSub %d, NBat %d, chunks of %d rows (W %d "
-             "tuples a stream, about %.3g pairs a probe tuple)", args.subwindow_size,
-             args.batch_size, args.chunk, w, pairs)
+             "tuples a stream, about %.3g pairs a probe tuple%s)", args.subwindow_size,
+             args.batch_size, args.chunk, w, pairs, ", keys increasing" if increasing else "")
 
 
 def _replay_on_manager(args, events, window, pred, ph) -> int:

@@ -25,6 +25,7 @@ checks and drops)::
 
     NBat = min(NBat, max(32K, 2M / S))                   # about 2M pairs a batch (a power of 2)
     NSub = min(NSub, max(1K, W / clamp(S / 16, 1, 4)))   # W/2 from S = 32, W/4 from 64
+                                                         # (W/2 at least: increasing keys, W > 512K)
 
 Measured (``benchmarks/knobs.py``, CPU seconds of separate processes, best of 2): at
 W 1M, band S = 64, NBat 32K was the best or within 1.1x of it on uniform, zipf and
@@ -32,7 +33,11 @@ increasing keys (128K: 1.0x, 1.4x, 1.3x; 256K: 1.6-2.2x), NSub 256K-1M within 1.
 of each other there, while NSub 64K lost 1.2x on increasing keys; at W 64K NSub W/4 or
 W/2 took 0.43-0.55x the CPU of NSub W on zipf and increasing keys (eighth session,
 one round); all-equal keys at W 4K, every tuple a pair: NSub 1K-2K against 16K, up
-to 1.7x.
+to 1.7x. Keys that arrive increasing (:func:`keys_increase`) in a window beyond 512K
+shrink the subwindows to W/2 at most: a band's probe tuples carry the newest keys, so
+the oldest subwindow's expired tail holds keys below every band (W 4M, band S = 64: NSub
+W/4 1.24x the CPU of NSub W, W/2 1.10x; W 1M: W/2 1.03x); at W 64K W/4 stays the best
+(W/2 1.8x).
 
 P follows NSub (:func:`panjoin.manager.engine.default_partitions`). Replay pushes the
 file a chunk at a time and hands each chunk's pairs to the writer's thread, which
@@ -198,10 +203,35 @@ def _probes_and_windows(stream: np.ndarray, side: int, w: int, probes: int):
         span *= 2
 
 
+def keys_increase(key: np.ndarray, blocks: int = 16, sample: int = 1 << 16) -> bool:
+    """Whether a file's keys arrive increasing: the medians of ``blocks`` equal slices (of
+    a strided sample) rise from one slice to the next in at least
+    :data:`~panjoin.manager.index_choice.INCREASING` of the steps where they differ, and
+    they differ in at least half the steps (all-equal keys do not increase; keys that
+    reach a cap and stay there still do).
+
+    >>> keys_increase(np.arange(100_000)), keys_increase(np.zeros(100_000))
+    (True, False)
+    >>> keys_increase(np.random.default_rng(1).integers(0, 1000, 100_000))
+    False
+    """
+    from panjoin.manager.index_choice import INCREASING
+
+    n = key.shape[0]
+    if n < 2 * blocks:
+        return False
+    k = key[:: max(1, n // sample)]
+    med = np.array([np.median(part) for part in np.array_split(k, blocks)])
+    d = np.diff(med)
+    d = d[d != 0]
+    return bool(d.size >= (blocks - 1) // 2 and np.mean(d > 0) >= INCREASING)
+
+
 def offline_knobs(window: Window, ts: np.ndarray | None = None,
-                  stream: np.ndarray | None = None, pairs: float = 0.0) -> tuple[int, int]:
+                  stream: np.ndarray | None = None, pairs: float = 0.0,
+                  increasing: bool = False) -> tuple[int, int]:
     """``(NSub, NBat)`` for joining a whole file whose probe tuples find about ``pairs``
-    pairs each (see the module docstring)."""
+    pairs each, its keys ``increasing`` or not (see the module docstring)."""
     w = max(1, window_tuples(window, ts, stream))
     nbat = int(min(NBAT_MAX, max(NBAT_MIN, w // 2)))
     nsub = max(min(w, max(w // 2, NSUB_HALF)), NSUB_MIN)
@@ -210,6 +240,8 @@ def offline_knobs(window: Window, ts: np.ndarray | None = None,
     nbat = min(nbat, cut)
     # the expired tail a probe meets is NSub / 2 on average: W/2 at 2x, W/4 at 4x HEAVY
     shrink = round(np.log2(min(4.0, max(1.0, pairs / HEAVY_PAIRS))))
+    if increasing and w > NSUB_HALF:  # a band meets the newest keys, not the tail's
+        shrink = min(shrink, 1)
     if shrink:
         nsub = min(nsub, max(NSUB_MIN_HEAVY, w >> shrink))
     return nsub, nbat
