@@ -92,11 +92,12 @@ def freeze_heap() -> None:
     process, for a join that holds a latency bound.
 
     Python's full collection walks every tracked object; after Numba's import that is
-    hundreds of thousands, and one full collection took 55-58 ms in the middle of a
-    ``bench latency`` run at 1M tuples/s (its p99 41-45 ms; with the heap frozen, 1.4-2.3
-    ms). Frozen objects are still freed by reference counting; only cycles among them
-    are never collected. Called by the engine under a latency bound and by the worker
-    server as it starts serving."""
+    hundreds of thousands: one full collection took 55-58 ms in the middle of an
+    instrumented latency run at 1M tuples/s (``benchmarks/latency_stalls.py``; its p99
+    41-45 ms, with the heap frozen 1.4-2.3 ms), and a plain 10 s run made 14 of 16-155 ms
+    (3 with the heap frozen, none in its measured part). Frozen objects are still freed
+    by reference counting; only cycles among them are never collected. Called by the
+    engine under a latency bound and by the worker server as it starts serving."""
     global _HEAP_FROZEN
     if _HEAP_FROZEN:
         return
