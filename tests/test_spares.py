@@ -136,3 +136,20 @@ def test_a_latency_bound_freezes_the_heap():
                          timeout=300, check=True).stdout.split()
     a, b, c = map(int, out)
     assert a == 0 and b == 0 and c > 10_000
+
+
+def test_only_hash_subwindows_keep_their_arrays():
+    """A BI-Sort store's ids (large subwindows, large batches: no create stall to hide)
+    are freed at once, not kept as spares."""
+    from panjoin.subwindow.store import SubwindowStore
+
+    def handed():  # kept, or let go because enough of the shape are kept already
+        return SPARES.stats["given"] + SPARES.stats["dropped"]
+
+    before = handed()
+    st = SubwindowStore("bisort", 1 << 12, "int64", 1)
+    st.release()
+    assert handed() == before
+    st = SubwindowStore("hash", 1 << 12, "int64", 1)
+    st.release()  # the table's three arrays and the store's ids
+    assert handed() - before == 4

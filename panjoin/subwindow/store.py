@@ -55,9 +55,11 @@ class SubwindowStore:
         if not backup:
             self.index = make_index(kind, capacity, key_dtype=key_dtype, partitions=partitions,
                                     threads=threads, predecessor=predecessor, **self.opts)
-        # an expired subwindow's (panjoin.subwindow.spares): pages mapped already
-        self.ids = SPARES.empty(self.capacity, np.int64,
-                                AHEAD_SPARES if kind == "hash" else 0)
+        # a hash subwindow (the small-batch index) takes an expired one's ids array
+        # (panjoin.subwindow.spares): pages mapped already; the others allocate as before
+        self._spares = kind == "hash"
+        self.ids = (SPARES.empty(self.capacity, np.int64, AHEAD_SPARES) if self._spares
+                    else np.empty(self.capacity, np.int64))
         self.count = 0
         self.seq_start = -1
 
@@ -162,7 +164,8 @@ class SubwindowStore:
         self.count = 0
         if self.log is not None:
             self.log, self._log_bytes = [], 0
-        SPARES.give_all(arrays)
+        if self._spares:  # a large BI-Sort store's ids are not kept for 10 s
+            SPARES.give_all(arrays)
 
     def successor_splitters(self):
         """RaP-Table, once full: its successor's partition table (Algorithm 1)."""
