@@ -58,8 +58,9 @@ class Spares:
 
     def __init__(self):
         self._lock = threading.Lock()
+        # by (length, dtype): cleared arrays with when they became ready; arrays queued
         self._ready: dict[tuple, list[tuple[float, np.ndarray]]] = {}
-        self._coming: dict[tuple, int] = {}  # arrays of a shape queued for the thread
+        self._coming: dict[tuple, int] = {}
         self._jobs: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self.stats = {"taken": 0, "allocated": 0, "given": 0, "dropped": 0, "in use": 0}
@@ -88,7 +89,7 @@ class Spares:
             del arr
 
     def _give(self, arr: np.ndarray) -> None:
-        key = (arr.shape[0], arr.dtype, None)
+        key = (arr.shape[0], arr.dtype)
         if arr.ndim != 1 or arr.base is not None or arr.nbytes > MAX_BYTES:
             return
         with self._lock:
@@ -117,23 +118,18 @@ class Spares:
     # ------------------------------------------------------------------ internals
 
     def _held(self, key) -> int:
-        n = len(self._ready.get((key[0], key[1], True), ())) + len(
-            self._ready.get((key[0], key[1], False), ()))
-        return n + self._coming.get(key, 0)
+        return len(self._ready.get(key, ())) + self._coming.get(key, 0)
 
     def _take(self, n: int, dtype: np.dtype, zeroed: bool, ahead: int) -> np.ndarray:
         now = time.monotonic()
-        key = (n, dtype, None)
+        key = (n, dtype)
         out = None
         with self._lock:
             self._evict(now)
-            # a cleared spare serves an "empty" request too
-            for z in ((True,) if zeroed else (False, True)):
-                got = self._ready.get((n, dtype, z))
-                if got:
-                    self.stats["taken"] += 1
-                    out = got.pop()[1]
-                    break
+            got = self._ready.get(key)  # every spare is cleared: it serves "empty" too
+            if got:
+                self.stats["taken"] += 1
+                out = got.pop()[1]
             else:
                 self.stats["allocated"] += 1
             more = 0
@@ -178,10 +174,9 @@ class Spares:
                 arr.fill(0)  # releases the GIL; maps every page of a new array too
                 key = (arr.shape[0], arr.dtype)
                 with self._lock:
-                    c = self._coming.get(key + (None,), 0)
-                    if c:
-                        self._coming[key + (None,)] = c - 1
-                    self._ready.setdefault(key + (True,), []).append((time.monotonic(), arr))
+                    if self._coming.get(key, 0):
+                        self._coming[key] -= 1
+                    self._ready.setdefault(key, []).append((time.monotonic(), arr))
             finally:
                 self._jobs.task_done()
 
