@@ -39,10 +39,12 @@ for t in range(T):
     so, sn = np.zeros(2 * nslots, np.int64), np.zeros(2 * nslots, np.int64)
     nxt = np.empty(NS, np.int64)
     rows = np.empty((NS, 3), np.int64)
+    stored = np.empty(NS, np.int64)
     rows[:, 0], rows[:, 1] = seq, ts
     for a in range(0, NS, 4096):
         old.hash_insert(so, shift, nxt, keys[a:a + 4096], a, 4096)
-        new.hash_insert(sn, shift, rows, keys[a:a + 4096], a, 4096)
+        new.hash_insert(sn, shift, rows, stored, keys[a:a + 4096],
+                        keys[a:a + 4096], ts[a:a + 4096], seq[a:a + 4096], a)
     assert (rows[:, 2] == nxt).all()
     tabs.append((shift, so, sn, nxt, ts, seq, rows))
 

@@ -225,6 +225,38 @@ def test_payloads_are_joined_back_onto_the_pairs(index, window):
     assert eng.memory_bytes() > 0
 
 
+@pytest.mark.parametrize("window", ["count:150,110", "time:160,120"])
+def test_a_push_split_into_pieces_gives_the_same_pairs_payloads_and_batches(window,
+                                                                           monkeypatch):
+    """A push is numbered and cut in pieces of PIECE_ROWS rows: pieces of 7 rows (cuts,
+    buffered runs and payloads across piece ends, late tuples dropped first) give the
+    reference's pairs, the payloads of their ids, and the batches of one whole piece."""
+    import panjoin.manager.engine as engine_mod
+
+    t = _payload_stream()
+    t.key2 = (t.key % 5).astype(np.float64)
+    w = parse_window(window, 10 if window.startswith("time") else 0)
+    pred = "band:1&band2:1"
+
+    def run(piece):
+        monkeypatch.setattr(engine_mod, "PIECE_ROWS", piece)
+        eng = JoinEngine(w, pred, index="bisort", subwindow_size=50, batch_size=64,
+                         max_lag=40)
+        for a in range(0, len(t), 300):
+            eng.push(t.slice(a, a + 300))
+        eng.flush()
+        return eng.take_results(payloads=True), eng.stats.batches
+
+    (r, s, rp, sp), batches = run(7)
+    ref = reference_join(t.stream, t.id, t.key, t.ts, w, parse_predicate(pred), t.key2)
+    assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+    by_id = {(int(st), int(i)): p for st, i, p in zip(t.stream, t.id, t.payload.to_pylist(),
+                                                       strict=True)}
+    assert rp.to_pylist() == [by_id[(0, int(i))] for i in r]
+    assert sp.to_pylist() == [by_id[(1, int(i))] for i in s]
+    assert batches == run(1 << 17)[1]
+
+
 def test_payloads_on_some_pushes_only_are_rejected():
     t = _payload_stream(200)
     eng = JoinEngine("count:50,50", "eq", index="bisort")

@@ -101,6 +101,11 @@ def _log_threads(why: str) -> None:
 
 STREAM_NAMES = ("R", "S")
 _I64 = np.int64
+#: rows a push is numbered and split in at a time: the split's 88 bytes a row (11 MiB
+#: here) stay below the allocator's mmap threshold (panjoin.config.tune_allocator), so
+#: each piece reuses the last one's pages; a 1M-row piece took fresh pages every push
+#: (page faults, or a huge page's compaction: 22-118 ms a push against 4-5 ms)
+PIECE_ROWS = 1 << 17
 
 
 @dataclass
@@ -165,43 +170,47 @@ def key_order(key: np.ndarray, ts: np.ndarray, ids: np.ndarray):
 
 
 class _Buffer:
-    """The collect buffer of one stream (step 1): chunks of column arrays in arrival order."""
+    """The collect buffer of one stream (step 1): runs of rows in arrival order, each a
+    range ``[lo, hi)`` of one pushed piece's columns for this stream. A cut of the other
+    stream appends the rows before it, so a batch is built from many appends: the run
+    grows while they continue each other, and :meth:`take` hands out views of it."""
 
-    __slots__ = ("chunks", "payloads", "key2s", "n", "first_opp", "min_ts", "track_ts")
+    __slots__ = ("runs", "n", "first_opp", "min_ts", "track_ts")
 
     def __init__(self, track_ts: bool = True):
         self.track_ts = track_ts  # min_ts is read by time windows' expiry only
-        self.chunks: list[tuple[np.ndarray, ...]] = []
-        self.payloads: list[pa.Array] = []
-        self.key2s: list[np.ndarray] = []
+        #: [cols, lo, hi]: cols = (key, ts, seq, id, opp, payload or None, key2 or None)
+        self.runs: list[list] = []
         self.n = 0
         self.first_opp = -1
         self.min_ts = I64_MAX
 
-    def append(self, key, ev, seq, ids, opp, payload=None, key2=None):
-        if key.size == 0:
+    def append(self, cols: tuple, lo: int, hi: int) -> None:
+        if hi <= lo:
             return
         if self.n == 0:
-            self.first_opp = int(opp[0])
-        self.chunks.append((key, ev, seq, ids, opp))
-        if payload is not None:
-            self.payloads.append(payload)
-        if key2 is not None:
-            self.key2s.append(key2)
-        self.n += int(key.size)
+            self.first_opp = int(cols[4][lo])
+        last = self.runs[-1] if self.runs else None
+        if last is not None and last[0] is cols and last[2] == lo:
+            last[2] = hi
+        else:
+            self.runs.append([cols, lo, hi])
+        self.n += hi - lo
         if self.track_ts:
-            self.min_ts = min(self.min_ts, int(ev.min()))
+            self.min_ts = min(self.min_ts, int(cols[1][lo:hi].min()))
 
     def take(self):
         """(key, ts, seq, id, opp, payload or None, key2 or None), all in arrival order."""
-        if len(self.chunks) == 1:  # one slice of a push: views, nothing to copy
-            cols = self.chunks[0]
+        parts = [tuple(None if c is None else c.slice(lo, hi - lo) if isinstance(c, pa.Array)
+                       else c[lo:hi] for c in cols) for cols, lo, hi in self.runs]
+        if len(parts) == 1:  # one run of one piece: views, nothing to copy
+            out = parts[0]
         else:
-            cols = tuple(np.concatenate(c) for c in zip(*self.chunks, strict=True))
-        pay = pa.concat_arrays(self.payloads) if self.payloads else None
-        key2 = np.concatenate(self.key2s) if self.key2s else None
+            out = tuple(c[0] if c[0] is None else pa.concat_arrays(c)
+                        if isinstance(c[0], pa.Array) else np.concatenate(c)
+                        for c in zip(*parts, strict=True))
         self.__init__(self.track_ts)
-        return (*cols, pay, key2)
+        return out
 
 
 def as_payload(payload, n: int) -> pa.Array | None:
@@ -453,6 +462,20 @@ class JoinEngine:
                 key2 = key2[keep]
             if payload is not None:
                 payload = payload.filter(pa.array(keep))
+        self.stats.preprocess_s += time.perf_counter() - t0
+        k = stream.shape[0]
+        for a in range(0, k, PIECE_ROWS):
+            b = min(k, a + PIECE_ROWS)
+            self._push_piece(stream[a:b], keys[a:b], ts[a:b], ids[a:b],
+                             payload.slice(a, b - a) if payload is not None else None,
+                             key2[a:b] if key2 is not None else None)
+        if self.bound is not None:
+            self.tick()  # a deadline may have passed while this chunk was cut
+
+    def _push_piece(self, stream, keys, ts, ids, payload, key2) -> None:
+        """Step 1 for rows on time, in arrival order: numbered, gathered per stream, and
+        cut into batches as they fill (or wait too long for the other stream)."""
+        t0 = time.perf_counter()
         k = stream.shape[0]
         # each stream's tuples gathered once, numbered (seq, opp; see split_streams); a
         # cut appends a contiguous slice of them (views)
@@ -486,12 +509,10 @@ class JoinEngine:
             self._append(pos, best_e + 1, cols)
             self._process(best_x)
             pos = best_e + 1
-        # cuts that became due exactly at the chunk's end
+        # cuts that became due exactly at the piece's end
         for name in STREAM_NAMES:
             if self.buffers[name].n >= self.batch_size or self._lag_due(name):
                 self._process(name)
-        if self.bound is not None:
-            self.tick()  # a deadline may have passed while this chunk was cut
 
     def _lag_due(self, name: str) -> bool:
         b = self.buffers[name]
@@ -544,10 +565,7 @@ class JoinEngine:
                 continue
             if self.buffers[name].n == 0:
                 self.buf_since[name] = time.monotonic()
-            key, ev, sq, ids, opp, pay, key2 = split[name]
-            self.buffers[name].append(key[lo:hi], ev[lo:hi], sq[lo:hi], ids[lo:hi],
-                                      opp[lo:hi], pay.slice(lo, hi - lo) if pay is not None
-                                      else None, key2[lo:hi] if key2 is not None else None)
+            self.buffers[name].append(split[name], lo, hi)
             self.total[name] += hi - lo
 
     def tick(self, now: float | None = None) -> None:

@@ -160,12 +160,9 @@ class HashTable(SubwindowIndex):
         m = keys.shape[0]
         if m == 0:
             return
-        n = self.n
-        self.keys[n : n + m] = keys
-        self.ts[n : n + m] = ts
-        self.seq[n : n + m] = seq
-        hash_insert(self.slots, self.shift, self.rows, key_bits(keys), n, m)
-        self.n = n + m
+        hash_insert(self.slots, self.shift, self.rows, self.keys, keys, key_bits(keys), ts,
+                    seq, self.n)
+        self.n += m
 
     def probe(self, lo, hi, flt: WindowFilter | None = None, res: Residual | None = None):
         given = (lo, hi)  # what the memo of _points_of knows a batch's bounds by

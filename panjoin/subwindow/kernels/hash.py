@@ -49,9 +49,11 @@ def slot_of(b, shift):
 
 
 @njit(**NJIT)
-def hash_insert(slots, shift, rows, bits, n0, m):
-    """Chain rows ``n0 .. n0+m-1`` (their key bits ``bits[0 .. m-1]``) into the table."""
+def hash_insert(slots, shift, rows, stored_keys, keys, bits, ts, seq, n0):
+    """Store a batch as rows ``n0 ..`` (``stored_keys`` and the row records take its
+    keys, ts and seqs) and chain each row into the table by its key bits ``bits``."""
     mask = (slots.shape[0] >> 1) - 1
+    m = bits.shape[0]
     for j in range(m):
         if j + AHEAD < m:
             prefetch_write(slots, 2 * slot_of(bits[j + AHEAD], shift))
@@ -60,6 +62,9 @@ def hash_insert(slots, shift, rows, bits, n0, m):
         while slots[2 * s + 1] != 0 and slots[2 * s] != b:
             s = (s + 1) & mask
         row = n0 + j
+        stored_keys[row] = keys[j]
+        rows[row, SEQ] = seq[j]
+        rows[row, TS] = ts[j]
         if slots[2 * s + 1] == 0:
             slots[2 * s] = b
         rows[row, NXT] = slots[2 * s + 1] - 1
