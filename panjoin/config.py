@@ -108,6 +108,55 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
+class _NumbaWithoutCffi:
+    """The import hook of :func:`numba_without_cffi` (a ``sys.meta_path`` finder that
+    answers for one module only, once)."""
+
+    MODULE = "numba.core.typing.cffi_utils"
+
+    def find_spec(self, name, path=None, target=None):
+        if name != self.MODULE:
+            return None
+        import importlib.util
+        import sys
+
+        sys.meta_path.remove(self)  # once, and never for the lookup below
+        if "cffi" in sys.modules:  # the process uses cffi already: Numba may type it
+            return None
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            sys.modules["cffi"] = None  # ``import cffi`` fails: Numba's cffi support is off
+            try:
+                run(module)
+            finally:
+                if sys.modules.get("cffi", 0) is None:
+                    del sys.modules["cffi"]
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def numba_without_cffi() -> None:
+    """Spare a ``panjoin`` process Numba's cffi support, which no kernel here uses.
+
+    The first kernel a process compiles or loads from the cache makes Numba's typing
+    context import ``numba.core.typing.cffi_utils``, which builds a ``cffi.FFI()``: its C
+    declaration parser (pycparser, and the regular expressions of its lexer) costs
+    20-60 ms of every command's start (a replay of 2M tuples takes 0.8 s in all). This
+    hook lets that one module find no cffi; cffi stays importable for everything else
+    (grpc's TLS, a user's code), and where cffi was imported first nothing changes. The
+    ``panjoin`` command installs it as it starts (a process of its own); a library
+    user's process keeps Numba as it is."""
+    import sys
+
+    if not any(isinstance(f, _NumbaWithoutCffi) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NumbaWithoutCffi())
+
+
 _ALLOCATOR_TUNED = False
 
 

@@ -161,3 +161,43 @@ def test_bad_input_is_told_without_waiting_for_the_kernels(events, tmp_path, mon
         assert started.is_set() and not finished.is_set()  # told while it loads
     finally:
         release.set()
+
+
+#: the ``panjoin`` command as its console script runs it (``entry``), reporting at exit
+#: whether Numba's cffi support was loaded with cffi's C parser, and that cffi is still
+#: there for the rest of the process
+_CFFI = """
+import atexit, json, sys
+def report():
+    from numba.core.typing import cffi_utils
+    parser = "pycparser" in sys.modules
+    import cffi
+    print(json.dumps({"supported": cffi_utils.SUPPORTED, "parser": parser,
+                      "ffi": type(cffi.FFI()).__name__}), flush=True)
+atexit.register(report)
+sys.argv = ["panjoin", *sys.argv[1:]]
+from panjoin.cli.main import entry
+entry()
+"""
+
+
+def test_the_command_loads_its_kernels_without_numbas_cffi_support(events, tmp_path):
+    """Numba's typing context builds a cffi.FFI (its C parser) as the first kernel loads:
+    the ``panjoin`` command spares itself that, and cffi stays importable after it."""
+    run = subprocess.run([sys.executable, "-c", _CFFI, "replay", str(events), "--window",
+                          "count:300,200", "--predicate", "eq", "--out",
+                          str(tmp_path / "p.parquet"), "--no-progress"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got == {"supported": False, "parser": False, "ffi": "FFI"}
+
+
+def test_a_process_that_imported_cffi_first_keeps_numbas_cffi_support():
+    code = ("import cffi, sys\nfrom panjoin.config import numba_without_cffi\n"
+            "numba_without_cffi()\nfrom numba.core.typing import cffi_utils\n"
+            "print(cffi_utils.SUPPORTED)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "True"

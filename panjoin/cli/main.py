@@ -124,6 +124,9 @@ def entry() -> None:
     profiler of ``$PANJOIN_PROFILE``; the standard streams flushed) and out, without
     tearing down every module and object one by one: Numba's and LLVM's take 0.2-0.5 s
     after a replay's last line. A test calls :func:`main` and keeps its interpreter."""
+    from panjoin.config import numba_without_cffi
+
+    numba_without_cffi()
     rc = main()
     with contextlib.suppress(AttributeError):  # CPython's own first step of its exit
         threading._shutdown()
