@@ -189,3 +189,51 @@ def test_a_file_join_lets_openmp_threads_sleep_a_stream_with_a_bound_does_not(
     wait_passively()
     assert main(replay) == 0
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+@pytest.mark.parametrize("cpus,pred,extra,expect", [
+    (2, "eq", [], 1),                           # the pairs writer takes the other CPU
+    (4, "band:3", [], 3),
+    (1, "eq", [], 1),
+    (2, "band:2&band2:1", [], 2),               # a residual's probes take them all
+    (2, "eq", ["--threads", "2"], 2),           # given: kept
+])
+def test_a_file_join_leaves_the_pairs_writer_a_cpu(tmp_path, monkeypatch, cpus, pred, extra,
+                                                   expect):
+    """``panjoin replay`` in process, no --threads: its kernels take every CPU the process
+    may use but one (the pairs writer's thread), all of them for a residual, and the
+    same pairs as the reference whatever the count; --threads and PANJOIN_THREADS win."""
+    import numpy as np
+
+    import panjoin.manager.engine as engine_mod
+    from panjoin.cli.main import main
+    from panjoin.events import read_events, read_pairs
+    from panjoin.reference import reference_join, sort_pairs
+    from panjoin.semantics import parse_predicate, parse_window
+
+    ev = tmp_path / "ev.parquet"
+    assert main(["gen", str(ev), "--n", "3000", "--key-max", "60", "--key2-max", "4",
+                 "--no-progress"]) == 0
+    monkeypatch.delenv("PANJOIN_THREADS", raising=False)
+    monkeypatch.setattr("panjoin.config.thread_budget", lambda: (cpus, f"{cpus} CPUs"))
+    seen = []
+    real = engine_mod.JoinEngine.__init__
+
+    def spy(self, *a, **kw):
+        seen.append(kw.get("threads"))
+        real(self, *a, **kw)
+
+    monkeypatch.setattr(engine_mod.JoinEngine, "__init__", spy)
+    out = tmp_path / "o.parquet"
+    assert main(["replay", str(ev), "--window", "count:400,300", "--predicate", pred,
+                 "--out", str(out), "--no-progress", *extra]) == 0
+    assert seen and set(seen) == {expect}  # the warm-up's join and the file's alike
+    t = read_events(ev)
+    ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("count:400,300"),
+                         parse_predicate(pred), t.key2)
+    assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
+    monkeypatch.setenv("PANJOIN_THREADS", "2")
+    seen.clear()
+    assert main(["replay", str(ev), "--window", "count:400,300", "--predicate", pred,
+                 "--out", str(out), "--no-progress", *extra]) == 0
+    assert set(seen) == {int(extra[1]) if extra else None}  # the engine reads it itself

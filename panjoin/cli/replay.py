@@ -159,11 +159,32 @@ def _run(args, ph) -> int:
         from panjoin.sharding import COUNT_REFUSED
 
         raise SystemExit(f"panjoin replay: error: --cluster {args.cluster}: {COUNT_REFUSED}")
+    _fill_threads(args, pred)
     loader = _load_kernels_behind(args, pred)
     rc = _read_and_join(args, window, pred, ph, loader)
     if loader is not None:  # an error leaves without it: bad input is told at once, not
         loader.join()  # after a cold compile (the thread is a daemon; Numba's lock keeps
     return rc  # a later join in this process safe beside it)
+
+
+def _fill_threads(args, pred) -> None:
+    """--threads left out of an in-process replay: every CPU the process may use but the
+    pairs writer's (:func:`panjoin.manager.knobs.offline_threads`), before the kernels
+    load (one thread and two use different ones). ``PANJOIN_THREADS`` still decides."""
+    import os
+
+    if args.threads is not None or os.environ.get("PANJOIN_THREADS") or args.cluster \
+            or args.workers or args.topology == "handshake":
+        return
+    from panjoin.config import thread_budget
+    from panjoin.manager.knobs import offline_threads
+
+    cpus, why = thread_budget()
+    args.threads = offline_threads(pred, cpus)
+    log.info("%d kernel thread%s for the file's join: of %s, %s", args.threads,
+             "" if args.threads == 1 else "s", why,
+             "all (a residual's probes filter many candidates a pair)"
+             if pred.residual is not None else "all but the pairs writer's (at least one)")
 
 
 def _read_and_join(args, window, pred, ph, loader) -> int:
