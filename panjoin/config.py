@@ -110,17 +110,21 @@ def freeze_heap() -> None:
 
 class _NumbaWithoutCffi:
     """The import hook of :func:`numba_without_cffi` (a ``sys.meta_path`` finder that
-    answers for one module only, once)."""
+    answers for one module only, once; it stays in the list, since the import system
+    is iterating over it when it asks)."""
 
     MODULE = "numba.core.typing.cffi_utils"
 
+    def __init__(self):
+        self.done = False
+
     def find_spec(self, name, path=None, target=None):
-        if name != self.MODULE:
+        if name != self.MODULE or self.done:
             return None
         import importlib.util
         import sys
 
-        sys.meta_path.remove(self)  # once, and never for the lookup below
+        self.done = True  # once, and never for the lookup below
         if "cffi" in sys.modules:  # the process uses cffi already: Numba may type it
             return None
         spec = importlib.util.find_spec(name)
