@@ -395,6 +395,19 @@ class HandshakeChain:
                 raise ChainError(f"results missing after drain: got {self.collected_total} "
                                  f"of {sum(produced)}")
             time.sleep(0.002)
+        # and until the far ends have removed what the last arrivals' acknowledgements
+        # expired (sent as the markers came back): the segments then hold the window
+        want = self.window_tuples()
+        while True:
+            nodes = self.node_status()
+            held = {"R": sum(st.segment_r for st in nodes),
+                    "S": sum(st.segment_s for st in nodes)}
+            if held == want:
+                break
+            if time.monotonic() > deadline:
+                raise ChainError(f"the chain holds {held} tuples after the drain, its "
+                                 f"window {want}: acknowledgements not applied in time")
+            time.sleep(0.002)
 
     def take_results(self, payloads: bool = False, wait: bool = True):
         """The (r_id, s_id) pairs merged so far; ``payloads=True`` adds (None, None), as
