@@ -341,6 +341,11 @@ class JoinEngine:
         self._results: list[tuple] = []  # (r_id, s_id, r_payload, s_payload)
         self._inflight: deque[_InFlight] = deque()
         self.pipeline = max(0, int(pipeline))  # probe rounds left in flight
+        self._rounds = 0  # probe rounds sent so far
+        self._last_round: _InFlight | None = None
+        self._collected = 0  # of which collected
+        #: (sub_id, rounds sent before it expired): expires that wait for those rounds
+        self._expiring: deque[tuple[int, int]] = deque()
         self.with_payload: bool | None = None  # decided by the first push
         self.payload_text: bool | None = None  # strings in, strings out
         self._next_sub = 0
@@ -608,13 +613,15 @@ class JoinEngine:
             return
         t_batch = time.perf_counter()
         n_batch = self.buffers[x].n
-        rounds = len(self._inflight)
+        rounds = self._rounds
         since = self.buf_since[x]
         self._process_batch(x, since)
         busy = time.perf_counter() - t_batch
         self.stats.batch_s.observe(busy)
         if self.bound is not None:
-            f = self._inflight[-1] if len(self._inflight) > rounds else None
+            # this batch's round (counted, not found by the deque's length: the batch may
+            # also have collected older rounds, or its own if it was answered meanwhile)
+            f = self._last_round if self._rounds > rounds else None
             if f is not None and not f.answers.done():
                 # the workers still probe it: the batch ends when its round is answered
                 # (the wire and the workers' time are part of what the bound must hold,
@@ -700,13 +707,17 @@ class JoinEngine:
                                            for sub, filtered in targets], batch)
         stores = [(sub.seq_start, sub.payloads() if self.with_payload else None)
                   for sub, _ in targets]
-        self._inflight.append(_InFlight(answers, x, batch.ids, pay, order, stores,
-                                        since=since))
+        self._last_round = _InFlight(answers, x, batch.ids, pay, order, stores, since=since)
+        self._inflight.append(self._last_round)
+        self._rounds += 1
 
     def _collect_one(self) -> None:
         """Step 5 for the oldest probe round in flight: stored seqs -> ids and payloads."""
         f = self._inflight.popleft()
         answers = f.answers.result()
+        self._collected += 1
+        while self._expiring and self._expiring[0][1] <= self._collected:
+            self.backend.expire(self._expiring.popleft()[0])
         if f.timed is not None and self.bound is not None:
             t_batch, n_batch, busy = f.timed
             busiest = getattr(self.backend, "busiest_worker_s", None)
@@ -740,6 +751,17 @@ class JoinEngine:
     def collect(self) -> None:
         """Collect every probe round in flight (step 5 for all of them)."""
         while self._inflight:
+            self._collect_one()
+
+    @property
+    def pending_expires(self) -> int:
+        """Expired subwindows the workers still hold for probe rounds in flight."""
+        return len(self._expiring)
+
+    def settle(self) -> None:
+        """Collect the probe rounds already answered (their pairs wait for
+        :meth:`take_results`): the expires they held back go out."""
+        while self._inflight and self._inflight[0].answers.done():
             self._collect_one()
 
     def _insert(self, x, batch: SortedBatch, seq, tscol, pay) -> None:
@@ -803,8 +825,15 @@ class JoinEngine:
                 dead = sub.ts_max <= low - wy and sub.count > 0
             if not dead:
                 return
-            self.collect()  # probes in flight may still need this subwindow's ids
-            self.backend.expire(sub.sub_id)
+            # probes in flight may still need the subwindow: it expires once the rounds
+            # sent so far are collected. Answers already there are collected now (in
+            # process, all of them: the subwindow goes at once); the workers' answers
+            # are not waited for, so their pipeline does not drain at every expiry
+            self.settle()
+            if self._inflight:
+                self._expiring.append((sub.sub_id, self._rounds))
+            else:
+                self.backend.expire(sub.sub_id)
             ring.pop_oldest()
 
     # ------------------------------------------------------------------ results and status
@@ -835,8 +864,7 @@ class JoinEngine:
         if wait:
             self.collect()
         else:
-            while self._inflight and self._inflight[0].answers.done():
-                self._collect_one()
+            self.settle()
         res, self._results = self._results, []
         if not (payloads and self.with_payload):
             return [(r, s, None, None) for r, s, _, _ in res]

@@ -739,8 +739,8 @@ class GrpcBackend:
         return pidx, mirror.ids_of(seq), seq
 
     def expire(self, sub_id: int) -> None:
-        """Drop a subwindow (every copy). The engine collects every probe round in
-        flight before it expires one, so no unanswered probe can need it."""
+        """Drop a subwindow (every copy). The engine expires one once the probe rounds
+        sent before its expiry are collected, so no unanswered probe can need it."""
         self.mirrors.pop(sub_id, None)
         if sub_id in self.where:
             self._send(sub_id, "expire", worker_pb2.Expire(sub_id=sub_id))

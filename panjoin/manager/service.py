@@ -468,6 +468,9 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         e = j.engine
         if sync:
             j.backend.sync()  # every command answered: the workers' status bits are current
+            if getattr(e, "pending_expires", 0):  # and the expires their rounds held back
+                e.settle()
+                j.backend.sync()
         for _ in range(10):
             try:
                 w = e.window_tuples()
