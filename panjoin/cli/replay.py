@@ -102,7 +102,7 @@ def _load_kernels_behind(args, pred) -> threading.Thread | None:
     type (a Parquet schema says it; otherwise int64). A wrong guess only costs the
     join loading its kernels itself. The join waits for the thread first, so no two
     joins run kernels at once; an input error leaves without waiting for it."""
-    if args.cluster or args.workers or args.topology == "handshake" or args.warm_up:
+    if not _in_process(args) or args.warm_up:
         return None
     float_keys = False
     with contextlib.suppress(Exception):  # unreadable: read_events says why, in order
@@ -167,14 +167,18 @@ def _run(args, ph) -> int:
     return rc  # a later join in this process safe beside it)
 
 
+def _in_process(args) -> bool:
+    """The join runs in this process: no manager, no local cluster, no handshake nodes."""
+    return not (args.cluster or args.workers or args.topology == "handshake")
+
+
 def _fill_threads(args, pred) -> None:
     """--threads left out of an in-process replay: every CPU the process may use but the
     pairs writer's (:func:`panjoin.manager.knobs.offline_threads`), before the kernels
     load (one thread and two use different ones). ``PANJOIN_THREADS`` still decides."""
     import os
 
-    if args.threads is not None or os.environ.get("PANJOIN_THREADS") or args.cluster \
-            or args.workers or args.topology == "handshake":
+    if args.threads is not None or os.environ.get("PANJOIN_THREADS") or not _in_process(args):
         return
     from panjoin.config import thread_budget
     from panjoin.manager.knobs import offline_threads
