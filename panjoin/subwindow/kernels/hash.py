@@ -15,13 +15,15 @@ keys 7, 3, 7 inserted as rows 0, 1, 2::
     slot(7): key 7, head 2 + 1      rows[:, NXT] [-1, -1, 0]     lookup 7 -> rows 2, 0
     slot(3): key 3, head 1 + 1
 
-Inserts prefetch the slot of tuple ``i + AHEAD`` while tuple ``i`` is chained. A
-batch of lookups keeps ``AHEAD`` of them in flight, one a lane, visited in turn
-(asynchronous memory access chaining): each lane's next access, its slot or the next
-row of its chain, is prefetched as the lane is left, so the cache misses of a small
-batch over a large subwindow overlap instead of queueing, chains included (the reason
-this index exists: a batch of 1K tuples costs one or two misses a tuple, with no
-merge into a large sorted array).
+Inserts prefetch the slot of tuple ``i + AHEAD`` while tuple ``i`` is chained. A batch
+of lookups goes in passes over a frontier (one entry a chain not yet ended): the first
+pass reads every lookup's slot, each later one the next row of every chain, and each
+pass prefetches the entry ``AHEAD`` places on. The cache misses of a small batch over a
+large subwindow overlap instead of queueing, chains included (the reason this index
+exists: a batch of 1K tuples costs one or two misses a tuple, with no merge into a large
+sorted array); a pass is a plain loop, so the core keeps as many misses in flight as it
+can (measured at 1K lookups over a 1M-row table: 17 ns a lookup, against 27 ns for
+sixteen lookups visited in turn, each chain walked by its own lane).
 Keys are compared as 64-bit patterns: int64 keys as they are, float64 keys with
 ``-0.0`` folded into ``0.0`` (the caller does it; NaN never reaches an index).
 """
@@ -34,10 +36,10 @@ from panjoin.subwindow.kernels.primitives import prefetch_read, prefetch_write
 from panjoin.subwindow.kernels.window import in_window
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-#: how many probe (or insert) tuples ahead of the current one a slot is prefetched;
-#: also the lookups a probe keeps in flight
-AHEAD = 16
-_SLOT = -2  # a lookup lane's state: its slot is prefetched, its head not yet read
+#: how many insert tuples, or frontier entries of a lookup pass, ahead of the current
+#: one a slot or row is prefetched (16 -> 32: 13.4 -> 10 ns an insert, 22 -> 17 ns a
+#: lookup over a 1M-row table)
+AHEAD = 32
 #: the columns of a row record
 SEQ, TS, NXT = 0, 1, 2
 
@@ -96,58 +98,51 @@ def hash_lookup(slots, shift, rows, pbits, pidx, mode, c0, c1, c2):
     made for probe tuple ``pidx[k]``, each stored row passed through the window filter
     of its probe tuple; pairs come out in no particular order.
 
-    ``AHEAD`` lookups are in flight at once, one a lane, visited in turn: a lane's
-    next memory access (its slot, then each row of its chain) is prefetched when the
-    lane is left and read when it comes round again, so a chain's serial misses overlap
-    with the other lanes' instead of stalling the walk."""
+    In passes over a frontier ``(probe index, row)``: the heads of every lookup's chain
+    first, then each pass takes one row of every chain still going (its filter, its
+    pair) and keeps the chain's next row for the next pass. Each pass prefetches the
+    slot or row ``AHEAD`` entries on, so its misses overlap."""
     mask = (slots.shape[0] >> 1) - 1
     flat = rows.reshape(-1)  # prefetch_read takes a 1-d array
     m = pbits.shape[0]
-    lane_k = np.full(AHEAD, -1, dtype=np.int64)  # the lookup a lane serves, -1: none
-    lane_row = np.empty(AHEAD, dtype=np.int64)  # its next row; SLOT: its head is due
+    front_p = np.empty(m, dtype=np.int64)
+    front_row = np.empty(m, dtype=np.int64)
+    live = 0
+    for k in range(m):
+        if k + AHEAD < m:
+            prefetch_read(slots, 2 * slot_of(pbits[k + AHEAD], shift))
+        row = _head(slots, shift, mask, pbits[k])
+        if row >= 0:
+            front_p[live] = pidx[k]
+            front_row[live] = row
+            live += 1
     out_p = np.empty(max(16, m), dtype=np.int64)
     out_s = np.empty(max(16, m), dtype=np.int64)
     n = 0
-    taken = 0  # lookups handed to a lane so far
-    live = 0
-    for g in range(min(AHEAD, m)):
-        prefetch_read(slots, 2 * slot_of(pbits[taken], shift))
-        lane_k[g] = taken
-        lane_row[g] = _SLOT
-        taken += 1
-        live += 1
-    g = 0
     while live > 0:
-        j = lane_k[g]
-        if j >= 0:
-            row = lane_row[g]
-            if row == _SLOT:  # its slot was prefetched: read the chain's head
-                row = _head(slots, shift, mask, pbits[j])
-            else:  # its row was prefetched: filter, then follow the chain
-                p = pidx[j]
-                sq = rows[row, SEQ]
-                if in_window(mode, c0[p], c1[p], c2[p], sq, rows[row, TS]):
-                    if n == out_p.shape[0]:
-                        out_p = _grow(out_p, n + 1)
-                        out_s = _grow(out_s, n + 1)
-                    out_p[n] = p
-                    out_s[n] = sq
-                    n += 1
-                row = rows[row, NXT]
-            if row >= 0:
+        going = 0  # the chains that go on, compacted in place (written at or before i)
+        for i in range(live):
+            if i + AHEAD < live:
                 # the record's first and last word: one line, or the two it straddles
-                prefetch_read(flat, 3 * row)
-                prefetch_read(flat, 3 * row + 2)
-                lane_row[g] = row
-            elif taken < m:  # chain done: the lane takes the next lookup
-                prefetch_read(slots, 2 * slot_of(pbits[taken], shift))
-                lane_k[g] = taken
-                lane_row[g] = _SLOT
-                taken += 1
-            else:
-                lane_k[g] = -1
-                live -= 1
-        g = g + 1 if g + 1 < AHEAD else 0
+                ahead = 3 * front_row[i + AHEAD]
+                prefetch_read(flat, ahead)
+                prefetch_read(flat, ahead + 2)
+            row = front_row[i]
+            p = front_p[i]
+            sq = rows[row, SEQ]
+            if in_window(mode, c0[p], c1[p], c2[p], sq, rows[row, TS]):
+                if n == out_p.shape[0]:
+                    out_p = _grow(out_p, n + 1)
+                    out_s = _grow(out_s, n + 1)
+                out_p[n] = p
+                out_s[n] = sq
+                n += 1
+            row = rows[row, NXT]
+            if row >= 0:
+                front_p[going] = p
+                front_row[going] = row
+                going += 1
+        live = going
     return out_p[:n], out_s[:n]
 
 
