@@ -59,7 +59,7 @@ def test_the_choice_follows_the_batches():
         c.observe_batch(512)
     assert c.choose().kind == "hash"
     for _ in range(30):
-        c.observe_batch(64 << 10)
+        c.observe_batch(2 * HASH_MAX_BATCH)
     assert c.choose().kind == "bisort"
     for _ in range(30):
         c.observe_batch(256)
@@ -163,3 +163,48 @@ def test_auto_on_workers_is_exact(monkeypatch):
         got = _pairs(eng)
     assert eng.stats.index_by["hash"] > 0 and eng.stats.index_by["bisort"] > 0
     np.testing.assert_array_equal(got, _ref(ev, window, "eq"))
+
+
+def test_under_a_latency_bound_the_batch_size_does_not_count():
+    """A backlog's large batches under a bound: hash all the same (a BI-Sort
+    subwindow's fixed cost would keep the batches large for its whole life)."""
+    free = IndexChooser(parse_predicate("eq"), nsub=1 << 20)
+    bound = IndexChooser(parse_predicate("eq"), nsub=1 << 20, bounded=True)
+    for c in (free, bound):
+        for _ in range(10):
+            c.observe_batch(256 << 10, pairs=250_000)
+    assert free.choose().kind == "bisort"
+    assert bound.choose().kind == "hash" and "latency bound" in bound.choose().why
+    # the other reasons still hold under a bound
+    band = IndexChooser(parse_predicate("band:2"), nsub=1 << 20, bounded=True)
+    assert band.choose().kind == "bisort"
+    for _ in range(30):
+        bound.observe_batch(1000, pairs=20_000)
+    assert bound.choose().kind == "bisort" and "pairs a tuple" in bound.choose().why
+
+
+def test_uniform_keys_never_read_as_increasing():
+    """Rising medians are a coin flip a batch for stationary keys: over thousands of
+    batches of any size the chooser must not take them for increasing keys (with a
+    weight of 0.2 it did every few hundred batches)."""
+    rng = np.random.default_rng(7)
+    c = IndexChooser(parse_predicate("eq"), nsub=1 << 20, bounded=True)
+    worst = 0.0
+    for i in range(5000):
+        n = int(rng.integers(500, 20_000))
+        c.observe_batch(n, pairs=n, keys=rng.integers(0, 1_000_000, n), stream="RS"[i % 2])
+        if i >= 8:
+            worst = max(worst, c.order)
+            assert c.choose().kind == "hash", (i, c.choose().why)
+    assert worst > 0.6  # it does wander: the test can tell a heavier weight
+
+
+def test_pairs_a_tuple_are_not_fooled_by_a_small_batch_after_a_large_one():
+    """The pairs found since the last batch belong to the batch before, which may be
+    20x larger: a small batch after a large one is not 20 pairs a tuple."""
+    c = IndexChooser(parse_predicate("eq"), nsub=1 << 20, bounded=True)
+    for _ in range(40):
+        c.observe_batch(20_000, pairs=1_000)  # the pairs of the small batch before
+        c.observe_batch(1_000, pairs=20_000)  # the pairs of the large batch before
+    assert 0.8 < c.pairs < 1.5  # (averages of ratios: 9-11)
+    assert c.choose().kind == "hash"

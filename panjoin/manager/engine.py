@@ -299,7 +299,7 @@ class JoinEngine:
         if self.nsub <= 0:
             raise ValueError(f"subwindow size must be positive, got {self.nsub}")
         if index == "auto":
-            self.chooser = IndexChooser(self.pred, self.nsub)
+            self.chooser = IndexChooser(self.pred, self.nsub, bounded=max_latency_ms is not None)
         self.partitions = int(partitions or default_partitions(
             self.nsub, "bisort" if index == "auto" else index))
         if batch_size is not None and batch_size <= 0:
