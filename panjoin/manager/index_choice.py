@@ -9,11 +9,12 @@ else WiB+-Tree. This project's measurements refine it (benchmarks/RESULTS.md, is
   here, small batches and increasing keys included (increasing keys make its merges
   appends), so it takes both their places;
 - a hash table answers an equi join with one lookup a probe tuple and never merges:
-  2.4-2.9x BI-Sort at 4K-16K-tuple batches over subwindows of 512K-1M tuples, 1.1-1.3x
-  at 64K (twelfth session: the lookups in passes over a frontier), a p99 2-4x lower
-  under a latency bound; but BI-Sort wins
-  - from 128K tuples a batch on (its sequential merge-probe; 1.1x at 128K, 1.25x at
-    256K),
+  2.4-2.9x BI-Sort at 4K-16K-tuple batches over subwindows of 512K-1M tuples (twelfth
+  session: the lookups in passes over a frontier), a p99 2-4x lower under a latency
+  bound; but BI-Sort wins
+  - from 32K-128K tuples a batch on, the more the smaller the subwindows (its
+    sequential merge-probe; at 64K 1.1-1.2x over NSub 128K-256K while hash still wins
+    1.1-1.3x over 512K-1M; at 256K 1.25x over 1M),
   - over subwindows that fit the caches (NSub 16K-64K: its searches stay in cache),
   - with many pairs a probe tuple (zipf keys, 11 pairs a tuple at W 1M: a hash chain
     reads one row per pair at random, BI-Sort one contiguous range; 2.2x),
@@ -53,7 +54,7 @@ from panjoin.semantics import Predicate, parse_predicate  # noqa: F401 (the doct
 
 #: batches of at most this many tuples (on average) may go to hash subwindows (none
 #: counts under a latency bound)
-HASH_MAX_BATCH = 65536
+HASH_MAX_BATCH = 16384
 #: subwindows of fewer tuples stay BI-Sort (their searches run in cache)
 HASH_MIN_NSUB = 1 << 17
 #: more pairs a probe tuple than this (on average): BI-Sort's contiguous ranges
