@@ -17,7 +17,7 @@ from panjoin.backend import LocalBackend
 from panjoin.bench.latency import EngineTarget, max_sustainable, run_open_loop
 from panjoin.generate import generate
 from panjoin.manager.engine import JoinEngine
-from panjoin.manager.latency import LatencyBound
+from panjoin.manager.latency import UTILIZATION, UTILIZATION_REMOTE, LatencyBound
 from panjoin.reference import reference_join, sort_pairs
 from panjoin.semantics import parse_predicate, parse_window
 from panjoin.subwindow import INDEX_KINDS
@@ -33,7 +33,7 @@ def test_the_bound_fits_the_measured_costs():
     b.observe_input(20_000, 0.1)  # 200K tuples/s: 100K per stream
     d = b.deadline_ms() / 1000
     # the smallest deadline that keeps up: 2 (a + b lam D) = U D
-    assert 2 * (b.a + b.b * b.rate * d) == pytest.approx(0.7 * d, rel=1e-6)
+    assert 2 * (b.a + b.b * b.rate * d) == pytest.approx(UTILIZATION * d, rel=1e-6)
     # and it holds the bound
     assert d + 2 * (b.a + b.b * b.rate * d) <= 0.010
     # a batch of the cap is processed within half the bound
@@ -45,12 +45,13 @@ def test_under_overload_the_engine_keeps_up_first():
     for n in (1000, 2000) * 5:
         b.observe_batch(n, 2e-4 + 2e-6 * n)  # a = 0.2 ms, 2 us a tuple
     b.observe_input(0, 0.0)
-    b.observe_input(20_000, 0.1)  # 200K tuples/s: D = 2a / (0.7 - 0.4) = 1.3 ms holds 5 ms
+    b.observe_input(20_000, 0.1)  # 200K tuples/s: D = 2a / (0.85 - 0.4) = 0.9 ms holds 5 ms
     assert not b.overloaded
     b.observe_input(40_000, 0.25)
-    b.observe_input(50_000, 0.4)  # over the last 0.2 s or more: 300K/s, 150K per stream
-    assert b.rate == pytest.approx(150_000)
-    d_keep = 2 * b.a / (0.7 - 2 * b.b * b.rate)  # 0.4 ms / 0.1 = 4 ms: past the bound
+    b.observe_input(71_000, 0.4)  # over the last 0.2 s or more: 370K/s, 185K per stream
+    assert b.rate == pytest.approx(185_000)
+    # 0.4 ms / (0.85 - 0.74) = 3.6 ms: past D_lat = 4.6 ms / 1.74 = 2.6 ms
+    d_keep = 2 * b.a / (UTILIZATION - 2 * b.b * b.rate)
     assert b.overloaded and b.deadline_ms() == pytest.approx(1000 * d_keep)
     assert b.batch_cap() >= 2 * b.rate * d_keep - 1  # what such a deadline collects, twice
     b.observe_input(400_000, 0.5)  # 2M tuples/s and more: no batch size keeps up
@@ -65,8 +66,8 @@ def test_the_deadline_never_passes_the_bound():
     for n in (1000, 2000) * 5:
         b.observe_batch(n, 2e-4 + 2e-6 * n)
     b.observe_input(0, 0.0)
-    b.observe_input(34_400, 0.1)  # 344K tuples/s: 172K per stream
-    d_keep = 2 * b.a / (0.7 - 2 * b.b * b.rate)
+    b.observe_input(41_900, 0.1)  # 419K tuples/s: 209.5K per stream
+    d_keep = 2 * b.a / (UTILIZATION - 2 * b.b * b.rate)
     assert d_keep > 0.030
     assert b.overloaded and b.deadline_ms() == 5.0
     assert b.batch_cap() >= 2 * b.rate * d_keep - 1
@@ -432,3 +433,12 @@ def test_the_workers_time_is_busy_time():
     b = eng.bound
     assert b.busy_a + b.busy_b * b._busy.mean_n == pytest.approx(0.03, rel=0.2)
     assert b.overloaded and eng.max_collect_ms >= 50
+
+
+def test_workers_leave_the_engine_less_of_its_time():
+    """In process the engine's busy time is all the join costs (U = 0.85); on workers
+    it leaves out the wire and the other processes on the hosts (U = 0.7)."""
+    here = JoinEngine("count:4K,4K", "eq", max_latency_ms=5)
+    there = JoinEngine("count:4K,4K", "eq", max_latency_ms=5, backend=_BusyWorkers())
+    assert here.bound.utilization == UTILIZATION > UTILIZATION_REMOTE
+    assert there.bound.utilization == UTILIZATION_REMOTE

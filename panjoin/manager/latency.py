@@ -36,14 +36,14 @@ Example, L = 5 ms, measured a = a' = 100 us, b = b' = 0.4 us, lam = 500K tuples/
 stream (1M tuples/s in all)::
 
     D_lat  = (5 - 0.2) / (1 + 0.4) = 3.43 ms
-    D_keep = 0.2 / (0.7 - 0.4)     = 0.67 ms   -> D = 0.67 ms, batches of ~330 tuples
+    D_keep = 0.2 / (0.85 - 0.4)    = 0.44 ms   -> D = 0.44 ms, batches of ~220 tuples
 
     >>> b = LatencyBound(5.0)
     >>> for n in (300, 600, 1200, 300, 600, 1200):
     ...     b.observe_batch(n, 100e-6 + 0.4e-6 * n)
     >>> b.observe_input(0, 0.0); b.observe_input(100_000, 0.1)
     >>> round(b.deadline_ms(), 2), b.batch_cap()
-    (0.67, 6000)
+    (0.44, 6000)
 
 On workers whose round trip takes 2 ms more than the engine's own 100 us + 0.4 us a
 tuple, the bound still holds with the same batches: D_lat = (5 - 2.1 - 0.1) / 1.4 =
@@ -54,7 +54,7 @@ tuple, the bound still holds with the same batches: D_lat = (5 - 2.1 - 0.1) / 1.
     ...     c.observe_batch(n, 2.1e-3 + 0.4e-6 * n, busy=100e-6 + 0.4e-6 * n)
     >>> c.observe_input(0, 0.0); c.observe_input(100_000, 0.1)
     >>> round(c.deadline_ms(), 2), c.overloaded
-    (0.67, False)
+    (0.44, False)
 """
 
 from __future__ import annotations
@@ -63,8 +63,18 @@ from collections import deque
 
 #: the shortest collect deadline (ms): below it a batch is mostly fixed cost
 D_MIN_MS = 0.2
-#: the share of the time the engine may be busy processing at the chosen deadline
-UTILIZATION = 0.7
+#: the share of the time the engine may be busy processing at the chosen deadline, in
+#: process: its busy time is all the join costs. At 0.7 a hash join at 3M tuples/s a
+#: stream (b' 100-120 ns a tuple, 0.6-0.72 busy) read as overloaded, its batches grew
+#: to 100K and their cost a tuple with them (a hash probe's frontier leaves the
+#: caches), so it stayed overloaded: p99 60 ms at 6M tuples/s, while fixed 16K batches
+#: held 7M at 10 ms. 0.85: 7M at p99 24 ms, 1M at 3.5 ms (benchmarks/RESULTS.md, issue
+#: 27, twelfth session)
+UTILIZATION = 0.85
+#: the same on workers, whose busy time leaves out the wire, the codecs and the client
+#: on the same hosts: 0.85 there gave smaller batches and more rounds, and a p99 at 500K
+#: tuples/s 1.5x higher (2 workers, replicas 2, 7 alternated pairs)
+UTILIZATION_REMOTE = 0.7
 #: weight of the past in the fits (per batch, per input observation)
 FORGET = 0.97
 #: the input rate is measured over this much of the recent past (s)
@@ -84,10 +94,11 @@ class LatencyBound:
     """The collect deadline and batch size cap that hold ``max_latency_ms``; see the
     module docstring."""
 
-    def __init__(self, max_latency_ms: float):
+    def __init__(self, max_latency_ms: float, utilization: float = UTILIZATION):
         if not max_latency_ms > 0:
             raise ValueError(f"max latency must be a positive number of ms, got {max_latency_ms}")
         self.bound_s = float(max_latency_ms) / 1000.0
+        self.utilization = utilization
         # until its pairs are out: t = a + b n; busy (the engine's own time): a' + b' n
         self._lat = _Fit()
         self._busy = _Fit()
@@ -127,7 +138,7 @@ class LatencyBound:
         a, b, lam, L = self.a, self.b, self.rate, self.bound_s
         ab, bb = self.busy_a, self.busy_b
         d_lat = (L - a - ab) / (1.0 + (b + bb) * lam)
-        room = UTILIZATION - 2.0 * bb * lam
+        room = self.utilization - 2.0 * bb * lam
         return (2.0 * ab / room if room > 0 else float("inf")), d_lat
 
     @property
