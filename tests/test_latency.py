@@ -48,7 +48,7 @@ def test_under_overload_the_engine_keeps_up_first():
     b.observe_input(20_000, 0.1)  # 200K tuples/s: D = 2a / (0.85 - 0.4) = 0.9 ms holds 5 ms
     assert not b.overloaded
     b.observe_input(40_000, 0.25)
-    b.observe_input(71_000, 0.4)  # over the last 0.2 s or more: 370K/s, 185K per stream
+    b.observe_input(55_500, 0.4)  # since the last one in 0.2 s: 370K/s, 185K per stream
     assert b.rate == pytest.approx(185_000)
     # 0.4 ms / (0.85 - 0.74) = 3.6 ms: past D_lat = 4.6 ms / 1.74 = 2.6 ms
     d_keep = 2 * b.a / (UTILIZATION - 2 * b.b * b.rate)
@@ -442,3 +442,19 @@ def test_workers_leave_the_engine_less_of_its_time():
     there = JoinEngine("count:4K,4K", "eq", max_latency_ms=5, backend=_BusyWorkers())
     assert here.bound.utilization == UTILIZATION > UTILIZATION_REMOTE
     assert there.bound.utilization == UTILIZATION_REMOTE
+
+
+def test_the_rate_after_a_pause_is_the_new_one():
+    """A stream that pauses (a window filled, then a source at its own pace): the rate
+    is measured from the arrivals after the pause within a few pushes, not across it."""
+    b = LatencyBound(20.0)
+    t = 0.0
+    for _ in range(100):  # a fill: 10M tuples/s
+        b.observe_input(10_000, t)
+        t += 0.001
+    assert b.rate == pytest.approx(5e6, rel=0.02)
+    t += 0.5  # a pause, then 500K tuples/s in pushes a millisecond apart
+    for _ in range(5):
+        b.observe_input(500, t)
+        t += 0.001
+    assert b.rate == pytest.approx(250_000, rel=0.3)
