@@ -458,3 +458,43 @@ def test_the_rate_after_a_pause_is_the_new_one():
         b.observe_input(500, t)
         t += 0.001
     assert b.rate == pytest.approx(250_000, rel=0.3)
+
+
+def test_after_a_pause_the_batches_are_not_sized_by_a_backlogs_costs():
+    """A window's fill (a backlog: batches of 200-400K whose fit says 11 ms of fixed
+    cost a round) and then a stream at its own pace after a pause: the first batch of
+    the stream is not cut at the whole bound, nor its size capped to nothing."""
+    b = LatencyBound(20.0)
+    t = 0.0
+    for n in (200_000, 400_000) * 5:
+        b.observe_input(n, t)
+        t += 0.03
+        b.observe_batch(n, 0.011 + 3e-8 * n)
+    assert b.a == pytest.approx(0.011) and b.deadline_ms() == 20.0
+    t += 0.5
+    b.observe_input(500, t)
+    assert b.a < 0.001 and b.deadline_ms() < 5.0 and b.batch_cap() >= 1000
+
+
+def test_a_fixed_cost_above_the_batches_time_comes_down():
+    """Batches of one size cannot tell a fixed cost from a cost a tuple; a fixed cost
+    larger than their whole time (here the first guess, 50 us, against batches of 20
+    us) is not theirs: the fit comes down to what they take."""
+    b = LatencyBound(20.0)
+    for _ in range(10):
+        b.observe_batch(100, 20e-6)
+    assert b.a + b.b * 100 == pytest.approx(20e-6, rel=1e-6) and b.a < 20e-6
+
+
+def test_the_engine_moves_its_deadline_with_the_input():
+    """The deadline follows a push's new rate at once, not after the next batch."""
+    eng = JoinEngine("count:4K,4K", "eq", max_latency_ms=20)
+    eng.bound.observe_input(0, time.monotonic() - 0.1)
+    eng.bound.observe_input(1_000_000, time.monotonic())  # a backlog: 10M tuples/s
+    for _ in range(5):  # ... that no batch size keeps up with: D = L
+        eng.bound.observe_batch(200_000, 0.05)
+    eng._resize()
+    assert eng.max_collect_ms == 20.0
+    time.sleep(0.25)  # a pause; then a slow stream
+    eng.push(generate(100, seed=1))
+    assert eng.max_collect_ms < 20.0

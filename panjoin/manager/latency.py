@@ -125,6 +125,13 @@ class LatencyBound:
         q = self._arrivals
         if not q:
             q.append((now, 0))
+        elif now - q[-1][0] > RATE_WINDOW_S:
+            # input after a pause: a new stream. What batches cost before it may be a
+            # backlog's (the window's fill: batches of 200-500K, whose fit put 11-29 ms
+            # of fixed cost on a round of 1K tuples, so the first batch after it waited
+            # the whole bound): the fits start again from their guesses
+            self._lat = _Fit()
+            self._busy = _Fit()
         self._count += tuples
         q.append((now, self._count))
         # the rate since the oldest arrival within the window (the tuples after it over
@@ -199,8 +206,14 @@ class _Fit:
             if b > 0 and a >= 0:
                 self.a, self.b = a, b
                 return
-        # one size only (or a fit that makes no sense): the cost per tuple at this size
-        self.b = max(mean_t - self.a, 0.0) / max(mean_n, 1.0) or self.b
+        # one size only (or a fit that makes no sense): the cost per tuple at this size;
+        # a fixed cost above the batches' whole time (a backlog's, before a pause) is
+        # no cost of these batches: a and b shrink together until they fit them
+        if self.a >= mean_t:
+            k = mean_t / (self.a + self.b * mean_n)
+            self.a, self.b = self.a * k, self.b * k
+        else:
+            self.b = (mean_t - self.a) / max(mean_n, 1.0) or self.b
 
     @property
     def mean_n(self) -> float:
