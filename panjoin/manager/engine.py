@@ -449,7 +449,6 @@ class JoinEngine:
         self.stats.tuples_by["R"] += n - n_s
         if self.bound is not None:
             self.bound.observe_input(n, time.monotonic())
-            self._resize()  # a new rate (or a stream after a pause) moves the deadline now
 
         keep = None  # None: every tuple is on time
         if self.client_wm is not None:

@@ -85,8 +85,6 @@ RATE_WINDOW_S = 0.2
 #: batch, and the deadline ``2a / (U - 2 b lam)`` with it, for hundreds of batches;
 #: a lasting change still moves the fit, by up to this factor a batch
 STALL = 3.0
-#: the batches' worth of weight a fit's first guess has after a pause in the input
-SEED = 4
 #: smallest and largest batch size cap
 CAP_MIN = 256
 CAP_MAX = 1 << 20
@@ -127,13 +125,6 @@ class LatencyBound:
         q = self._arrivals
         if not q:
             q.append((now, 0))
-        elif now - q[-1][0] > RATE_WINDOW_S:
-            # input after a pause: a new stream. What batches cost before it may be a
-            # backlog's (the window's fill: batches of 200-500K, whose fit put 11-29 ms
-            # of fixed cost on a round of 1K tuples, so the first batch after it waited
-            # the whole bound): the fits start again from their guesses
-            self._lat = _Fit(seeded=True)
-            self._busy = _Fit(seeded=True)
         self._count += tuples
         q.append((now, self._count))
         # the rate since the oldest arrival within the window (the tuples after it over
@@ -185,18 +176,10 @@ class _Fit:
     """``t = a + b n``: a least-squares fit of measured times against batch sizes, with
     exponential forgetting (:data:`FORGET`)."""
 
-    def __init__(self, seeded: bool = False):
+    def __init__(self):
         self._w = self._n = self._nn = self._t = self._nt = 0.0  # weighted sums
         self.a = 50e-6  # until measured: a guess of this machine's order
         self.b = 0.5e-6
-        if seeded:
-            # the guess as SEED batches' worth of measurements (two sizes, so a and b
-            # stay apart): the first batches move it, and one slow round among them
-            # counts STALL x the model at most (unseeded, a first round trip of 8 ms
-            # made the bound call 250K tuples/s a stream overloaded)
-            for n in (256.0, 4096.0):
-                for _ in range(SEED // 2):
-                    self.observe(n, self.a + self.b * n)
 
     def observe(self, n: float, seconds: float) -> None:
         f = FORGET
@@ -216,14 +199,8 @@ class _Fit:
             if b > 0 and a >= 0:
                 self.a, self.b = a, b
                 return
-        # one size only (or a fit that makes no sense): the cost per tuple at this size;
-        # a fixed cost above the batches' whole time (a backlog's, before a pause) is
-        # no cost of these batches: a and b shrink together until they fit them
-        if self.a >= mean_t:
-            k = mean_t / (self.a + self.b * mean_n)
-            self.a, self.b = self.a * k, self.b * k
-        else:
-            self.b = (mean_t - self.a) / max(mean_n, 1.0) or self.b
+        # one size only (or a fit that makes no sense): the cost per tuple at this size
+        self.b = max(mean_t - self.a, 0.0) / max(mean_n, 1.0) or self.b
 
     @property
     def mean_n(self) -> float:
