@@ -458,3 +458,22 @@ def test_the_rate_after_a_pause_is_the_new_one():
         b.observe_input(500, t)
         t += 0.001
     assert b.rate == pytest.approx(250_000, rel=0.3)
+
+
+def test_a_stream_after_a_pause_is_not_held_to_a_backlogs_deadline():
+    """A backlog left the bound overloaded (deadline = the bound); the first push after
+    a pause recomputes the deadline from the new input, so the stream's first batch is
+    not held back the whole bound. The fits are kept as they were."""
+    eng = JoinEngine("count:4K,4K", "eq", max_latency_ms=20)
+    now = time.monotonic()
+    eng.bound.observe_input(0, now - 0.1)
+    eng.bound.observe_input(1_000_000, now)  # a backlog: 10M tuples/s
+    for n in (100_000, 200_000) * 3:  # ... that no batch size keeps up with
+        eng.bound.observe_batch(n, 1e-4 + 2.5e-7 * n)
+    eng._resize()
+    assert eng.max_collect_ms == 20.0
+    a, b = eng.bound.a, eng.bound.b
+    time.sleep(0.25)  # a pause; then a slow stream
+    eng.push(generate(100, seed=1))
+    assert eng.max_collect_ms < 5.0
+    assert (eng.bound.a, eng.bound.b) == (a, b)

@@ -448,7 +448,10 @@ class JoinEngine:
         self.stats.tuples_by["S"] += n_s
         self.stats.tuples_by["R"] += n - n_s
         if self.bound is not None:
-            self.bound.observe_input(n, time.monotonic())
+            if self.bound.observe_input(n, time.monotonic()):
+                # input after a pause: the deadline the last batch left (a backlog's: the
+                # whole bound) would hold back its first batch
+                self._resize()
 
         keep = None  # None: every tuple is on time
         if self.client_wm is not None:

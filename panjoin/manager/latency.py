@@ -120,9 +120,12 @@ class LatencyBound:
         self._lat.observe(n, seconds)
         self._busy.observe(n, seconds if busy is None else busy)
 
-    def observe_input(self, tuples: int, now: float) -> None:
-        """``tuples`` (both streams) arrived at ``now`` (s, a monotonic clock)."""
+    def observe_input(self, tuples: int, now: float) -> bool:
+        """``tuples`` (both streams) arrived at ``now`` (s, a monotonic clock); True when
+        they came after a pause (the deadline chosen before it, e.g. under a backlog,
+        is then out of date)."""
         q = self._arrivals
+        paused = bool(q) and now - q[-1][0] > RATE_WINDOW_S
         if not q:
             q.append((now, 0))
         self._count += tuples
@@ -137,6 +140,7 @@ class LatencyBound:
         t_old, c_old = q[0]
         if now - t_old > 0.01 * RATE_WINDOW_S:
             self.rate = (self._count - c_old) / (now - t_old) / 2.0
+        return paused
 
     def _deadlines(self) -> tuple[float, float]:
         """``(D_keep, D_lat)`` in s; D_keep is infinite when no batch size keeps up."""
