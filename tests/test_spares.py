@@ -4,6 +4,7 @@ arrays come back cleared and serve the next table, which is then exactly as a ne
 reference of DESIGN section 2 through many reuses); arrays something still refers to
 are never reused; idle spares are freed; a latency-bound engine freezes the heap."""
 
+import os
 import subprocess
 import sys
 import time
@@ -153,3 +154,25 @@ def test_only_hash_subwindows_keep_their_arrays():
     st = SubwindowStore("hash", 1 << 12, "int64", 1)
     st.release()  # the table's three arrays and the store's ids
     assert handed() - before == 4
+
+
+def test_the_spares_thread_runs_niced():
+    """Clearing and mapping spares is background work: its thread runs at a lower
+    priority than the batches (Linux: its own nice value)."""
+    sp = Spares()
+    seen = {}
+    real_run = sp._run
+
+    def run():
+        import threading
+
+        seen["tid"] = threading.get_native_id()
+        real_run()
+
+    sp._run = run
+    try:
+        sp.empty(1 << 12, np.int64, ahead=1)
+        sp.drain()
+        assert os.getpriority(os.PRIO_PROCESS, seen["tid"]) == spares_mod.NICE
+    finally:
+        sp.close()

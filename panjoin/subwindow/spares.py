@@ -36,6 +36,8 @@ and spares not taken for :data:`IDLE_S` seconds are freed.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import queue
 import sys
 import threading
@@ -50,6 +52,8 @@ KEEP = 4
 MAX_BYTES = 64 << 20
 #: spares not taken for this long are freed
 IDLE_S = 10.0
+#: the nice value of the thread that clears and maps spares
+NICE = 19
 
 
 class Spares:
@@ -161,6 +165,10 @@ class Spares:
         self._jobs.put(arr)
 
     def _run(self) -> None:
+        # background work: the memsets (36 MB for a 512K-row hash table) run where the
+        # batches leave a core idle, not in their time slices (Linux: a thread's nice)
+        with contextlib.suppress(AttributeError, OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
         while True:
             try:
                 arr = self._jobs.get(timeout=IDLE_S)
