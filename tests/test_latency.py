@@ -477,3 +477,12 @@ def test_a_stream_after_a_pause_is_not_held_to_a_backlogs_deadline():
     eng.push(generate(100, seed=1))
     assert eng.max_collect_ms < 5.0
     assert (eng.bound.a, eng.bound.b) == (a, b)
+
+
+def test_doctests():
+    """The module docstring's worked examples (the formulas a reader checks first)."""
+    import doctest
+
+    import panjoin.manager.latency as latency_mod
+
+    assert doctest.testmod(latency_mod).failed == 0

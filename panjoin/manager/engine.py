@@ -73,7 +73,7 @@ from panjoin.config import (
 )
 from panjoin.manager.index_choice import IndexChooser
 from panjoin.manager.kernels import pack_rows, split_streams, unpack_rows
-from panjoin.manager.latency import CAP_MAX, UTILIZATION, UTILIZATION_REMOTE, LatencyBound
+from panjoin.manager.latency import CAP_MAX, LatencyBound
 from panjoin.manager.ring import SubwindowRing
 from panjoin.ops.timings import Timings
 from panjoin.semantics import (
@@ -308,8 +308,7 @@ class JoinEngine:
         # a given batch size is then only the largest it may pick
         # on workers (which report their busy time) the engine's busy time leaves out the
         # wire and the other processes on the hosts: less of it is safe to use
-        remote = hasattr(backend, "busiest_worker_s")
-        self.bound = LatencyBound(max_latency_ms, UTILIZATION_REMOTE if remote else UTILIZATION) \
+        self.bound = LatencyBound(max_latency_ms, remote=hasattr(backend, "busiest_worker_s")) \
             if max_latency_ms is not None else None
         self.batch_limit = int(batch_size or (CAP_MAX if self.bound else DEFAULT_BATCH))
         self.batch_size = self.batch_limit

@@ -41,7 +41,8 @@ stream (1M tuples/s in all)::
     >>> b = LatencyBound(5.0)
     >>> for n in (300, 600, 1200, 300, 600, 1200):
     ...     b.observe_batch(n, 100e-6 + 0.4e-6 * n)
-    >>> b.observe_input(0, 0.0); b.observe_input(100_000, 0.1)
+    >>> b.observe_input(0, 0.0), b.observe_input(100_000, 0.1)  # (True: after a pause)
+    (False, False)
     >>> round(b.deadline_ms(), 2), b.batch_cap()
     (0.44, 6000)
 
@@ -52,7 +53,8 @@ tuple, the bound still holds with the same batches: D_lat = (5 - 2.1 - 0.1) / 1.
     >>> c = LatencyBound(5.0)
     >>> for n in (300, 600, 1200, 300, 600, 1200):
     ...     c.observe_batch(n, 2.1e-3 + 0.4e-6 * n, busy=100e-6 + 0.4e-6 * n)
-    >>> c.observe_input(0, 0.0); c.observe_input(100_000, 0.1)
+    >>> c.observe_input(0, 0.0), c.observe_input(100_000, 0.1)  # (True: after a pause)
+    (False, False)
     >>> round(c.deadline_ms(), 2), c.overloaded
     (0.44, False)
 """
@@ -94,11 +96,12 @@ class LatencyBound:
     """The collect deadline and batch size cap that hold ``max_latency_ms``; see the
     module docstring."""
 
-    def __init__(self, max_latency_ms: float, utilization: float = UTILIZATION):
+    def __init__(self, max_latency_ms: float, remote: bool = False):
+        """``remote``: the batches are probed on workers (:data:`UTILIZATION_REMOTE`)."""
         if not max_latency_ms > 0:
             raise ValueError(f"max latency must be a positive number of ms, got {max_latency_ms}")
         self.bound_s = float(max_latency_ms) / 1000.0
-        self.utilization = utilization
+        self.utilization = UTILIZATION_REMOTE if remote else UTILIZATION
         # until its pairs are out: t = a + b n; busy (the engine's own time): a' + b' n
         self._lat = _Fit()
         self._busy = _Fit()
