@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import panjoin.config
-    from panjoin.bench.latency import TAIL_S, EngineTarget, run_open_loop
+    from panjoin.bench.latency import HEAD_S, TAIL_S, EngineTarget, run_open_loop
     from panjoin.generate import generate
     from panjoin.manager.engine import JoinEngine, warm_up
     from panjoin.semantics import parse_size
@@ -42,8 +42,8 @@ def main(argv=None) -> int:
     rate = float(parse_size(args.rate))
     warm_up(args.index)
     fill = 2 << 20
-    ev = generate(fill + int(rate * (args.seconds + TAIL_S)), "uniform", key_max=1_000_000,
-                  seed=1)
+    ev = generate(fill + int(rate * (HEAD_S + args.seconds + TAIL_S)), "uniform",
+                  key_max=1_000_000, seed=1)
     eng = JoinEngine("count:1M,1M", "eq", index=args.index, max_latency_ms=args.max_latency)
 
     full: list[tuple[float, float]] = []  # (start, seconds) of each full collection

@@ -290,6 +290,14 @@ class LiveJoin:
             return Output(0, z, z, None, None, np.zeros(0, np.uint8), z, False, True)
         return fold(outs)
 
+    def wait(self, timeout: float) -> bool:
+        """Block until an output has arrived that :meth:`poll` has not returned (True),
+        the stream failed, or ``timeout`` seconds passed (False): a caller with nothing
+        else to do takes its pairs the moment they arrive, not at its next poll."""
+        with self._cond:
+            return self._cond.wait_for(lambda: bool(self._outs) or self._error is not None,
+                                       max(timeout, 0.0)) and bool(self._outs)
+
     def pending(self) -> bool:
         """Inputs pushed or sent whose answers have not arrived."""
         with self._cond:

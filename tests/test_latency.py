@@ -201,7 +201,8 @@ def test_a_target_with_a_step_is_pushed_once_a_step():
     """A remote target (LiveTarget: the client's linger) takes its input once a step: the
     source does not spin pushing a few tuples at a time, and pushes all that fell due."""
     t = _Stepped()
-    r = run_open_loop(generate(3000, seed=1), fill=0, rate=10_000, target=t, tail_s=0.0)
+    r = run_open_loop(generate(3000, seed=1), fill=0, rate=10_000, target=t, tail_s=0.0,
+                      head_s=0.0)
     times = np.array([p[0] for p in t.pushes])
     assert sum(p[1] for p in t.pushes) == 3000
     # 0.3 s of input: about 30 pushes (not one per tuple or per POLL_S)
@@ -247,9 +248,27 @@ class _Stalling(EngineTarget):
 def test_a_stall_counts_against_latency():
     ev = generate(40_000, seed=1)
     eng = JoinEngine("count:4K,4K", "eq", index="bisort", max_latency_ms=20)
-    r = run_open_loop(ev, fill=8192, rate=50_000, target=_Stalling(eng))
+    r = run_open_loop(ev, fill=8192, rate=50_000, target=_Stalling(eng), head_s=0.0)
     # tuples due during the stall were pushed after it: their pairs waited for it
     assert r.max_ms >= 100 and r.behind_ms >= 100
+
+
+def test_the_warm_up_and_the_tail_are_not_measured():
+    """Exactly the pairs whose later tuple is due within the measured part are counted:
+    not the fill's, the warm-up's (head_s) or the tail's."""
+    ev = generate(12_000, "uniform", key_min=0, key_max=300, seed=2)
+    fill, rate = 4096, 20_000
+    eng = JoinEngine("count:2K,2K", "eq", index="nested", max_latency_ms=20)
+    r = run_open_loop(ev, fill=fill, rate=rate, target=EngineTarget(eng), head_s=0.1,
+                      tail_s=0.1)
+    head, n = 2000, len(ev) - fill - 4000
+    assert r.tuples == n
+    ref = reference_join(ev.stream, ev.id, ev.key, ev.ts, parse_window("count:2K,2K"),
+                         parse_predicate("eq"))
+    row = {(int(x), int(i)): k for k, (x, i) in enumerate(zip(ev.stream, ev.id, strict=True))}
+    later = np.array([max(row[0, int(a)], row[1, int(b)]) for a, b in ref.pairs]) - fill
+    expected = int(((later >= head) & (later < head + n)).sum())
+    assert 0 < expected < len(ref.pairs) and r.pairs == expected
 
 
 def test_the_cli_sweeps_rates_and_writes_json(tmp_path):

@@ -165,6 +165,28 @@ def test_without_a_bound_each_input_gets_one_output(manager, events):
     assert not _input_threads()
 
 
+def test_wait_returns_when_pairs_arrive(manager, events):
+    """LiveJoin.wait blocks until an output arrives (a caller takes its pairs the moment
+    they come, not at its next poll), and times out with nothing left to arrive."""
+    ref = reference_join(events.stream, events.id, events.key, events.ts,
+                         parse_window("count:300,300"), parse_predicate("eq"))
+    with Client(manager) as c:
+        jid = c.open("count:300,300", "eq", max_latency_ms=5)
+        with c.live(jid, linger_ms=0) as live:
+            assert live.wait(0.05) is False  # nothing pushed, nothing to wait for
+            live.push(events)
+            t = time.monotonic()
+            assert live.wait(60) is True
+            assert time.monotonic() - t < 30
+            outs = [live.poll()]
+            assert len(outs[0].r_id) or outs[0].batch_id  # pairs, or the input's answer
+            live.flush()
+            outs.append(live.poll())
+            assert live.wait(0.05) is False  # everything polled: it waited, then False
+    assert np.array_equal(_pairs(outs), ref.pairs)
+    _wait_no_input_threads()
+
+
 def test_close_and_disconnect_end_the_streaming_loop(manager, events):
     with Client(manager) as c:
         # Close from another call while the stream is open: the stream ends, no thread

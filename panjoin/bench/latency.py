@@ -13,9 +13,11 @@ the later of its two tuples::
 
 Each run first fills both windows closed-loop (untimed; pairs discarded), so what is
 measured is the steady state with full windows, subwindows expiring as they would
-in production. The source then runs ``TAIL_S`` past the measured tuples, whose pairs
-alone are counted: the end of the input (a last partial batch, a flush) is not part of
-a stream's steady state. The target *kept up* when the source's backlog behind its
+in production. The source then runs ``HEAD_S`` before the measured tuples and
+``TAIL_S`` past them, whose pairs alone are counted: neither the change from the
+closed-loop fill to the open-loop stream (the engine's first measurements of its
+batches are the fill's) nor the end of the input (a last partial batch, a flush) is
+part of a stream's steady state. The target *kept up* when the source's backlog behind its
 schedule grew by less than ``KEPT_UP_MS`` over the run, and so did the pairs' median
 latency from the first quarter of the run to the last (a target that takes its input
 without waiting, as a remote join does, queues it inside instead of holding the
@@ -26,8 +28,10 @@ A target is anything with ``push(chunk)`` (an :class:`~panjoin.events.EventTable
 slice), ``poll() -> (r_id, s_id)`` (the pairs it hands out now, never blocking),
 ``pending() -> bool`` (tuples still buffered or pairs still being computed),
 ``flush()`` (end of input: process everything) and ``close()``, and may say
-``step_s``: the source then wakes at most once a step (at most that much later than
-a tuple's due time, which counts against its latency):
+``step_s``: the source then pushes at most once a step (at most that much later than
+a tuple's due time, which counts against its latency), and ``wait(timeout)``: block
+until pairs arrive (a remote target's pairs are then taken the moment they come, as a
+consumer blocked on its result stream takes them, not at the source's next step):
 :class:`EngineTarget` is the in-process engine, driven with ``tick()`` and
 ``take_results(wait=False)`` as a caller that must not block would drive it;
 :class:`LiveTarget` is a streaming join on a manager endpoint (``--workers N``: a
@@ -64,6 +68,10 @@ POLL_S = 0.0002
 #: the source goes on this long past the measured tuples (at the same rate), so that
 #: the measured ones are never held back by the end of the input
 TAIL_S = 0.25
+#: and starts this long before them (a warm-up, as the pipeline's benchmark has): the
+#: change from the closed-loop fill to the open-loop stream is not a stream's steady
+#: state either (the first rounds' measured times are the fill's)
+HEAD_S = 0.25
 #: the longest client linger the source uses under a bound (ms), see :func:`linger_ms`
 LINGER_MAX_MS = 5.0
 
@@ -153,6 +161,9 @@ class LiveTarget:
         out = self.live.poll()
         return out.r_id, out.s_id
 
+    def wait(self, timeout: float) -> bool:
+        return self.live.wait(timeout)
+
     def pending(self) -> bool:
         return self.live.pending()
 
@@ -188,10 +199,10 @@ def _due_lookup(events, fill: int, rate: float):
 
 
 def run_open_loop(events, fill: int, rate: float, target, *, tail_s: float = TAIL_S,
-                  progress=None) -> LatencyResult:
+                  head_s: float = HEAD_S, progress=None) -> LatencyResult:
     """Fill with ``events[:fill]`` closed-loop, then replay ``events[fill:]`` at ``rate``
     tuples/s into ``target``; returns the pair latencies of the replayed part but its
-    last ``tail_s`` seconds (see the module docstring)."""
+    first ``head_s`` and last ``tail_s`` seconds (see the module docstring)."""
     step = 1 << 16
     for a in range(0, fill, step):
         target.push(events.slice(a, min(fill, a + step)))
@@ -200,13 +211,16 @@ def run_open_loop(events, fill: int, rate: float, target, *, tail_s: float = TAI
         target.flush()
         target.poll()
     total = len(events) - fill
-    n = max(1, total - int(tail_s * rate))  # the measured tuples; the rest is the tail
+    head = min(int(head_s * rate), max(0, total - 1))  # the warm-up's tuples
+    n = max(1, total - head - int(tail_s * rate))  # the measured tuples
+    end = head + n  # the tuples from here on are the tail's
     b0 = target.batches() if hasattr(target, "batches") else 0
     lat: list[np.ndarray] = []
     dues: list[np.ndarray] = []  # the due time of each pair's later tuple
     pairs = 0
     due_r, due_s = _due_lookup(events, fill, rate)
-    horizon = (n - 0.5) / rate  # pairs whose later tuple is due after it: the tail's
+    start = (head - 0.5) / rate if head else -1.0  # pairs due before it: the warm-up's
+    horizon = (end - 0.5) / rate  # pairs whose later tuple is due after it: the tail's
     t0 = time.perf_counter() + 0.005
 
     def take(now_pairs, now):
@@ -214,23 +228,27 @@ def run_open_loop(events, fill: int, rate: float, target, *, tail_s: float = TAI
         r, s = now_pairs
         if r.size:
             d = np.maximum(due_r(r), due_s(s))
-            ok = np.isfinite(d) & (d < horizon)  # a pair of two fill tuples: no due time
+            # a pair of two fill tuples has no due time
+            ok = np.isfinite(d) & (d < horizon) & (d >= start)
             lat.append(now - t0 - d[ok])
             dues.append(d[ok])
             pairs += int(ok.sum())
 
-    step = getattr(target, "step_s", 0.0)  # the source wakes at most once a step
+    step = getattr(target, "step_s", 0.0)  # the source pushes at most once a step
+    wait_for_pairs = getattr(target, "wait", None)
     pushed = 0
     behind = 0.0
     end_behind = 0.0
-    last_push = t0
+    last_push = t0 + head / rate
+    next_step = t0  # the source's next push, at the earliest
     backlog: list[tuple[int, float]] = []  # (tuples pushed before, backlog in s)
     while pushed < total:
         now = time.perf_counter()
         due_n = min(total, int((now - t0) * rate) + 1) if now >= t0 else 0
-        if due_n > pushed:
+        if due_n > pushed and now >= next_step:
+            next_step = now + step
             back = now - (t0 + pushed / rate)  # how long the oldest of these waited
-            if pushed < n:
+            if head <= pushed < end or (pushed < head < due_n):
                 behind = max(behind, back)
                 end_behind = back
                 last_push = now
@@ -245,9 +263,13 @@ def run_open_loop(events, fill: int, rate: float, target, *, tail_s: float = TAI
             after = time.perf_counter()
             # the next tuple's due time, or the target's next step (the tuples due
             # meanwhile are pushed late, and that counts against their latency)
-            wait = max(t0 + pushed / rate - after, now + step - after)
+            wait = max(t0 + pushed / rate, next_step) - after
             if wait > 0:
-                time.sleep(min(wait, max(POLL_S, step)))
+                wait = min(wait, max(POLL_S, step))
+                if wait_for_pairs is not None:  # pairs are taken the moment they arrive
+                    wait_for_pairs(wait)
+                else:
+                    time.sleep(wait)
     target.flush()
     take(target.poll(), time.perf_counter())
     while target.pending():
@@ -256,20 +278,22 @@ def run_open_loop(events, fill: int, rate: float, target, *, tail_s: float = TAI
     ms = np.concatenate(lat) * 1000.0 if lat else np.zeros(1)
     q = np.quantile(ms, [0.5, 0.99, 0.999]) if ms.size else np.zeros(3)
     batches = (target.batches() - b0) if hasattr(target, "batches") else 0
-    first = max((b for p, b in backlog if p < n // 4), default=0.0)
+    first = max((b for p, b in backlog if p < head + n // 4), default=0.0)
     # the last push counts too: a target far behind pushes the whole last quarter at once
-    last = max([b for p, b in backlog if p >= n - n // 4] + [end_behind])
+    last = max([b for p, b in backlog if p >= end - n // 4] + [end_behind])
     # a target that takes its input without waiting (a remote join) queues it inside
     # instead: then the pairs' latency grows over the run
     growth = 0.0
     if lat:
         lt, du = np.concatenate(lat), np.concatenate(dues)
-        early, late = lt[du < horizon / 4], lt[du >= horizon * 3 / 4]
+        quarter = (horizon - max(start, 0.0)) / 4
+        early, late = lt[du < max(start, 0.0) + quarter], lt[du >= horizon - quarter]
         if early.size and late.size:
             growth = float(np.median(late) - np.median(early))
     return LatencyResult(
         mode=getattr(target, "mode", type(target).__name__), rate=rate,
-        achieved=min(rate, n / max(last_push - t0, 1e-9)), tuples=n, pairs=pairs,
+        achieved=min(rate, n / max(last_push - (t0 + head / rate), 1e-9)), tuples=n,
+        pairs=pairs,
         p50_ms=float(q[0]), p99_ms=float(q[1]), p999_ms=float(q[2]), max_ms=float(ms.max()),
         behind_ms=behind * 1000.0, end_behind_ms=end_behind * 1000.0,
         kept_up=max(last - first, growth) * 1000.0 <= KEPT_UP_MS,
@@ -348,7 +372,8 @@ def latency_sweep(rates, *, window: str = "count:1M,1M", predicate: str = "eq",
         raise ValueError("the handshake topology runs on node processes: give workers")
     fill = int(w.r + w.s)
     top = max(rates)
-    events = generate(fill + int(top * (seconds + TAIL_S)), dist, key_max=key_max, seed=seed)
+    events = generate(fill + int(top * (HEAD_S + seconds + TAIL_S)), dist, key_max=key_max,
+                      seed=seed)
     settings = dict(window=window, predicate=predicate, index=index, dist=dist,
                     max_latency_ms=max_latency_ms, batch_size=batch_size,
                     collect_ms=collect_ms, subwindow_size=subwindow_size, threads=threads)
@@ -365,7 +390,7 @@ def latency_sweep(rates, *, window: str = "count:1M,1M", predicate: str = "eq",
     out = []
     try:
         for rate in rates:
-            ev = events.slice(0, fill + int(rate * (seconds + TAIL_S)))
+            ev = events.slice(0, fill + int(rate * (HEAD_S + seconds + TAIL_S)))
             if cluster is None:
                 eng = JoinEngine(window, predicate, index=index, batch_size=batch_size,
                                  max_collect_ms=collect_ms, max_latency_ms=max_latency_ms,
