@@ -308,6 +308,9 @@ class _Counted:
     def __len__(self) -> int:
         return self.count
 
+    def release(self) -> None:
+        """Expired: holds nothing to give back (a stored subwindow's arrays go to the spares)."""
+
     @property
     def full(self) -> bool:
         return self.count >= self.capacity

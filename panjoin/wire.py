@@ -53,16 +53,19 @@ def to_array(a: np.ndarray) -> common_pb2.Array:
 
 def from_array(msg: common_pb2.Array, want: str | None = None, name: str = "array") -> np.ndarray:
     """Decode an Array; ``want`` ('<i8', '<f8', ...) checks its dtype. Empty message -> []."""
-    if not msg.dtype and not msg.data:
+    # each read of a bytes field copies it (protobuf's upb): read once (three reads of a
+    # 1M-row column cost 0.5 ms where one costs 0.25)
+    dtype, data = msg.dtype, msg.data
+    if not dtype and not data:
         return np.zeros(0, dtype=np.dtype(want) if want else np.int64)
-    if msg.dtype not in ALLOWED and not (msg.dtype == want and want in NAMED_ONLY):
-        raise WireError(f"{name}: dtype {msg.dtype!r} is not one of {sorted(ALLOWED)}")
-    if want is not None and msg.dtype != want:
-        raise WireError(f"{name}: expected dtype {want}, got {msg.dtype}")
-    dt = np.dtype(msg.dtype)
-    if len(msg.data) % dt.itemsize:
-        raise WireError(f"{name}: {len(msg.data)} bytes is not a whole number of {msg.dtype}")
-    out = np.frombuffer(msg.data, dtype=dt)
+    if dtype not in ALLOWED and not (dtype == want and want in NAMED_ONLY):
+        raise WireError(f"{name}: dtype {dtype!r} is not one of {sorted(ALLOWED)}")
+    if want is not None and dtype != want:
+        raise WireError(f"{name}: expected dtype {want}, got {dtype}")
+    dt = np.dtype(dtype)
+    if len(data) % dt.itemsize:
+        raise WireError(f"{name}: {len(data)} bytes is not a whole number of {dtype}")
+    out = np.frombuffer(data, dtype=dt)
     if msg.shape:
         if int(np.prod(msg.shape)) != out.size:
             raise WireError(f"{name}: shape {list(msg.shape)} does not hold {out.size} items")
@@ -181,13 +184,16 @@ def to_payloads(arr: pa.Array | None, msg) -> None:
 def from_payloads(msg, n: int, name: str = "payload") -> pa.Array | None:
     """A ``panjoin.v1.Payloads`` message as a large_binary Arrow array of ``n`` rows; an
     empty message is None (no payloads)."""
-    if not msg.offsets.data and not msg.data:
+    data = msg.data  # (each read copies it)
+    if not msg.HasField("offsets") and not data:
         return None
     offs = from_array(msg.offsets, "<i8", f"{name}.offsets")
+    if offs.size == 0 and not data:
+        return None
     if offs.shape != (n + 1,):
         raise WireError(f"{name}: {offs.size} offsets for {n} rows; need n + 1")
-    if offs[0] != 0 or offs[-1] != len(msg.data) or np.any(np.diff(offs) < 0):
+    if offs[0] != 0 or offs[-1] != len(data) or np.any(np.diff(offs) < 0):
         raise WireError(f"{name}: offsets must start at 0, never decrease and end at "
-                        f"len(data) = {len(msg.data)}")
+                        f"len(data) = {len(data)}")
     return pa.Array.from_buffers(PAYLOAD_TYPE, n, [None, pa.py_buffer(offs.tobytes()),
-                                                   pa.py_buffer(msg.data)])
+                                                   pa.py_buffer(data)])

@@ -159,6 +159,7 @@ def add_max_latency(p) -> None:
 
 def run_cluster(args) -> int:
     from panjoin.launch import die_with_parent, start_cluster
+    from panjoin.manager.engine import warm_up_manager
     from panjoin.manager.service import serve_manager
     from panjoin.serving import serve_until_stopped
 
@@ -171,6 +172,7 @@ def run_cluster(args) -> int:
     cluster = start_cluster(args.workers, args.threads, manager=False, role=role,
                             worker_args=wargs)
     try:
+        warm_up_manager()
         server, port = serve_manager(cluster.addresses, args.port, topology=args.topology,
                                      fifo=args.fifo, segment=args.segment,
                                      replicas=args.replicas, max_latency_ms=args.max_latency,
@@ -201,6 +203,7 @@ def run_cluster(args) -> int:
 
 def run_manager(args) -> int:
     from panjoin.launch import MANAGER_READY, WARM_UP_TIMEOUT, die_with_parent, wait_healthy
+    from panjoin.manager.engine import warm_up_manager
     from panjoin.manager.service import serve_manager
     from panjoin.serving import serve_until_stopped
 
@@ -208,6 +211,7 @@ def run_manager(args) -> int:
     check_topology(args, "panjoin manager")
     current().check_bind(args.host, "the manager server")  # before waiting on the workers
     addrs = [a.strip() for a in args.workers.split(",") if a.strip()]
+    warm_up_manager()  # its kernels, meanwhile the workers warm up theirs
     for a in addrs:  # a worker on a cold Numba cache compiles for minutes first
         wait_healthy(a, timeout=WARM_UP_TIMEOUT)
     server, port = serve_manager(addrs, args.port, args.host, topology=args.topology,

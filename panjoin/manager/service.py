@@ -386,14 +386,17 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         if _gone(context):  # read after the client's deadline, or the client went away
             context.abort(grpc.StatusCode.CANCELLED, "the client is gone (its deadline "
                           "passed or it went away); the input was not applied")
-        n = max(len(msg.stream.data), len(msg.id.data) // 8)  # before decoding any
-        if n > self.max_input_tuples:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"{n} tuples in one JoinInput; send at most "
-                          f"{self.max_input_tuples} a message (split the batch)")
         try:
+            # each read of a bytes field copies it: the two columns that count the tuples
+            # are decoded (views of one copy each, within the message size limit) and
+            # counted before anything else is
             stream = from_array(msg.stream, "|u1", "stream")
             ids = from_array(msg.id, "<i8", "id")
+            n = max(stream.size, ids.size)
+            if n > self.max_input_tuples:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"{n} tuples in one JoinInput; send at most "
+                              f"{self.max_input_tuples} a message (split the batch)")
             keys = from_array(msg.key, None, "key")
             ts = from_array(msg.ts, "<i8", "ts")
             if not (stream.shape == ids.shape == keys.shape == ts.shape):
