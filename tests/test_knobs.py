@@ -150,12 +150,13 @@ def test_a_result_heavy_join_gets_smaller_batches():
     assert got == (24 / 25 + 1) / 2
 
 
-def test_the_chunk_follows_the_pairs_in_process_and_stays_1m_on_a_manager(caplog):
-    """Replay's chunk: about 8M pairs' worth in-process; a manager's Join stream keeps
-    1M-row chunks; a chunk given is kept (and the log line names it in every case)."""
+def test_the_chunk_follows_the_pairs_in_process_and_is_256k_on_a_manager(caplog):
+    """Replay's chunk: about 8M pairs' worth in-process; a manager's Join stream takes
+    256K-row chunks (JoinInputs below glibc's mmap threshold: 1M rows, 25 MB, were faulted
+    in afresh each); a chunk given is kept (and the log line names it in every case)."""
     import argparse
 
-    from panjoin.cli.replay import _fill_knobs
+    from panjoin.cli.replay import _fill_knobs, _wire_or_max_chunk
     from panjoin.generate import generate
 
     ev = generate(40_000, "uniform", key_max=100, seed=2)  # about 100 pairs a tuple
@@ -170,8 +171,11 @@ def test_the_chunk_follows_the_pairs_in_process_and_stays_1m_on_a_manager(caplog
         return a.chunk
 
     assert chunk(None) == 64 * 1024  # 8M / 100 pairs, to a power of two
-    assert chunk("localhost:1") == 1 << 20
+    assert chunk("localhost:1") == knobs_mod.CHUNK_WIRE == 1 << 18
     assert chunk(None, given=5000) == 5000
+    # without the whole-file rule (a latency bound, the handshake chain)
+    assert _wire_or_max_chunk(argparse.Namespace(cluster="localhost:1")) == 1 << 18
+    assert _wire_or_max_chunk(argparse.Namespace(cluster=None)) == knobs_mod.CHUNK_MAX
 
 
 def test_keys_that_increase_are_told_from_the_rest():

@@ -219,9 +219,7 @@ def _read_and_join(args, window, pred, ph, loader) -> int:
     if args.topology != "handshake" and args.max_latency is None:
         _fill_knobs(args, window, events, pred)
     if args.chunk is None:
-        from panjoin.manager.knobs import CHUNK_MAX
-
-        args.chunk = CHUNK_MAX
+        args.chunk = _wire_or_max_chunk(args)
     if args.cluster:
         return _replay_on_manager(args, events, window, pred, ph)
     if args.topology == "handshake":
@@ -259,7 +257,6 @@ def managers(cluster: str) -> list[str]:
 def _fill_knobs(args, window, events, pred) -> None:
     """NSub, NBat and the chunk left out: the whole-file rule (:mod:`panjoin.manager.knobs`)."""
     from panjoin.manager.knobs import (
-        CHUNK_MAX,
         chunk_rows,
         keys_increase,
         offline_knobs,
@@ -277,12 +274,21 @@ def _fill_knobs(args, window, events, pred) -> None:
         args.subwindow_size = nsub
     if args.batch_size is None:
         args.batch_size = nbat
-    if args.chunk is None:  # a manager's Join stream takes 1M-row chunks as before
-        args.chunk = CHUNK_MAX if args.cluster else chunk_rows(pairs, args.batch_size)
+    if args.chunk is None:
+        args.chunk = _wire_or_max_chunk(args) if args.cluster else chunk_rows(pairs,
+                                                                               args.batch_size)
     log.info("knobs for the whole file (panjoin/manager/knobs.py; --subwindow-size, "
              "--batch-size and --chunk override): NSub %d, NBat %d, chunks of %d rows (W %d "
              "tuples a stream, about %.3g pairs a probe tuple%s)", args.subwindow_size,
              args.batch_size, args.chunk, w, pairs, ", keys increasing" if increasing else "")
+
+
+def _wire_or_max_chunk(args) -> int:
+    """The chunk without the whole-file rule: on a manager, JoinInputs of ``CHUNK_WIRE``
+    rows, else ``CHUNK_MAX`` (:mod:`panjoin.manager.knobs`)."""
+    from panjoin.manager.knobs import CHUNK_MAX, CHUNK_WIRE
+
+    return CHUNK_WIRE if args.cluster else CHUNK_MAX
 
 
 def _replay_on_manager(args, events, window, pred, ph) -> int:

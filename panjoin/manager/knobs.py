@@ -99,6 +99,12 @@ HEAVY_PAIRS = 16
 NSUB_MIN_HEAVY = 1 << 10
 #: rows replay pushes at a time at most (a join with few pairs a tuple)
 CHUNK_MAX = 1 << 20
+#: rows a JoinInput of ``replay --cluster`` holds: 6.5 MB, where 1M rows (25 MB) passed
+#: glibc's mmap threshold in the client and the manager (gRPC's buffers, protobuf's
+#: copies), whose every message was then faulted in afresh: on eq-4M at N = 4, a quarter
+#: core a host, the join took 4.6-5.4 s in 1M-row messages, 3.8-4.0 s in 128K-256K
+#: (manager 0.9-1.0 CPU-s against 1.1-1.3, the client 0.3 against 0.6)
+CHUNK_WIRE = 1 << 18
 
 
 def window_tuples(window: Window, ts: np.ndarray | None = None,
