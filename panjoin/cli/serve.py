@@ -202,6 +202,7 @@ def run_cluster(args) -> int:
 
 
 def run_manager(args) -> int:
+    from panjoin.config import freeze_heap
     from panjoin.launch import MANAGER_READY, WARM_UP_TIMEOUT, die_with_parent, wait_healthy
     from panjoin.manager.engine import warm_up_manager
     from panjoin.manager.service import serve_manager
@@ -220,6 +221,7 @@ def run_manager(args) -> int:
                                  worker_timeout=args.worker_timeout,
                                  idle_timeout=args.idle_timeout,
                                  metrics_port=args.metrics_port, http_port=args.http_port)
+    freeze_heap()  # startup's objects out of the full collections, as in a worker
     print(f"{MANAGER_READY}{args.host}:{port}{metrics_note(server, args.host)}"
           f"{page_note(server, args.host)}, workers {', '.join(addrs)}", flush=True)
     return serve_until_stopped(lambda: server.stop(grace=2).wait())
