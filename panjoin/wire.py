@@ -185,8 +185,6 @@ def from_payloads(msg, n: int, name: str = "payload") -> pa.Array | None:
     """A ``panjoin.v1.Payloads`` message as a large_binary Arrow array of ``n`` rows; an
     empty message is None (no payloads)."""
     data = msg.data  # (each read copies it)
-    if not msg.HasField("offsets") and not data:
-        return None
     offs = from_array(msg.offsets, "<i8", f"{name}.offsets")
     if offs.size == 0 and not data:
         return None

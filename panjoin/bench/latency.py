@@ -248,7 +248,7 @@ def run_open_loop(events, fill: int, rate: float, target, *, tail_s: float = TAI
         if due_n > pushed and now >= next_step:
             next_step = now + step
             back = now - (t0 + pushed / rate)  # how long the oldest of these waited
-            if head <= pushed < end or (pushed < head < due_n):
+            if pushed < end and due_n > head:  # a push of measured tuples
                 behind = max(behind, back)
                 end_behind = back
                 last_push = now
