@@ -267,9 +267,8 @@ def is_ranges(r: worker_pb2.ProbeResult) -> bool:
 
 def decode_answer(r: worker_pb2.ProbeResult):
     """(probe_idx, ids, seq or None) of a PAIRS answer."""
-    # (a bytes field's every read copies it: seq's data is read once)
-    seq = from_array(r.seq, "<i8") if r.HasField("seq") else None
-    seq = seq if seq is not None and seq.size else None
+    seq = from_array(r.seq, "<i8")  # (empty when unset; a bytes field is read once)
+    seq = seq if seq.size else None
     return from_array(r.probe_idx, "<i8"), from_array(r.ids, "<i8"), seq
 
 

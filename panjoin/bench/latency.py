@@ -292,8 +292,8 @@ def run_open_loop(events, fill: int, rate: float, target, *, tail_s: float = TAI
             growth = float(np.median(late) - np.median(early))
     return LatencyResult(
         mode=getattr(target, "mode", type(target).__name__), rate=rate,
-        achieved=min(rate, n / max(last_push - (t0 + head / rate), 1e-9)), tuples=n,
-        pairs=pairs,
+        achieved=min(rate, n / max(last_push - (t0 + head / rate), 1e-9)),
+        tuples=n, pairs=pairs,
         p50_ms=float(q[0]), p99_ms=float(q[1]), p999_ms=float(q[2]), max_ms=float(ms.max()),
         behind_ms=behind * 1000.0, end_behind_ms=end_behind * 1000.0,
         kept_up=max(last - first, growth) * 1000.0 <= KEPT_UP_MS,

@@ -257,6 +257,7 @@ def managers(cluster: str) -> list[str]:
 def _fill_knobs(args, window, events, pred) -> None:
     """NSub, NBat and the chunk left out: the whole-file rule (:mod:`panjoin.manager.knobs`)."""
     from panjoin.manager.knobs import (
+        CHUNK_WIRE,
         chunk_rows,
         keys_increase,
         offline_knobs,
@@ -275,8 +276,7 @@ def _fill_knobs(args, window, events, pred) -> None:
     if args.batch_size is None:
         args.batch_size = nbat
     if args.chunk is None:
-        args.chunk = _wire_or_max_chunk(args) if args.cluster else chunk_rows(pairs,
-                                                                               args.batch_size)
+        args.chunk = CHUNK_WIRE if args.cluster else chunk_rows(pairs, args.batch_size)
     log.info("knobs for the whole file (panjoin/manager/knobs.py; --subwindow-size, "
              "--batch-size and --chunk override): NSub %d, NBat %d, chunks of %d rows (W %d "
              "tuples a stream, about %.3g pairs a probe tuple%s)", args.subwindow_size,
