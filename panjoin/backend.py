@@ -52,9 +52,19 @@ class IdPairs(NamedTuple):
     pieces: list
 
 
+class PairsRef(NamedTuple):
+    """An answer whose pairs went from the worker straight to the client (results past
+    the manager, issue 28): ``pairs`` pairs of command ``command_id`` on result source
+    ``source`` (the worker's session), which the manager's output names in their place."""
+
+    source: int
+    command_id: int
+    pairs: int
+
+
 #: one answer per probed subwindow: (probe_index, stored_id, stored_seq), or the pairs'
-#: ids (:class:`IdPairs`) from a worker asked for them
-Answer = tuple[np.ndarray, np.ndarray, np.ndarray] | IdPairs
+#: ids (:class:`IdPairs`) from a worker asked for them, or where they went (:class:`PairsRef`)
+Answer = tuple[np.ndarray, np.ndarray, np.ndarray] | IdPairs | PairsRef
 
 
 @dataclass(eq=False)

@@ -43,6 +43,7 @@ import pyarrow as pa
 
 from panjoin.config import DEFAULT_INDEX
 from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
+from panjoin.result_sources import ResultSources
 from panjoin.security import Security, current
 from panjoin.security import channel as make_channel
 from panjoin.wire import PAYLOAD_TYPE, from_array, from_payloads, to_array, to_payloads
@@ -103,8 +104,17 @@ def join_input(join_id: str, batch_id: int, chunk, flush: bool = False,
     return msg
 
 
-def output_of(out: manager_pb2.JoinOutput) -> Output:
-    r, s = from_array(out.r_id, "<i8"), from_array(out.s_id, "<i8")
+def output_of(out: manager_pb2.JoinOutput, sources: ResultSources | None = None) -> Output:
+    """A JoinOutput's contents; with results past the manager, its references resolved
+    by the join's ``sources`` (:mod:`panjoin.result_sources`)."""
+    if out.sources:
+        sources.add(out.sources)
+    refs = from_array(out.ref_source, "<i8")
+    if refs.size:
+        r, s = sources.take(refs, from_array(out.ref_command, "<i8"),
+                            from_array(out.ref_pairs, "<i8"))
+    else:
+        r, s = from_array(out.r_id, "<i8"), from_array(out.s_id, "<i8")
     return Output(out.batch_id, r, s, from_payloads(out.r_payload, r.size),
                   from_payloads(out.s_payload, s.size), from_array(out.late_stream, "|u1"),
                   from_array(out.late_id, "<i8"), out.duplicate, out.pushed)
@@ -148,7 +158,7 @@ class JoinSession:
         self._q.put(join_input(self.join_id, batch_id, chunk, flush, watermark,
                                self.client.token(self.join_id)))
         pushed = []
-        while (out := output_of(next(self._out))).pushed:
+        while (out := output_of(next(self._out), self.client.direct.get(self.join_id))).pushed:
             pushed.append(out)
         if out.batch_id != batch_id:
             raise RuntimeError(f"manager answered batch {out.batch_id} to batch {batch_id}")
@@ -161,6 +171,7 @@ class JoinSession:
             self.client.stub.Close(self.client.ref(self.join_id), timeout=30)
         except grpc.RpcError:
             pass
+        self.client.drop_sources(self.join_id)
 
 
 def _concat(chunks):
@@ -256,8 +267,9 @@ class LiveJoin:
 
     def _read(self) -> None:
         try:
+            sources = self.client.direct.get(self.join_id)
             for pb in self._call:
-                out = output_of(pb)
+                out = output_of(pb, sources)
                 with self._cond:
                     self._outs.append(out)
                     if not out.pushed:
@@ -334,6 +346,7 @@ class LiveJoin:
         if self._reader.is_alive():  # the server never ended the stream
             self._call.cancel()
             self._reader.join(5)
+        self.client.drop_sources(self.join_id)
 
     def __enter__(self) -> LiveJoin:
         return self
@@ -430,6 +443,8 @@ class Client:
         self.channel = make_channel(address, self.security, token=True)
         self.stub = manager_pb2_grpc.ManagerStub(self.channel)
         self.tokens: dict[str, str] = {}  # join id -> its token (OpenReply.token)
+        #: join id -> where its pairs come from, for joins with results past the manager
+        self.direct: dict[str, ResultSources] = {}
 
     def check_size(self, chunk) -> None:
         """Refuse a chunk too large for one message (a ValueError that says what to do):
@@ -449,16 +464,47 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        for rs in self.direct.values():
+            rs.close()
+        self.direct.clear()
         self.channel.close()
 
     def open(self, window: str, predicate: str, index: str = DEFAULT_INDEX, **settings) -> str:
         """Open a join; settings are OpenRequest fields (batch_size, subwindow_size, ...).
-        Returns its id; its token stays here (:meth:`token`)."""
-        return self.adopt(self.stub.Open(manager_pb2.OpenRequest(
-            window=window, predicate=predicate, index=index, **settings)))
+        Returns its id; its token stays here (:meth:`token`). ``direct_results=True`` asks
+        for results past the manager (the workers send the pairs here); where the manager
+        does not grant it (:attr:`why_not_direct`), or a worker cannot be subscribed to
+        (e.g. it asks for a client certificate this client lacks), the pairs come through
+        the manager as usual."""
+        req = manager_pb2.OpenRequest(window=window, predicate=predicate, index=index,
+                                      **settings)
+        reply = self.stub.Open(req)
+        self.why_not_direct = reply.direct_results_why
+        try:
+            return self.adopt(reply)
+        except (grpc.RpcError, TimeoutError) as e:
+            why = f"{e.code().name}: {e.details()}" if isinstance(e, grpc.RpcError) else str(e)
+            self.why_not_direct = f"a worker's pairs could not be subscribed to ({why})"
+            with contextlib.suppress(grpc.RpcError):
+                self.stub.Close(manager_pb2.JoinRef(join_id=reply.join_id, token=reply.token),
+                                timeout=30)
+            req.direct_results = False
+            return self.adopt(self.stub.Open(req))
+
+    #: why the last :meth:`open` that asked for results past the manager did not get them
+    why_not_direct = ""
 
     def adopt(self, reply: manager_pb2.OpenReply) -> str:
-        """Keep the token of a join opened through the stub; returns its id."""
+        """Keep the token of a join opened through the stub (and, for results past the
+        manager, subscribe to its result sources); returns its id."""
+        if reply.direct_results:
+            rs = ResultSources(self.security)
+            try:
+                rs.add(reply.sources)
+            except BaseException:
+                rs.close()
+                raise
+            self.direct[reply.join_id] = rs
         self.tokens[reply.join_id] = reply.token
         return reply.join_id
 
@@ -473,9 +519,18 @@ class Client:
 
     def close_join(self, join_id: str, timeout: float | None = None):
         """Flush and close a join; its final JoinStatus."""
-        st = self.stub.Close(self.ref(join_id), timeout=timeout)
+        try:
+            st = self.stub.Close(self.ref(join_id), timeout=timeout)
+        finally:
+            self.drop_sources(join_id)
         self.tokens.pop(join_id, None)
         return st
+
+    def drop_sources(self, join_id: str) -> None:
+        """End a closed join's subscriptions to its workers' pairs, if it had any."""
+        rs = self.direct.pop(join_id, None)
+        if rs is not None:
+            rs.close()
 
     def stream(self, join_id: str, chunks, first_batch_id: int = 1, flush_last: bool = True):
         """Send arrival-ordered chunks (EventTables, or anything with stream/id/key/ts
@@ -491,8 +546,9 @@ class Client:
         if isinstance(chunks, list | tuple):
             for ch in chunks:
                 self.check_size(ch)
+        sources = self.direct.get(join_id)
         for out in self.stub.Join(self._inputs(join_id, chunks, first_batch_id, flush_last)):
-            yield output_of(out)
+            yield output_of(out, sources)
 
     def _inputs(self, join_id: str, chunks, first_batch_id: int, flush_last: bool):
         """The JoinInputs of ``chunks``, the last one flushed when ``flush_last``."""

@@ -199,6 +199,7 @@ class ProbeRequest:
     ranges: bool
     want_seq: bool
     id_pairs: bool = False  # answer (r_id, s_id): the ids themselves, oriented
+    direct: bool = False  # (r_id, s_id) onto the session's Results stream, counts answered
 
 
 def decode_probe(c: worker_pb2.Probe, batch: SortedBatch) -> ProbeRequest:
@@ -208,9 +209,11 @@ def decode_probe(c: worker_pb2.Probe, batch: SortedBatch) -> ProbeRequest:
     if len(c.seq_limit) not in (0, len(c.sub_ids)):
         raise ValueError("seq_limit must be empty or one limit per sub_id")
     ranges = c.format == worker_pb2.RESULT_FORMAT_RANGES
-    id_pairs = c.format == worker_pb2.RESULT_FORMAT_ID_PAIRS
+    direct = c.format == worker_pb2.RESULT_FORMAT_DIRECT
+    id_pairs = direct or c.format == worker_pb2.RESULT_FORMAT_ID_PAIRS
     if id_pairs and c.want_seq:
-        raise ValueError("RESULT_FORMAT_ID_PAIRS answers ids only: want_seq needs PAIRS")
+        raise ValueError("RESULT_FORMAT_ID_PAIRS and DIRECT answer ids only: want_seq "
+                         "needs PAIRS")
     if ranges and batch.predicate.residual is not None:
         raise ValueError("a residual condition needs RESULT_FORMAT_PAIRS: ranges would "
                          "return candidates the residual rejects")
@@ -221,7 +224,7 @@ def decode_probe(c: worker_pb2.Probe, batch: SortedBatch) -> ProbeRequest:
         filtered = c.filtered[i] if c.filtered else True
         targets.append((sub_id, full if filtered else none,
                         int(c.seq_limit[i]) if c.seq_limit else None))
-    return ProbeRequest(targets, ranges, c.want_seq, id_pairs)
+    return ProbeRequest(targets, ranges, c.want_seq, id_pairs, direct)
 
 
 def encode_answer(sub_id: int, pidx, ids, seq=None) -> worker_pb2.ProbeResult:

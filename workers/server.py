@@ -53,6 +53,8 @@ from panjoin.ops.metrics import WorkerCollector, with_metrics
 from panjoin.proto.panjoin.v1 import worker_pb2, worker_pb2_grpc
 from panjoin.serving import END, SPARE_THREADS, abort_full, read_ahead, register, start_server
 from panjoin.wire import WireError, to_array
+from workers.results import END as RESULTS_END
+from workers.results import MAX_TOKEN, ChannelError, ResultChannel
 
 log = logging.getLogger("panjoin.worker")
 
@@ -60,6 +62,11 @@ log = logging.getLogger("panjoin.worker")
 MAX_SESSIONS = 64
 #: seconds a session may send nothing before the worker ends it, by default
 IDLE_TIMEOUT_S = 600.0
+#: the session metadata a manager sends to have its probes' pairs go to its client
+RESULTS_TOKEN_KEY = "panjoin-results-token"
+#: the longest a DIRECT probe waits for a client that takes none of its pairs (or the
+#: idle timeout, if shorter)
+RESULTS_WAIT_S = 60.0
 
 
 class ResourceExhausted(Exception):
@@ -74,6 +81,8 @@ class _Session:
         self.backend = backend
         self.batches: dict[int, SortedBatch] = {}
         self.reserved: dict[int, int] = {}  # sub_id -> bytes
+        #: where its DIRECT probes' pairs go (a session opened with a results token)
+        self.results: ResultChannel | None = None
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -96,6 +105,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.null = null
         self.lock = threading.Lock()
         self.sessions: dict[int, _Session] = {}
+        self.channels: dict[str, ResultChannel] = {}  # results token -> its session's
         self.reserved = 0  # bytes reserved by every session's subwindows
         self.retired_s = (0.0, 0.0)  # insert and probe seconds of the sessions that ended
         self.commands = 0
@@ -115,11 +125,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if full:
             abort_full(context, f"worker holds {self.max_sessions} sessions", "--max-sessions",
                        "close joins", self.idle_timeout)
+        token = None
         try:
             # Numba's thread count is per calling thread: without this a session's parallel
             # kernels would use every core, and idle team threads spin
             numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
             sess.backend = (NullBackend if self.null else LocalBackend)(self.threads)
+            token = self._results_channel(sess, context)
             context.send_initial_metadata((
                 ("panjoin-idle-timeout", f"{self.idle_timeout:g}"),
                 ("panjoin-memory-free", str(max(0, self.memory_limit - self.reserved)))))
@@ -135,7 +147,65 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                       prb + sess.backend.stats.probe_s)
             if sess.backend is not None:
                 sess.backend.close()
+            if sess.results is not None:  # its subscriber gets what is queued, then the end
+                sess.results.close()
+                with self.lock:
+                    if self.channels.get(token) is sess.results:
+                        del self.channels[token]
             log.info("session %d closed", sid)
+
+    def _results_channel(self, sess: _Session, context) -> str | None:
+        """A session opened with a results token gets a channel its client subscribes to
+        by that token (:meth:`Results`); the token, or None."""
+        token = dict(context.invocation_metadata() or ()).get(RESULTS_TOKEN_KEY)
+        if token is None:
+            return None
+        if not 16 <= len(token) <= MAX_TOKEN:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"{RESULTS_TOKEN_KEY} must be 16 to {MAX_TOKEN} characters")
+        with self.lock:
+            if token in self.channels:
+                taken = True
+            else:
+                taken = False
+                sess.results = self.channels[token] = ResultChannel(
+                    wait_s=min(RESULTS_WAIT_S, self.idle_timeout))
+        if taken:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                          f"another session holds this {RESULTS_TOKEN_KEY}")
+        return token
+
+    def Results(self, request, context):
+        """A DIRECT session's pairs, to the join's client (:mod:`workers.results`)."""
+        token = request.token
+        if not 1 <= len(token) <= MAX_TOKEN:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"a results token has 1 to {MAX_TOKEN} characters "
+                          "(OpenReply.sources)")
+        with self.lock:
+            ch = self.channels.get(token)
+        if ch is None:
+            context.abort(grpc.StatusCode.NOT_FOUND,
+                          "no session on this worker has this results token: its join "
+                          "ended, or the token is wrong")
+        if not ch.subscribe():
+            context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                          "this join's results on this worker already have a subscriber")
+        context.send_initial_metadata(())
+        try:
+            while True:
+                piece = ch.take(1.0)
+                if piece is RESULTS_END:
+                    return
+                if piece is None:
+                    if not context.is_active():
+                        return
+                    continue
+                cid, r, s = piece
+                yield worker_pb2.ResultPiece(command_id=cid, r_id=to_array(r),
+                                             s_id=to_array(s))
+        finally:
+            ch.leave()  # a client that left takes no more: later probes fail at once
 
     def _serve(self, sess: _Session, request_iterator, context):
         """Answer the session's messages until it ends or sends none for idle_timeout
@@ -231,6 +301,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             fb.error, fb.code = str(e), "RESOURCE_EXHAUSTED"
         except codec.NotFound as e:
             fb.error, fb.code = str(e), "NOT_FOUND"
+        except ChannelError as e:
+            fb.error, fb.code = str(e), "FAILED_PRECONDITION"
         except (WireError, ValueError, TypeError) as e:
             fb.error, fb.code = str(e), "INVALID_ARGUMENT"
         except MemoryError as e:  # numpy's "Unable to allocate 1.78 PiB ...": the join's size
@@ -323,6 +395,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if not c.sub_ids:
             return
         req = codec.decode_probe(c, batch)
+        if req.direct and sess is not None and sess.results is None:
+            raise ValueError("RESULT_FORMAT_DIRECT needs a session opened with "
+                             f"{RESULTS_TOKEN_KEY}: its pairs have nowhere to go")
         lo, hi, _, res = batch.probe_inputs()
         for sub_id, flt, limit in req.targets:
             if req.ranges:
@@ -333,6 +408,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if req.id_pairs:  # the probe tuples' ids here, not on the manager
                 xs = batch.ids[pidx]
                 r_id, s_id = (ids, xs) if backend.streams[sub_id] == "R" else (xs, ids)
+                if req.direct:  # the pairs to the client, their count to the manager
+                    for a in range(0, r_id.size, codec.ID_PAIRS_PIECE):
+                        sess.results.put(fb.command_id, r_id[a:a + codec.ID_PAIRS_PIECE],
+                                         s_id[a:a + codec.ID_PAIRS_PIECE])
+                    fb.results.append(worker_pb2.ProbeResult(sub_id=sub_id, pairs=r_id.size))
+                    continue
                 fb.results.extend(codec.encode_id_pairs(sub_id, r_id, s_id))
                 continue
             fb.results.append(codec.encode_answer(sub_id, pidx, ids,
@@ -372,7 +453,8 @@ def serve(port: int = 0, threads: int = 1, host: str = "127.0.0.1", index_backen
     server, port = start_server(
         lambda srv: register(srv, worker_pb2_grpc.add_WorkerServicer_to_server, servicer),
         worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name, port, host,
-        max_workers=max_sessions + SPARE_THREADS, serving=serving)
+        # a session's thread, and its client's Results stream's
+        max_workers=2 * max_sessions + SPARE_THREADS, serving=serving)
     with_metrics(server, WorkerCollector(servicer), metrics_port, host)
     server.servicer = servicer  # for settle_memory_limit after the warm-up
     return server, port

@@ -52,6 +52,11 @@ def add_parser(sub) -> None:
                    help="on a cluster with BI-Sort: workers answer with (start, end) ranges "
                         "expanded on the manager's mirror, a copy of each BI-Sort subwindow "
                         "(O(window) memory on the manager; default: pairs)")
+    p.add_argument("--results-via", choices=["workers", "manager"], default="workers",
+                   help="on one --cluster manager: the pairs come straight from the workers "
+                        "(results past the manager, where it grants them: a manager with "
+                        "--replicas 1, the ring topology), else through the manager "
+                        "(default: workers)")
     p.add_argument("--with-payload", action="store_true",
                    help="join the events' payloads back onto the pairs: columns r_payload, "
                         "s_payload (kept by the client or in-process engine; workers never "
@@ -322,7 +327,12 @@ def _replay_on_manager(args, events, window, pred, ph) -> int:
             else:  # the pairs go to the file as the managers answer
                 with Client(addresses[0]) as c:
                     res = c.join(events, str(window), str(pred), args.index,
-                                 chunk=args.chunk, out=spent, **opts)
+                                 chunk=args.chunk, out=spent,
+                                 direct_results=args.results_via == "workers", **opts)
+                    why = c.why_not_direct or "--results-via manager"
+                    via = ("the workers" if args.results_via == "workers" and not
+                           c.why_not_direct else f"the manager ({why})")
+                    log.info("pairs came from %s", via)
             elapsed = time.perf_counter() - t1 - spent.wall
             cpu = time.process_time() - c1 - spent.cpu()
         with ph.phase("write"):
@@ -332,7 +342,7 @@ def _replay_on_manager(args, events, window, pred, ph) -> int:
                 write_ids(args.late_out, late)
     print(f"input tuples: {len(events)}  late: {sum(len(v) for v in late.values())}")
     print(f"results: {out.rows} pairs -> {args.out}")
-    where = (f"manager {args.cluster}" if len(addresses) == 1 else
+    where = (f"manager {args.cluster}, pairs from {via}" if len(addresses) == 1 else
              f"sharded over {len(addresses)} managers {args.cluster}")
     print(f"time: {elapsed:.2f} s  throughput: {len(events) / max(elapsed, 1e-9):,.0f} tuples/s"
           f"  ({where})")

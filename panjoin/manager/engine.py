@@ -60,7 +60,7 @@ import numba
 import numpy as np
 import pyarrow as pa
 
-from panjoin.backend import CreateSpec, IdPairs, LocalBackend, SortedBatch
+from panjoin.backend import CreateSpec, IdPairs, LocalBackend, PairsRef, SortedBatch
 from panjoin.config import (
     DEFAULT_BATCH,
     DEFAULT_INDEX,
@@ -733,6 +733,11 @@ class JoinEngine:
         t1 = time.perf_counter()
         before = self.stats.results
         for (start, pays), ans in zip(f.stores, answers, strict=True):
+            if isinstance(ans, PairsRef):  # sent to the client by the worker: named here
+                if ans.pairs:
+                    self._results.append(ans)
+                    self.stats.results += ans.pairs
+                continue
             if isinstance(ans, IdPairs):  # mapped on the worker: passed on as they are
                 for r, s in ans.pieces:
                     if r.size:
@@ -851,6 +856,9 @@ class JoinEngine:
         ``wait=False`` takes only the probe rounds already answered and leaves the
         rest in flight, so the workers stay busy while the caller ships the results."""
         res = self.take_result_pieces(payloads, wait)
+        if any(isinstance(t, PairsRef) for t in res):
+            raise RuntimeError("this join's pairs went to its client (results past the "
+                               "manager): take_result_pieces has their references")
         r = np.concatenate([t[0] for t in res]) if res else np.zeros(0, _I64)
         s = np.concatenate([t[1] for t in res]) if res else np.zeros(0, _I64)
         if not payloads:
@@ -866,14 +874,16 @@ class JoinEngine:
         r_payload, s_payload)]`` (payloads None without ``payloads`` or without payloads
         in the join), not joined into one array: a caller that ships them in messages of
         its own size copies each pair once (a band join's millions of pairs in one fresh
-        array cost more in page faults than in copying)."""
+        array cost more in page faults than in copying). A join whose backend sends the
+        pairs to the client (``GrpcBackend(direct=True)``) has :class:`PairsRef` pieces
+        instead, in order."""
         if wait:
             self.collect()
         else:
             self.settle()
         res, self._results = self._results, []
         if not (payloads and self.with_payload):
-            return [(r, s, None, None) for r, s, _, _ in res]
+            return [t if isinstance(t, PairsRef) else (t[0], t[1], None, None) for t in res]
         if self.payload_text:
             return [(r, s, rp.cast(pa.large_string()), sp.cast(pa.large_string()))
                     for r, s, rp, sp in res]

@@ -62,6 +62,7 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import secrets
 import threading
 import time
 from collections import deque
@@ -71,7 +72,7 @@ import numpy as np
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from panjoin import codec
-from panjoin.backend import BackendStats, CreateSpec, IdPairs, SortedBatch
+from panjoin.backend import BackendStats, CreateSpec, IdPairs, PairsRef, SortedBatch
 from panjoin.proto.panjoin.v1 import worker_pb2
 from panjoin.security import channel
 from panjoin.subwindow.store import SubwindowStore
@@ -88,6 +89,8 @@ HEARTBEAT_S = 10.0
 MAX_UNCHECKED = 64
 
 SESSION_METHOD = f"/{worker_pb2.DESCRIPTOR.services_by_name['Worker'].full_name}/Session"
+#: the session metadata that sends a session's probe pairs to the join's client
+RESULTS_TOKEN_KEY = "panjoin-results-token"
 
 
 class WorkerError(RuntimeError):
@@ -155,8 +158,11 @@ class _Session:
 
     _END = object()
 
-    def __init__(self, address: str, deadline: float):
+    def __init__(self, address: str, deadline: float, results_token: str | None = None):
         self.address = address
+        #: results past the manager: the client subscribes to this session's pairs by it
+        self.results_token = results_token
+        self.source = 0  # its number among the join's sessions (GrpcBackend._session)
         self.deadline = deadline
         self.alive = True
         self.why = ""
@@ -184,7 +190,8 @@ class _Session:
         self.responses = self.channel.stream_stream(
             SESSION_METHOD, request_serializer=None,
             response_deserializer=worker_pb2.Feedbacks.FromString,
-        )(iter(self.requests.get, self._END))
+        )(iter(self.requests.get, self._END),
+          metadata=((RESULTS_TOKEN_KEY, results_token),) if results_token else None)
         self.reader = threading.Thread(target=self._read, daemon=True,
                                        name=f"feedback-{address}")
         self.reader.start()
@@ -345,8 +352,10 @@ class ProbeRound:
                     raise self.backend.first_error(e) from None
                 results = iter(fb.results)
                 for i in idxs:
-                    out[i] = self.backend._answer(next(results), self.targets[i][1],
-                                                  self.batch, results)
+                    r = next(results)
+                    out[i] = (PairsRef(call.session.source, fb.command_id, r.pairs)
+                              if self.backend.direct else
+                              self.backend._answer(r, self.targets[i][1], self.batch, results))
             self._out = out
             self.backend.rounds_in_flight -= 1
         return self._out
@@ -357,7 +366,7 @@ class GrpcBackend:
     copies of each, the second a backup on the next worker."""
 
     def __init__(self, addresses: list[str], deadline: float = 60.0,
-                 result_format: str = "pairs", replicas: int = 2):
+                 result_format: str = "pairs", replicas: int = 2, direct: bool = False):
         if not addresses:
             raise ValueError("a cluster needs at least one worker address")
         if result_format not in ("pairs", "ranges"):
@@ -378,7 +387,10 @@ class GrpcBackend:
         self.want_seq = False  # the engine keeps payloads by seq: answers carry it
         self.deadline = deadline
         self._wake = None
-        self.sessions = [_Session(a, deadline) for a in addresses]
+        # results past the manager: each session's probe pairs go to the join's client
+        # (RESULT_FORMAT_DIRECT), the engine passes on references to them (PairsRef)
+        self.direct = direct
+        self.sessions = [self._session(a, i) for i, a in enumerate(addresses)]
         self.where: dict[int, int] = {}  # sub_id -> worker of the primary
         self.backup: dict[int, int] = {}  # sub_id -> worker of the backup, while it has one
         self.kinds: dict[int, str] = {}
@@ -394,6 +406,16 @@ class GrpcBackend:
         self._busy_seen: list[float] = []  # each session's busy_s at the last busiest_worker_s
         self._batch_enc: tuple | None = None  # (batch, its encoding): sent once per worker
         self.stats = BackendStats()
+
+    def _session(self, address: str, source: int) -> _Session:
+        s = _Session(address, self.deadline, secrets.token_urlsafe(24) if self.direct else None)
+        s.source = source
+        return s
+
+    def sources(self) -> list[tuple[int, str, str]]:
+        """Results past the manager: ``(source, address, token)`` of every session, the
+        source being its index (sessions are only ever appended)."""
+        return [(s.source, s.address, s.results_token) for s in self.sessions]
 
     @property
     def n_workers(self) -> int:
@@ -418,7 +440,7 @@ class GrpcBackend:
                 s.retiring = False
                 self.replicas = min(self.max_replicas, len(self.placeable()))
                 return
-        s = _Session(address, self.deadline)
+        s = self._session(address, len(self.sessions))
         if not s.accepted.wait(timeout) or "panjoin-idle-timeout" not in s.meta:
             why = s.why or f"worker {address} did not accept a session within {timeout:g} s"
             s.close()
@@ -709,6 +731,8 @@ class GrpcBackend:
             if batch.predicate.residual is None and all(targets[i][0] in self.mirrors
                                                         for i in mine):
                 msg.format = worker_pb2.RESULT_FORMAT_RANGES
+            elif self.direct:  # the pairs go to the client, their counts come here
+                msg.format = worker_pb2.RESULT_FORMAT_DIRECT
             elif not self.want_seq:  # the pairs' bytes pass through here unmapped
                 msg.format = worker_pb2.RESULT_FORMAT_ID_PAIRS
             try:

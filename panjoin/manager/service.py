@@ -163,6 +163,7 @@ class _Join:
     streaming: bool = False  # a latency bound: pairs are pushed as they complete
     reader: threading.Thread | None = None  # a streaming Join's input reader
     wake: object = None  # wakes a streaming Join's loop (a Close need not wait for it)
+    announced: int = 0  # results past the manager: the sources its client knows of
 
 
 class ManagerServicer(manager_pb2_grpc.ManagerServicer):
@@ -248,9 +249,10 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except ChainError as e:  # a chain with a key dtype is configured at Open
             _abort_worker_error(context, e)
+        direct, why = self._direct(request, fmt)
         # everything checked: now the workers are asked, and released on any failure
         backend = GrpcBackend(self.workers, deadline=self.worker_timeout,
-                              result_format=fmt, replicas=self.replicas)
+                              result_format=fmt, replicas=self.replicas, direct=direct)
         try:
             self._check_memory(backend, engine, window)
         except WorkerError as e:
@@ -271,17 +273,46 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         return self._register(_Join(engine, backend, settings, threading.RLock(),
                                     streaming=bound is not None),
                               f"{window} on {pred}, index {engine.index}"
-                              + (f", max latency {bound:g} ms" if bound else ""))
+                              + (f", max latency {bound:g} ms" if bound else "")
+                              + (", results past the manager" if direct else ""), why)
 
-    def _register(self, j: _Join, what: str) -> manager_pb2.OpenReply:
-        """Keep an opened join under a new id and token; its OpenReply."""
+    def _direct(self, request, fmt: str) -> tuple[bool, str]:
+        """Results past the manager, if asked for: granted, or why not."""
+        if not request.direct_results:
+            return False, ""
+        if self.replicas != 1:
+            return False, (f"the manager keeps {self.replicas} replicas of each subwindow "
+                           "(--replicas): a pair a lost worker already sent could not be "
+                           "recalled on failover; a manager with --replicas 1 sends results "
+                           "past itself")
+        if fmt != "pairs":
+            return False, "result_format RANGES has the manager expand the pairs"
+        return True, ""
+
+    def _register(self, j: _Join, what: str, direct_why: str = "") -> manager_pb2.OpenReply:
+        """Keep an opened join under a new id and token; its OpenReply (with the result
+        sources of a join whose pairs go past the manager, or why they do not)."""
         join_id = uuid.uuid4().hex[:12]
         j.token = secrets.token_urlsafe(24)
         j.last_used = time.monotonic()
         with self.lock:
             self.joins[join_id] = j
         log.info("join %s opened: %s", join_id, what)
-        return manager_pb2.OpenReply(join_id=join_id, token=j.token, settings=j.settings)
+        reply = manager_pb2.OpenReply(join_id=join_id, token=j.token, settings=j.settings,
+                                      direct_results_why=direct_why)
+        if getattr(j.backend, "direct", False):
+            reply.direct_results = True
+            reply.sources.extend(self._new_sources(j))
+        elif direct_why:
+            log.info("join %s: results through the manager: %s", join_id, direct_why)
+        return reply
+
+    @staticmethod
+    def _new_sources(j: _Join) -> list[manager_pb2.ResultSource]:
+        """The result sources (worker sessions) its client has not been told of."""
+        new = j.backend.sources()[j.announced:]
+        j.announced += len(new)
+        return [manager_pb2.ResultSource(source=i, address=a, token=t) for i, a, t in new]
 
     def _check_memory(self, backend: GrpcBackend, engine: JoinEngine, window) -> None:
         """Connect the join's worker sessions and check its estimate against the least
@@ -322,7 +353,9 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         settings.max_latency_ms = bound or 0.0
         return self._register(_Join(chain, chain, settings, threading.RLock(),
                                     streaming=bound is not None),
-                              f"{window} on {pred}, a {len(self.workers)}-node handshake chain")
+                              f"{window} on {pred}, a {len(self.workers)}-node handshake chain",
+                              "the handshake chain's pairs meet in its result merging network "
+                              "on the manager" if request.direct_results else "")
 
     def _get(self, join_id: str, token: str, context) -> _Join:
         """The join, if ``token`` is its own (NOT_FOUND, PERMISSION_DENIED otherwise)."""
@@ -406,6 +439,10 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             if stream.size and stream.max() > 1:
                 raise WireError("stream must be 0 (R) or 1 (S)")
             payload = from_payloads(msg.payload, ids.size)
+            if payload is not None and getattr(j.backend, "direct", False):
+                raise WireError("this join sends its pairs past the manager, which then "
+                                "keeps no payloads: keep them at the client (replay does), "
+                                "or open the join without direct_results")
             key2 = from_array(msg.key2, "<f8", "key2") if msg.HasField("key2") else None
             if msg.HasField("watermark"):
                 if self.topology == "handshake":
@@ -454,6 +491,11 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         ls = np.concatenate([np.zeros(len(late["R"]), np.uint8), np.ones(len(late["S"]), np.uint8)])
         if batch_id is None and not (pieces or ls.size):
             return []
+        if getattr(j.backend, "direct", False):  # references to the pairs, in one output
+            refs = np.array(pieces, np.int64).reshape(-1, 3)
+            return [encode_output(batch_id or 0, batch_id is None,
+                                  late=(ls, np.concatenate([late["R"], late["S"]])),
+                                  refs=refs.T, sources=self._new_sources(j))]
         parts = [(r[a:b], s[a:b], rp.slice(a, b - a) if rp is not None else None,
                   sp.slice(a, b - a) if sp is not None else None)
                  for r, s, rp, sp in regroup(pieces, output_caps()[0])
@@ -603,7 +645,7 @@ def _cancelled(context) -> bool:
 
 
 def encode_output(batch_id: int, pushed: bool, r=None, s=None, rp=None, sp=None,
-                  late=None) -> Encoded:
+                  late=None, refs=None, sources=()) -> Encoded:
     """A JoinOutput written straight into protobuf's wire format (:class:`Encoded`):
     each pair's ids are copied once, into the message's bytes, where building the
     message copies them three times (to bytes, into the message, serialised) and a
@@ -618,6 +660,11 @@ def encode_output(batch_id: int, pushed: bool, r=None, s=None, rp=None, sp=None,
         enc.message(pays)
     if late is not None:
         enc.array("late_stream", late[0]).array("late_id", late[1])
+    if refs is not None:  # results past the manager: (source, command, pairs) columns
+        enc.array("ref_source", refs[0]).array("ref_command", refs[1])
+        enc.array("ref_pairs", refs[2])
+    if sources:
+        enc.message(manager_pb2.JoinOutput(sources=sources))
     return enc
 
 

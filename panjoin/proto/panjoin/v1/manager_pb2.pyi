@@ -58,7 +58,7 @@ class ResizeReply(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[str]] = ..., joins: _Optional[int] = ...) -> None: ...
 
 class OpenRequest(_message.Message):
-    __slots__ = ("window", "predicate", "index", "allowed_lateness", "subwindow_size", "partitions", "batch_size", "max_lag", "max_collect_ms", "key_dtype", "result_format", "max_latency_ms")
+    __slots__ = ("window", "predicate", "index", "allowed_lateness", "subwindow_size", "partitions", "batch_size", "max_lag", "max_collect_ms", "key_dtype", "result_format", "max_latency_ms", "direct_results")
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     PREDICATE_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,7 @@ class OpenRequest(_message.Message):
     KEY_DTYPE_FIELD_NUMBER: _ClassVar[int]
     RESULT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     MAX_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    DIRECT_RESULTS_FIELD_NUMBER: _ClassVar[int]
     window: str
     predicate: str
     index: str
@@ -83,17 +84,34 @@ class OpenRequest(_message.Message):
     key_dtype: str
     result_format: _worker_pb2.ResultFormat
     max_latency_ms: float
-    def __init__(self, window: _Optional[str] = ..., predicate: _Optional[str] = ..., index: _Optional[str] = ..., allowed_lateness: _Optional[int] = ..., subwindow_size: _Optional[int] = ..., partitions: _Optional[int] = ..., batch_size: _Optional[int] = ..., max_lag: _Optional[int] = ..., max_collect_ms: _Optional[float] = ..., key_dtype: _Optional[str] = ..., result_format: _Optional[_Union[_worker_pb2.ResultFormat, str]] = ..., max_latency_ms: _Optional[float] = ...) -> None: ...
+    direct_results: bool
+    def __init__(self, window: _Optional[str] = ..., predicate: _Optional[str] = ..., index: _Optional[str] = ..., allowed_lateness: _Optional[int] = ..., subwindow_size: _Optional[int] = ..., partitions: _Optional[int] = ..., batch_size: _Optional[int] = ..., max_lag: _Optional[int] = ..., max_collect_ms: _Optional[float] = ..., key_dtype: _Optional[str] = ..., result_format: _Optional[_Union[_worker_pb2.ResultFormat, str]] = ..., max_latency_ms: _Optional[float] = ..., direct_results: _Optional[bool] = ...) -> None: ...
+
+class ResultSource(_message.Message):
+    __slots__ = ("source", "address", "token")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    source: int
+    address: str
+    token: str
+    def __init__(self, source: _Optional[int] = ..., address: _Optional[str] = ..., token: _Optional[str] = ...) -> None: ...
 
 class OpenReply(_message.Message):
-    __slots__ = ("join_id", "token", "settings")
+    __slots__ = ("join_id", "token", "settings", "direct_results", "direct_results_why", "sources")
     JOIN_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     SETTINGS_FIELD_NUMBER: _ClassVar[int]
+    DIRECT_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    DIRECT_RESULTS_WHY_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
     join_id: str
     token: str
     settings: OpenRequest
-    def __init__(self, join_id: _Optional[str] = ..., token: _Optional[str] = ..., settings: _Optional[_Union[OpenRequest, _Mapping]] = ...) -> None: ...
+    direct_results: bool
+    direct_results_why: str
+    sources: _containers.RepeatedCompositeFieldContainer[ResultSource]
+    def __init__(self, join_id: _Optional[str] = ..., token: _Optional[str] = ..., settings: _Optional[_Union[OpenRequest, _Mapping]] = ..., direct_results: _Optional[bool] = ..., direct_results_why: _Optional[str] = ..., sources: _Optional[_Iterable[_Union[ResultSource, _Mapping]]] = ...) -> None: ...
 
 class JoinRef(_message.Message):
     __slots__ = ("join_id", "token")
@@ -138,7 +156,7 @@ class JoinInput(_message.Message):
     def __init__(self, join_id: _Optional[str] = ..., token: _Optional[str] = ..., batch_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., payload: _Optional[_Union[Payloads, _Mapping]] = ..., flush: _Optional[bool] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., watermark: _Optional[int] = ...) -> None: ...
 
 class JoinOutput(_message.Message):
-    __slots__ = ("batch_id", "r_id", "s_id", "r_payload", "s_payload", "late_stream", "late_id", "duplicate", "pushed")
+    __slots__ = ("batch_id", "r_id", "s_id", "r_payload", "s_payload", "late_stream", "late_id", "duplicate", "pushed", "ref_source", "ref_command", "ref_pairs", "sources")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     R_ID_FIELD_NUMBER: _ClassVar[int]
     S_ID_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +166,10 @@ class JoinOutput(_message.Message):
     LATE_ID_FIELD_NUMBER: _ClassVar[int]
     DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     PUSHED_FIELD_NUMBER: _ClassVar[int]
+    REF_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    REF_COMMAND_FIELD_NUMBER: _ClassVar[int]
+    REF_PAIRS_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     r_id: _common_pb2.Array
     s_id: _common_pb2.Array
@@ -157,7 +179,11 @@ class JoinOutput(_message.Message):
     late_id: _common_pb2.Array
     duplicate: bool
     pushed: bool
-    def __init__(self, batch_id: _Optional[int] = ..., r_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., s_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., r_payload: _Optional[_Union[Payloads, _Mapping]] = ..., s_payload: _Optional[_Union[Payloads, _Mapping]] = ..., late_stream: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., late_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., duplicate: _Optional[bool] = ..., pushed: _Optional[bool] = ...) -> None: ...
+    ref_source: _common_pb2.Array
+    ref_command: _common_pb2.Array
+    ref_pairs: _common_pb2.Array
+    sources: _containers.RepeatedCompositeFieldContainer[ResultSource]
+    def __init__(self, batch_id: _Optional[int] = ..., r_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., s_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., r_payload: _Optional[_Union[Payloads, _Mapping]] = ..., s_payload: _Optional[_Union[Payloads, _Mapping]] = ..., late_stream: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., late_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., duplicate: _Optional[bool] = ..., pushed: _Optional[bool] = ..., ref_source: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ref_command: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ref_pairs: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., sources: _Optional[_Iterable[_Union[ResultSource, _Mapping]]] = ...) -> None: ...
 
 class JoinStatus(_message.Message):
     __slots__ = ("join_id", "tuples_in", "late", "batches", "results", "window_r", "window_s", "subwindows_r", "subwindows_s", "workers_alive", "last_batch_id", "memory_bytes", "workers", "probes_in_flight", "failovers", "pauses")

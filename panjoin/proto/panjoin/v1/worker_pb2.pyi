@@ -14,9 +14,27 @@ class ResultFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESULT_FORMAT_PAIRS: _ClassVar[ResultFormat]
     RESULT_FORMAT_RANGES: _ClassVar[ResultFormat]
     RESULT_FORMAT_ID_PAIRS: _ClassVar[ResultFormat]
+    RESULT_FORMAT_DIRECT: _ClassVar[ResultFormat]
 RESULT_FORMAT_PAIRS: ResultFormat
 RESULT_FORMAT_RANGES: ResultFormat
 RESULT_FORMAT_ID_PAIRS: ResultFormat
+RESULT_FORMAT_DIRECT: ResultFormat
+
+class ResultsRequest(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    def __init__(self, token: _Optional[str] = ...) -> None: ...
+
+class ResultPiece(_message.Message):
+    __slots__ = ("command_id", "r_id", "s_id")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    R_ID_FIELD_NUMBER: _ClassVar[int]
+    S_ID_FIELD_NUMBER: _ClassVar[int]
+    command_id: int
+    r_id: _common_pb2.Array
+    s_id: _common_pb2.Array
+    def __init__(self, command_id: _Optional[int] = ..., r_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., s_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
 
 class Commands(_message.Message):
     __slots__ = ("commands",)
@@ -150,7 +168,7 @@ class Expire(_message.Message):
     def __init__(self, sub_id: _Optional[int] = ...) -> None: ...
 
 class ProbeResult(_message.Message):
-    __slots__ = ("sub_id", "probe_idx", "seq", "start", "end", "range_probe_idx", "ids", "r_id", "s_id", "more")
+    __slots__ = ("sub_id", "probe_idx", "seq", "start", "end", "range_probe_idx", "ids", "r_id", "s_id", "more", "pairs")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     PROBE_IDX_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +179,7 @@ class ProbeResult(_message.Message):
     R_ID_FIELD_NUMBER: _ClassVar[int]
     S_ID_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
+    PAIRS_FIELD_NUMBER: _ClassVar[int]
     sub_id: int
     probe_idx: _common_pb2.Array
     seq: _common_pb2.Array
@@ -171,7 +190,8 @@ class ProbeResult(_message.Message):
     r_id: _common_pb2.Array
     s_id: _common_pb2.Array
     more: bool
-    def __init__(self, sub_id: _Optional[int] = ..., probe_idx: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., start: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., end: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., range_probe_idx: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ids: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., r_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., s_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., more: _Optional[bool] = ...) -> None: ...
+    pairs: int
+    def __init__(self, sub_id: _Optional[int] = ..., probe_idx: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., start: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., end: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., range_probe_idx: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ids: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., r_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., s_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., more: _Optional[bool] = ..., pairs: _Optional[int] = ...) -> None: ...
 
 class SubwindowStatus(_message.Message):
     __slots__ = ("sub_id", "count", "full", "nbytes", "successor_splitters", "empty")

@@ -45,6 +45,11 @@ class WorkerStub:
                 request_serializer=panjoin_dot_v1_dot_worker__pb2.StatusRequest.SerializeToString,
                 response_deserializer=panjoin_dot_v1_dot_worker__pb2.WorkerStatus.FromString,
                 _registered_method=True)
+        self.Results = channel.unary_stream(
+                '/panjoin.v1.Worker/Results',
+                request_serializer=panjoin_dot_v1_dot_worker__pb2.ResultsRequest.SerializeToString,
+                response_deserializer=panjoin_dot_v1_dot_worker__pb2.ResultPiece.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -70,6 +75,19 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Results(self, request, context):
+        """Results past the manager (issue 28): the pairs of a session's RESULT_FORMAT_DIRECT
+        probes, to the join's client. A manager that opens a session with metadata
+        "panjoin-results-token" gives that token to its client; one subscriber per token
+        (ALREADY_EXISTS for a second), NOT_FOUND for a token no open session has. The
+        stream ends after the session's last piece once the session ends. Its pieces wait
+        at the worker up to a bound; a probe that finds it full waits for the client, and
+        fails (FAILED_PRECONDITION) when no client takes them, or the subscriber left.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -82,6 +100,11 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=panjoin_dot_v1_dot_worker__pb2.StatusRequest.FromString,
                     response_serializer=panjoin_dot_v1_dot_worker__pb2.WorkerStatus.SerializeToString,
+            ),
+            'Results': grpc.unary_stream_rpc_method_handler(
+                    servicer.Results,
+                    request_deserializer=panjoin_dot_v1_dot_worker__pb2.ResultsRequest.FromString,
+                    response_serializer=panjoin_dot_v1_dot_worker__pb2.ResultPiece.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -138,6 +161,33 @@ class Worker:
             '/panjoin.v1.Worker/Status',
             panjoin_dot_v1_dot_worker__pb2.StatusRequest.SerializeToString,
             panjoin_dot_v1_dot_worker__pb2.WorkerStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Results(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/panjoin.v1.Worker/Results',
+            panjoin_dot_v1_dot_worker__pb2.ResultsRequest.SerializeToString,
+            panjoin_dot_v1_dot_worker__pb2.ResultPiece.FromString,
             options,
             channel_credentials,
             insecure,
