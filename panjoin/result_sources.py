@@ -35,6 +35,11 @@ from panjoin.wire import from_array
 TAKE_TIMEOUT_S = 300.0
 #: seconds a worker has to accept a subscription
 SUBSCRIBE_TIMEOUT_S = 30.0
+#: bytes of pairs read ahead of the manager's references, a source: past them its
+#: reader waits (gRPC's flow control then holds the worker, whose channel holds its
+#: probes), unless a reference waits for its pairs; without a bound a client slower
+#: than its workers held gigabytes (band S = 64: 3.4 GB at four quarter-core workers)
+READ_AHEAD_BYTES = 256 << 20
 
 
 class ResultsLost(RuntimeError):
@@ -48,6 +53,8 @@ class _Source:
         self.channel = None
         self.call = None
         self.pieces: dict[int, deque] = {}  # command id -> [(r_id, s_id)] in order
+        self.nbytes = 0  # of the pieces held
+        self.wanted = False  # a reference waits for pairs of this source
         self.ended = False
         self.why = ""
         self.reader: threading.Thread | None = None
@@ -105,7 +112,11 @@ class ResultSources:
                 x = from_array(piece.s_id, "<i8", "s_id")
                 with self._cond:
                     s.pieces.setdefault(piece.command_id, deque()).append((r, x))
+                    s.nbytes += r.nbytes + x.nbytes
                     self._cond.notify_all()
+                    while (s.nbytes > READ_AHEAD_BYTES and not s.wanted
+                           and not self._closed):
+                        self._cond.wait(1.0)
         except grpc.RpcError as e:
             why = f"{e.code().name}: {e.details()}"
         self._end(s, why)
@@ -141,15 +152,21 @@ class ResultSources:
                                 del s.pieces[cid]
                         else:
                             q[0] = (r[k:], x[k:])
+                        s.nbytes -= 16 * k
                         n -= k
                         continue
                     if s.ended:
                         raise ResultsLost(
                             f"the pairs of worker {s.address} (command {cid}, {n} pairs "
                             f"still to come) cannot arrive: its result stream ended ({s.why})")
-                    if not self._cond.wait(timeout):
+                    s.wanted = True  # its reader reads on, whatever it holds
+                    self._cond.notify_all()
+                    got = self._cond.wait(timeout)
+                    s.wanted = False
+                    if not got:
                         raise ResultsLost(f"no pairs from worker {s.address} for {timeout:g} "
                                           f"s (command {cid}, {n} pairs still to come)")
+            self._cond.notify_all()  # pairs taken: readers held back may read on
         if not rs:
             z = np.zeros(0, np.int64)
             return z, z

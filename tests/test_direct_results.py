@@ -154,6 +154,28 @@ def test_a_manager_with_two_replicas_declines_and_relays():
     np.testing.assert_array_equal(_pairs(outs), _reference(ev, "count:500,500", "eq"))
 
 
+def test_a_streaming_join_pushes_references(cluster):
+    """A latency bound: the pushed outputs name the pairs as they complete; exact."""
+    ev = _events(3000, disorder_ms=20)
+    with Client(cluster.address) as c:
+        jid = c.open("time:400,300", "band:1", "bisort", allowed_lateness=30,
+                     subwindow_size=128, max_latency_ms=5, direct_results=True)
+        assert jid in c.direct
+        with c.live(jid, linger_ms=0) as live:
+            outs = []
+            for a in range(0, len(ev), 100):
+                live.push(_rows(ev, a, min(len(ev), a + 100)))
+                outs.append(live.poll())
+                time.sleep(0.002)
+            live.flush()
+            outs.append(live.poll())
+        assert jid not in c.direct  # closed with the join
+    want = reference_join(ev.stream, ev.id, ev.key, ev.ts, parse_window("time:400,300", 30),
+                          parse_predicate("band:1")).pairs
+    assert want.shape[0] > 100
+    np.testing.assert_array_equal(_pairs(outs), want)
+
+
 def _results(address: str, token: str):
     return worker_pb2_grpc.WorkerStub(channel(address)).Results(
         worker_pb2.ResultsRequest(token=token))

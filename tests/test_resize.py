@@ -71,12 +71,18 @@ def manager(workers, request):
     server.stop(None)
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["via-manager", "direct"])
 @pytest.mark.parametrize("manager", [1, 2], indirect=True, ids=["replicas1", "replicas2"])
-def test_join_gains_a_worker_then_loses_one_exactly(workers, manager, events):
+def test_join_gains_a_worker_then_loses_one_exactly(workers, manager, events, direct, request):
+    """(With results past the manager, granted with one replica: the added worker's
+    session becomes a result source the client learns of from an output.)"""
     a, b, c = (w.address for w in workers)
     outs = []
     with Client(manager) as cl:
-        jid = cl.open(WINDOW, PRED, "bisort", subwindow_size=40, batch_size=64)
+        jid = cl.open(WINDOW, PRED, "bisort", subwindow_size=40, batch_size=64,
+                      direct_results=direct)
+        direct = direct and request.node.callspec.params["manager"] == 1
+        assert (jid in cl.direct) == direct
         js = cl.session(jid)
         try:
             bid = 0
@@ -93,6 +99,8 @@ def test_join_gains_a_worker_then_loses_one_exactly(workers, manager, events):
                 outs.append(js.send(bid, ch))
             st = cl.status(jid)
             assert st.workers_alive == 3 and st.workers[2].subwindows > 0
+            if direct:  # the added worker's session: a source the client was told of
+                assert sorted(cl.direct[jid]._sources) == [0, 1, 2]
             assert worker_status(c).subwindows > 0 and worker_status(c).sessions == 1
 
             reply = resize(manager, "RemoveWorker", a)

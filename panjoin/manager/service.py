@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from panjoin import limits
+from panjoin.codec import ID_PAIRS_PIECE
 from panjoin.config import DEFAULT_INDEX
 from panjoin.handshake.chain import ChainError
 from panjoin.manager.engine import JoinEngine
@@ -491,11 +492,14 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         ls = np.concatenate([np.zeros(len(late["R"]), np.uint8), np.ones(len(late["S"]), np.uint8)])
         if batch_id is None and not (pieces or ls.size):
             return []
-        if getattr(j.backend, "direct", False):  # references to the pairs, in one output
-            refs = np.array(pieces, np.int64).reshape(-1, 3)
-            return [encode_output(batch_id or 0, batch_id is None,
-                                  late=(ls, np.concatenate([late["R"], late["S"]])),
-                                  refs=refs.T, sources=self._new_sources(j))]
+        if getattr(j.backend, "direct", False):  # references to the pairs
+            groups = ref_groups(pieces, ID_PAIRS_PIECE)
+            outs = [encode_output(0, True, refs=g.T) for g in groups[:-1]]
+            outs.append(encode_output(batch_id or 0, batch_id is None,
+                                      late=(ls, np.concatenate([late["R"], late["S"]])),
+                                      refs=groups[-1].T))
+            new = self._new_sources(j)  # before the first reference to them
+            return [encode_output(0, True, sources=new), *outs] if new else outs
         parts = [(r[a:b], s[a:b], rp.slice(a, b - a) if rp is not None else None,
                   sp.slice(a, b - a) if sp is not None else None)
                  for r, s, rp, sp in regroup(pieces, output_caps()[0])
@@ -642,6 +646,29 @@ def _cancelled(context) -> bool:
     passed). grpc's sync server keeps this in the call's state only (``_state.client``,
     "cancelled"); where a grpc release lacks it, the idle timeout releases the join."""
     return getattr(getattr(context, "_state", None), "client", None) == "cancelled"
+
+
+def ref_groups(refs, piece: int) -> list[np.ndarray]:
+    """References ``(source, command, pairs)`` (results past the manager) as the
+    ``(k, 3)`` int64 references of each output: about ``piece`` pairs an output, a
+    reference past a piece cut where its worker cut the pairs into pieces, so that an
+    output names about one piece, which its client passes on as it came, without
+    joining pieces into fresh arrays (a band join's gigabytes of pairs).
+
+    >>> [g.tolist() for g in ref_groups([(0, 5, 3), (1, 7, 9)], 4)]
+    [[[0, 5, 3]], [[1, 7, 4]], [[1, 7, 4]], [[1, 7, 1]]]
+    """
+    groups, cur, n = [], [], 0
+    for src, cid, pairs in refs:
+        for a in range(0, pairs, piece):
+            k = min(pairs - a, piece)
+            if cur and n + k > piece:
+                groups.append(cur)
+                cur, n = [], 0
+            cur.append((src, cid, k))
+            n += k
+    groups.append(cur)
+    return [np.array(g, np.int64).reshape(-1, 3) for g in groups]
 
 
 def encode_output(batch_id: int, pushed: bool, r=None, s=None, rp=None, sp=None,
