@@ -19,11 +19,16 @@ pieces by command) and :meth:`ResultSources.take` resolves an output's reference
 
 A source whose stream ends before the pairs a reference names arrived (its worker
 lost) fails the take with :class:`ResultsLost`: those pairs cannot come another way.
+A reader :data:`READ_AHEAD_BYTES` ahead of the references waits while references are
+taken (so a client slower than its workers does not hold gigabytes) and reads on once
+none is taken for :data:`HOLD_S` (the references may wait for a probe round that waits
+for this worker's pairs).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 import numpy as np
@@ -40,6 +45,9 @@ SUBSCRIBE_TIMEOUT_S = 30.0
 #: probes), unless a reference waits for its pairs; without a bound a client slower
 #: than its workers held gigabytes (band S = 64: 3.4 GB at four quarter-core workers)
 READ_AHEAD_BYTES = 256 << 20
+#: seconds a reader held back at :data:`READ_AHEAD_BYTES` waits with no reference taken
+#: before it reads on (:meth:`ResultSources._hold`)
+HOLD_S = 1.0
 
 
 class ResultsLost(RuntimeError):
@@ -66,6 +74,7 @@ class ResultSources:
         self._cond = threading.Condition()
         self._sources: dict[int, _Source] = {}
         self._closed = False
+        self._taken = 0  # references resolved: a held-back reader waits while it grows
 
     def add(self, sources, timeout: float = SUBSCRIBE_TIMEOUT_S) -> None:
         """Subscribe to ``sources`` (``manager_pb2.ResultSource``s) not known yet; raises
@@ -114,12 +123,24 @@ class ResultSources:
                     s.pieces.setdefault(piece.command_id, deque()).append((r, x))
                     s.nbytes += r.nbytes + x.nbytes
                     self._cond.notify_all()
-                    while (s.nbytes > READ_AHEAD_BYTES and not s.wanted
-                           and not self._closed):
-                        self._cond.wait(1.0)
+                    self._hold(s)
         except grpc.RpcError as e:
             why = f"{e.code().name}: {e.details()}"
         self._end(s, why)
+
+    def _hold(self, s: _Source) -> None:
+        """Hold ``s``'s reader (the caller holds the lock) while it is
+        :data:`READ_AHEAD_BYTES` ahead of the references and they are being taken; once
+        none is taken for :data:`HOLD_S` it reads on: the references it waits for may be
+        behind a probe round that waits for this very worker's pairs (a round's pairs
+        beyond the bound: the manager answers an input once its rounds are in)."""
+        taken, since = self._taken, time.monotonic()
+        while s.nbytes > READ_AHEAD_BYTES and not s.wanted and not self._closed:
+            self._cond.wait(HOLD_S / 4)
+            if self._taken != taken:
+                taken, since = self._taken, time.monotonic()
+            elif time.monotonic() - since > HOLD_S:
+                return
 
     def _end(self, s: _Source, why: str) -> None:
         with self._cond:
@@ -166,6 +187,7 @@ class ResultSources:
                     if not got:
                         raise ResultsLost(f"no pairs from worker {s.address} for {timeout:g} "
                                           f"s (command {cid}, {n} pairs still to come)")
+            self._taken += 1
             self._cond.notify_all()  # pairs taken: readers held back may read on
         if not rs:
             z = np.zeros(0, np.int64)

@@ -270,6 +270,34 @@ def test_a_client_that_never_subscribes_fails_the_join_in_bounded_memory():
             w.stop()
 
 
+def test_a_reader_held_back_reads_on_when_no_reference_comes(monkeypatch):
+    """The client holds a worker's reader back once it is READ_AHEAD_BYTES ahead of the
+    references; but the references may wait for a probe round that waits for this very
+    worker's pairs (one input, flushed: the manager answers it once every round is in,
+    and the worker's channel is full). The reader reads on after HOLD_S without a
+    reference taken: the join completes, exact (a reader that waited for references
+    would leave the worker's probe waiting until it failed the join)."""
+    import panjoin.result_sources as rsrc
+
+    monkeypatch.setattr(rsrc, "READ_AHEAD_BYTES", 1 << 20)
+    monkeypatch.setattr(rsrc, "HOLD_S", 0.2)
+    ev = _heavy(6000)  # about 6M pairs on the one worker: past its channel's 64 MiB
+    ws = start_workers(1, worker_args=[["--idle-timeout", "5"]])  # gives up after 5 s
+    try:
+        with _manager_over(ws) as m, Client(m.manager.address) as c:
+            jid = c.open("count:2000,2000", "eq", "bisort", subwindow_size=1024,
+                         batch_size=512, direct_results=True)
+            assert jid in c.direct
+            outs = c.run_join(jid, [_rows(ev, 0, len(ev))])
+    finally:
+        for w in ws:
+            w.stop()
+    got = _pairs(outs)
+    want = _reference(ev, "count:2000,2000", "eq")
+    assert want.shape[0] > 5_000_000
+    np.testing.assert_array_equal(got, want)
+
+
 def _manager_over(ws):
     from panjoin.launch import LocalCluster, start_manager
 

@@ -17,7 +17,10 @@ joins (each session holds one of the server's threads while it lives): at most
 join fails fast with that), the thread pool has room for all of them plus Status and
 health, and a session that sends no message for ``idle_timeout`` seconds is ended
 (DEADLINE_EXCEEDED) and releases what it held. A manager keeps its idle joins'
-sessions alive with empty messages. Each session's subwindows reserve their estimated
+sessions alive with empty messages. A session opened with a results token sends its
+probes' pairs to the join's client instead of the manager (results past the manager,
+:mod:`workers.results`): one ``Results`` stream a session, so the pool has room for
+those too. Each session's subwindows reserve their estimated
 bytes (:func:`panjoin.limits.subwindow_bytes`) against the worker's ``memory_limit``;
 a Create beyond it is refused with RESOURCE_EXHAUSTED. Its default: 80% of what the
 process may use once its kernels are loaded (:mod:`panjoin.memory`: MemAvailable, or
@@ -395,7 +398,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if not c.sub_ids:
             return
         req = codec.decode_probe(c, batch)
-        if req.direct and sess is not None and sess.results is None:
+        if req.direct and (sess is None or sess.results is None):
             raise ValueError("RESULT_FORMAT_DIRECT needs a session opened with "
                              f"{RESULTS_TOKEN_KEY}: its pairs have nowhere to go")
         lo, hi, _, res = batch.probe_inputs()
