@@ -63,6 +63,7 @@ class _Source:
         self.pieces: dict[int, deque] = {}  # command id -> [(r_id, s_id)] in order
         self.nbytes = 0  # of the pieces held
         self.wanted = False  # a reference waits for pairs of this source
+        self.read_on = -1  # ResultSources._taken when it last gave up being held back
         self.ended = False
         self.why = ""
         self.reader: threading.Thread | None = None
@@ -135,11 +136,14 @@ class ResultSources:
         behind a probe round that waits for this very worker's pairs (a round's pairs
         beyond the bound: the manager answers an input once its rounds are in)."""
         taken, since = self._taken, time.monotonic()
+        if s.read_on == taken:  # it gave up waiting, and nothing was taken since
+            return
         while s.nbytes > READ_AHEAD_BYTES and not s.wanted and not self._closed:
             self._cond.wait(HOLD_S / 4)
             if self._taken != taken:
                 taken, since = self._taken, time.monotonic()
             elif time.monotonic() - since > HOLD_S:
+                s.read_on = taken  # until a reference is taken again
                 return
 
     def _end(self, s: _Source, why: str) -> None:
