@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -59,6 +60,7 @@ import pyarrow.parquet as pq
 from panjoin.bench.hosts import Hosts, unsupported
 from panjoin.bench.lan import Lan
 from panjoin.bench.lan import unsupported as lan_unsupported
+from panjoin.cli.options import size
 from panjoin.cli.replay import WARMED
 from panjoin.events import write_events
 from panjoin.generate import band_for_selectivity, generate
@@ -221,11 +223,14 @@ def manager_names(k: int) -> list[str]:
 
 
 def run_cluster(wl: Workload, n: int, events: str, work: str, quota: float,
-                memory_mib: float | None, managers: int = 1, lan: dict | None = None) -> dict:
+                memory_mib: float | None, managers: int = 1, lan: dict | None = None,
+                via: str = "workers") -> dict:
     """N worker hosts, ``managers`` manager hosts over all of them (more than one: the
     replay shards the join by key over them) and the client's host; with ``lan``
     (``{"rate_mbit": R, "delay_ms": D}``), each host in its own network namespace on
-    an emulated LAN (:mod:`panjoin.bench.lan`), its servers on its address with TLS."""
+    an emulated LAN (:mod:`panjoin.bench.lan`), its servers on its address with TLS;
+    ``via``: where the pairs go to the client (replay's ``--results-via``: straight
+    from the workers, or through the manager)."""
     with Hosts(quota, memory_mib) as hs, \
             (Lan(**lan) if lan is not None else contextlib.nullcontext()) as net:
         workers = [hs.new(f"worker{i}") for i in range(n)]
@@ -263,7 +268,8 @@ def run_cluster(wl: Workload, n: int, events: str, work: str, quota: float,
             where = ",".join([c.address, *(m.address for m in more)])
             t, cpu, net_bytes = _replay(
                 wl, events, os.path.join(work, f"cluster{n}.parquet"), client,
-                ["--cluster", where, *(sec.argv() if sec is not None else [])], all_hosts, wire)
+                ["--cluster", where, "--results-via", via,
+                 *(sec.argv() if sec is not None else [])], all_hosts, wire)
             rep = _hosts_report(all_hosts, t, quota, {"client": cpu})
     return {"n": n, "managers": managers, "time_s": t, "tuples_per_s": wl.tuples / t,
             "wire_b_per_tuple": net_bytes / wl.tuples, "hosts": rep, "lan": lan}
@@ -274,7 +280,8 @@ def bottleneck(rec: dict) -> str:
 
 
 def run_workload(wl: Workload, ns: list[int], quota: float, memory_mib: float | None,
-                 work: str, echo=print, managers: int = 1, lan: dict | None = None) -> dict:
+                 work: str, echo=print, managers: int = 1, lan: dict | None = None,
+                 via: str = "workers") -> dict:
     """In-process, then each N (with one manager, and with ``managers`` if more)."""
     events = os.path.join(work, f"{wl.name}.parquet")
     write_events(wl.events(), events)
@@ -285,7 +292,7 @@ def run_workload(wl: Workload, ns: list[int], quota: float, memory_mib: float | 
     runs = []
     for n, k in [(n, k) for n in ns for k in sorted({1, managers})]:
         try:
-            r = run_cluster(wl, n, events, work, quota, memory_mib, k, lan)
+            r = run_cluster(wl, n, events, work, quota, memory_mib, k, lan, via)
         except Exception as e:  # reported, and the sweep goes on
             echo(f"{wl.name}: N={n} K={k} FAILED: {str(e)[-800:]}")
             runs.append({"n": n, "managers": k, "error": str(e)[-3000:], "same_pairs": False})
@@ -384,6 +391,13 @@ def main(argv=None) -> int:
     ap.add_argument("--lan-delay-ms", type=float, default=0.1,
                     help="with --lan: one-way delay per host (default: 0.1; needs the "
                          "kernel's netem, else say 0 to model the rate alone)")
+    ap.add_argument("--results-via", choices=["workers", "manager"], default="workers",
+                    help="where the pairs go to the client (replay's flag): straight from "
+                         "the workers (results past the manager) or through the manager "
+                         "(default: workers)")
+    ap.add_argument("--tuples", type=size, metavar="N",
+                    help="the workloads' files of N tuples instead of their own (e.g. 2M: "
+                         "a 2-D band join past its window's fill)")
     ap.add_argument("--out", help="JSON of the runs (default: "
                     "benchmarks/results/scale_out[-quick].json)")
     ap.add_argument("--plot", help="PNG (default: benchmarks/plots/scale_out[-quick].png)")
@@ -420,6 +434,8 @@ def main(argv=None) -> int:
         wls = {w: all_wls[w] for w in args.workloads.split(",")}
     else:  # the sweep of one manager as before; with several, what shards
         wls = {k: v for k, v in wls.items() if (v.time_ms is not None) == (args.managers > 1)}
+    if args.tuples:
+        wls = {k: dataclasses.replace(v, tuples=args.tuples) for k, v in wls.items()}
     if args.managers > 1 and any(w.time_ms is None for w in wls.values()):
         ap.error("--managers shards by key, which needs a time window: choose time "
                  "workloads (--workloads " + ",".join(
@@ -452,7 +468,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as work:
         for wl in wls.values():
             recs.append(run_workload(wl, ns, quota, args.memory_mib, work,
-                                     managers=args.managers, lan=lan))
+                                     managers=args.managers, lan=lan, via=args.results_via))
     print(report(recs))
     print(f"({time.perf_counter() - t0:.0f} s)")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
