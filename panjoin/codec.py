@@ -234,6 +234,10 @@ def encode_answer(sub_id: int, pidx, ids, seq=None) -> worker_pb2.ProbeResult:
     return r
 
 
+#: the Session metadata by which a manager has a session's probe pairs go to the join's
+#: client (results past the manager: RESULT_FORMAT_DIRECT, ``Worker.Results``)
+RESULTS_TOKEN_KEY = "panjoin-results-token"
+
 #: an ID_PAIRS answer goes out in ProbeResults of at most this many pairs (2 MB)
 ID_PAIRS_PIECE = 128 << 10
 

@@ -65,8 +65,6 @@ log = logging.getLogger("panjoin.worker")
 MAX_SESSIONS = 64
 #: seconds a session may send nothing before the worker ends it, by default
 IDLE_TIMEOUT_S = 600.0
-#: the session metadata a manager sends to have its probes' pairs go to its client
-RESULTS_TOKEN_KEY = "panjoin-results-token"
 #: the longest a DIRECT probe waits for a client that takes none of its pairs (or the
 #: idle timeout, if shorter)
 RESULTS_WAIT_S = 60.0
@@ -160,12 +158,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def _results_channel(self, sess: _Session, context) -> str | None:
         """A session opened with a results token gets a channel its client subscribes to
         by that token (:meth:`Results`); the token, or None."""
-        token = dict(context.invocation_metadata() or ()).get(RESULTS_TOKEN_KEY)
+        token = dict(context.invocation_metadata() or ()).get(codec.RESULTS_TOKEN_KEY)
         if token is None:
             return None
         if not 16 <= len(token) <= MAX_TOKEN:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"{RESULTS_TOKEN_KEY} must be 16 to {MAX_TOKEN} characters")
+                          f"{codec.RESULTS_TOKEN_KEY} must be 16 to {MAX_TOKEN} characters")
         with self.lock:
             if token in self.channels:
                 taken = True
@@ -175,7 +173,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     wait_s=min(RESULTS_WAIT_S, self.idle_timeout))
         if taken:
             context.abort(grpc.StatusCode.ALREADY_EXISTS,
-                          f"another session holds this {RESULTS_TOKEN_KEY}")
+                          f"another session holds this {codec.RESULTS_TOKEN_KEY}")
         return token
 
     def Results(self, request, context):
@@ -400,7 +398,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         req = codec.decode_probe(c, batch)
         if req.direct and (sess is None or sess.results is None):
             raise ValueError("RESULT_FORMAT_DIRECT needs a session opened with "
-                             f"{RESULTS_TOKEN_KEY}: its pairs have nowhere to go")
+                             f"{codec.RESULTS_TOKEN_KEY}: its pairs have nowhere to go")
         lo, hi, _, res = batch.probe_inputs()
         for sub_id, flt, limit in req.targets:
             if req.ranges:

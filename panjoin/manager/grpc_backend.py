@@ -89,8 +89,6 @@ HEARTBEAT_S = 10.0
 MAX_UNCHECKED = 64
 
 SESSION_METHOD = f"/{worker_pb2.DESCRIPTOR.services_by_name['Worker'].full_name}/Session"
-#: the session metadata that sends a session's probe pairs to the join's client
-RESULTS_TOKEN_KEY = "panjoin-results-token"
 
 
 class WorkerError(RuntimeError):
@@ -191,7 +189,7 @@ class _Session:
             SESSION_METHOD, request_serializer=None,
             response_deserializer=worker_pb2.Feedbacks.FromString,
         )(iter(self.requests.get, self._END),
-          metadata=((RESULTS_TOKEN_KEY, results_token),) if results_token else None)
+          metadata=((codec.RESULTS_TOKEN_KEY, results_token),) if results_token else None)
         self.reader = threading.Thread(target=self._read, daemon=True,
                                        name=f"feedback-{address}")
         self.reader.start()
