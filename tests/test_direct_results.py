@@ -261,7 +261,10 @@ def test_a_client_that_never_subscribes_fails_the_join_in_bounded_memory():
             assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "never subscribed" in e.value.details()
             assert time.monotonic() - t0 < 60
-            # the session ended: its channel (and its queued pairs) went with it
+            # the session ends (the manager releases a failed join's sessions at once;
+            # the worker sees the stream end a moment later): its channel (and its
+            # queued pairs) go with it
+            _wait_no_sessions(ws[0].address)
             with pytest.raises(grpc.RpcError) as gone:
                 next(iter(_results(ws[0].address, reply.sources[0].token)))
             assert gone.value.code() == grpc.StatusCode.NOT_FOUND
@@ -296,6 +299,14 @@ def test_a_reader_held_back_reads_on_when_no_reference_comes(monkeypatch):
     want = _reference(ev, "count:2000,2000", "eq")
     assert want.shape[0] > 5_000_000
     np.testing.assert_array_equal(got, want)
+
+
+def _wait_no_sessions(address: str, timeout: float = 30.0) -> None:
+    stub = worker_pb2_grpc.WorkerStub(channel(address, peer=True))
+    end = time.monotonic() + timeout
+    while stub.Status(worker_pb2.StatusRequest(), timeout=30).sessions:
+        assert time.monotonic() < end, "the failed join's session outlived it"
+        time.sleep(0.1)
 
 
 def _manager_over(ws):
