@@ -276,3 +276,23 @@ def test_the_client_and_the_manager_cut_what_they_send_below_the_limit(small):
     ref = _reference(t, window, pred)
     assert len(ref) * 16 > 16 << 20  # 16 bytes a pair: 16 MiB or more
     assert np.array_equal(_pairs(res), ref)
+
+
+def test_results_past_the_manager_need_the_workers_certificate_check(secure, pki, events):
+    """Results past the manager over mutual TLS: a client with a certificate of the
+    workers' CA takes the pairs from them; one without (a token and the CA only) cannot
+    subscribe, and its join falls back to the manager's path, saying why; exact both."""
+    with start_cluster(2, security=secure, manager_args=["--replicas", "1"]) as c:
+        for sec, direct in ((Security(pki["cert"], pki["key"], pki["ca"], pki["token"]), True),
+                            (Security(ca=pki["ca"], token_file=pki["token"]), False)):
+            with Client(c.address, sec) as cl:
+                jid = cl.open(WINDOW, PRED, "bisort", subwindow_size=40, batch_size=64,
+                              direct_results=True)
+                assert (jid in cl.direct) == direct
+                if not direct:
+                    assert "could not be subscribed" in cl.why_not_direct
+                outs = cl.run_join(jid, [events.slice(a, min(len(events), a + 300))
+                                         for a in range(0, len(events), 300)])
+            r = np.concatenate([o.r_id for o in outs])
+            s = np.concatenate([o.s_id for o in outs])
+            assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), _reference(events))
