@@ -242,15 +242,25 @@ RESULTS_TOKEN_KEY = "panjoin-results-token"
 ID_PAIRS_PIECE = 128 << 10
 
 
+def piece_cuts(n: int, piece: int = ID_PAIRS_PIECE) -> list[tuple[int, int]]:
+    """Where a probe target's ``n`` pairs are cut into pieces: ``[(start, end)]``, every
+    piece ``piece`` pairs but the last. A worker cuts ID_PAIRS answers and DIRECT pairs
+    so, and the manager cuts its references to DIRECT pairs at the same places.
+
+    >>> piece_cuts(9, 4)
+    [(0, 4), (4, 8), (8, 9)]
+    """
+    return [(a, min(n, a + piece)) for a in range(0, n, piece)]
+
+
 def encode_id_pairs(sub_id: int, r_id, s_id) -> list[worker_pb2.ProbeResult]:
     """An ID_PAIRS answer: each pair's R id and S id, as the manager passes them on, in
     pieces of :data:`ID_PAIRS_PIECE` (``more`` on all but the last; one if empty)."""
     n = int(r_id.shape[0])
-    cuts = list(range(0, n, ID_PAIRS_PIECE)) or [0]
-    return [worker_pb2.ProbeResult(sub_id=sub_id, r_id=to_array(r_id[a:a + ID_PAIRS_PIECE]),
-                                   s_id=to_array(s_id[a:a + ID_PAIRS_PIECE]),
-                                   more=a + ID_PAIRS_PIECE < n)
-            for a in cuts]
+    cuts = piece_cuts(n) or [(0, 0)]
+    return [worker_pb2.ProbeResult(sub_id=sub_id, r_id=to_array(r_id[a:b]),
+                                   s_id=to_array(s_id[a:b]), more=b < n)
+            for a, b in cuts]
 
 
 def decode_id_pairs(r: worker_pb2.ProbeResult):

@@ -410,9 +410,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 xs = batch.ids[pidx]
                 r_id, s_id = (ids, xs) if backend.streams[sub_id] == "R" else (xs, ids)
                 if req.direct:  # the pairs to the client, their count to the manager
-                    for a in range(0, r_id.size, codec.ID_PAIRS_PIECE):
-                        sess.results.put(fb.command_id, r_id[a:a + codec.ID_PAIRS_PIECE],
-                                         s_id[a:a + codec.ID_PAIRS_PIECE])
+                    for a, b in codec.piece_cuts(r_id.size):
+                        sess.results.put(fb.command_id, r_id[a:b], s_id[a:b])
                     fb.results.append(worker_pb2.ProbeResult(sub_id=sub_id, pairs=r_id.size))
                     continue
                 fb.results.extend(codec.encode_id_pairs(sub_id, r_id, s_id))

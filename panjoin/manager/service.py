@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 
 from panjoin import limits
-from panjoin.codec import ID_PAIRS_PIECE
+from panjoin.codec import ID_PAIRS_PIECE, piece_cuts
 from panjoin.config import DEFAULT_INDEX
 from panjoin.handshake.chain import ChainError
 from panjoin.manager.engine import JoinEngine
@@ -660,8 +660,8 @@ def ref_groups(refs, piece: int) -> list[np.ndarray]:
     """
     groups, cur, n = [], [], 0
     for src, cid, pairs in refs:
-        for a in range(0, pairs, piece):
-            k = min(pairs - a, piece)
+        for a, b in piece_cuts(pairs, piece):
+            k = b - a
             if cur and n + k > piece:
                 groups.append(cur)
                 cur, n = [], 0
