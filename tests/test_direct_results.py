@@ -27,7 +27,7 @@ from panjoin.reference import reference_join, sort_pairs
 from panjoin.result_sources import ResultsLost, ResultSources
 from panjoin.security import channel
 from panjoin.semantics import parse_predicate, parse_window
-from workers.results import ChannelError, ResultChannel
+from workers.results import END, ChannelError, ResultChannel
 
 
 @pytest.fixture(scope="module")
@@ -273,6 +273,39 @@ def test_a_client_that_never_subscribes_fails_the_join_in_bounded_memory():
             w.stop()
 
 
+def test_a_subscriber_that_never_reads_is_cut_not_waited_on():
+    """A client that opens its Results stream and reads nothing holds the worker's
+    serving thread in gRPC's send: the worker cancels that call once the channel gives
+    up on it (the join fails, the thread is free), instead of holding it until the
+    client disconnects."""
+    ev = _heavy(6000)  # about 6M pairs, 90 MiB: past a channel's 64 MiB
+    ws = start_workers(1, worker_args=[["--idle-timeout", "3"]])
+    try:
+        with _manager_over(ws) as m, Client(m.manager.address) as c:
+            reply = c.stub.Open(manager_pb2.OpenRequest(
+                window="count:2000,2000", predicate="eq", index="bisort",
+                subwindow_size=1024, batch_size=512, direct_results=True))
+            c.tokens[reply.join_id] = reply.token
+            call = _results(ws[0].address, reply.sources[0].token)  # never read
+            t0 = time.monotonic()
+            with pytest.raises(grpc.RpcError) as e:
+                list(c.stub.Join(c._inputs(reply.join_id, [_rows(ev, 0, len(ev))], 1, True)))
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "took none" in e.value.details()
+            assert time.monotonic() - t0 < 60
+            _wait_no_sessions(ws[0].address)
+            # the worker cancelled the call while it was unread: reading it now gets what
+            # gRPC had buffered, then CANCELLED (a held call would go on sending the
+            # channel's queued pieces and end OK)
+            with pytest.raises(grpc.RpcError) as cut:
+                for _ in call:
+                    pass
+            assert cut.value.code() == grpc.StatusCode.CANCELLED
+    finally:
+        for w in ws:
+            w.stop()
+
+
 def test_a_reader_held_back_reads_on_when_no_reference_comes(monkeypatch):
     """The client holds a worker's reader back once it is READ_AHEAD_BYTES ahead of the
     references; but the references may wait for a probe round that waits for this very
@@ -357,3 +390,42 @@ def test_a_source_that_ends_early_fails_the_take():
         rs.take(np.array([0]), np.array([3]), np.array([5]))
     with pytest.raises(ResultsLost, match="never announced"):
         rs.take(np.array([1]), np.array([3]), np.array([5]))
+
+
+def test_a_channel_cuts_a_subscriber_that_takes_nothing():
+    """The call of a subscriber that takes nothing is cancelled when a put gives up on
+    it, and when pieces are still queued ``wait_s`` after the session ended; one that
+    keeps taking is not."""
+    cut = []
+    ch = ResultChannel(cap=100, wait_s=0.3)
+    ch.subscribe()
+    ch.attach(lambda: cut.append("put"))
+    ch.put(1, np.arange(8), np.arange(8))
+    with pytest.raises(ChannelError, match="took none"):
+        ch.put(2, np.arange(2), np.arange(2))
+    assert cut == ["put"]
+
+    ch = ResultChannel(cap=1 << 20, wait_s=0.3)
+    ch.subscribe()
+    ch.attach(lambda: cut.append("close"))
+    for k in range(3):
+        ch.put(k, np.arange(4), np.arange(4))
+    ch.close()  # queued pieces, nothing taken: cut after wait_s
+    end = time.monotonic() + 10
+    while cut == ["put"]:
+        assert time.monotonic() < end, "the idle subscriber was not cut"
+        time.sleep(0.05)
+    assert cut == ["put", "close"]
+
+    ch = ResultChannel(cap=1 << 20, wait_s=0.3)
+    ch.subscribe()
+    ch.attach(lambda: cut.append("reader"))
+    for k in range(4):
+        ch.put(k, np.arange(4), np.arange(4))
+    ch.close()
+    for _ in range(4):  # slow, but taking: never cut
+        time.sleep(0.2)
+        assert ch.take(1.0) is not None
+    assert ch.take(1.0) is END
+    time.sleep(0.5)
+    assert cut == ["put", "close"]

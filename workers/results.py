@@ -18,6 +18,11 @@ fails with :class:`ChannelError` and the probe fails (FAILED_PRECONDITION), whic
 fails the join at the manager. When the session ends the subscriber gets the pieces
 still queued, then the end of its stream.
 
+A subscriber that keeps its stream open but reads nothing would hold the worker thread
+that serves it in gRPC's send for as long as it stays connected: the channel cancels
+its call (:meth:`attach`) once it takes nothing for ``wait_s``, both when a probe's put
+gives up and when pieces are left after the session ended.
+
     >>> import numpy as np
     >>> ch = ResultChannel(cap=1 << 20, wait_s=1.0)
     >>> ch.put(7, np.array([1, 2]), np.array([10, 20]))
@@ -57,6 +62,8 @@ class ResultChannel:
         self._subscribed = False
         self._gone = False  # the subscriber left: nothing more can reach the client
         self._closed = False  # the session ended: no more puts
+        self._cancel = None  # ends the subscriber's call (its gRPC context's cancel)
+        self._taken = 0  # pieces taken so far: progress, for the watchdog after close
 
     @property
     def nbytes(self) -> int:
@@ -70,8 +77,28 @@ class ResultChannel:
             self._subscribed = True
             return True
 
+    def attach(self, cancel) -> None:
+        """``cancel()`` ends the subscriber's call: called once it takes nothing for
+        ``wait_s`` (its thread may be blocked in a send the client never reads)."""
+        with self._cond:
+            self._cancel = cancel
+
+    def _cut(self) -> None:
+        """Cancel the subscriber's call (outside the lock: gRPC may call back)."""
+        with self._cond:
+            cancel, self._cancel = self._cancel, None
+        if cancel is not None:
+            cancel()
+
     def put(self, command_id: int, r_id: np.ndarray, s_id: np.ndarray) -> None:
         """Queue a piece; waits while the channel is full (see the module doc)."""
+        try:
+            self._put(command_id, r_id, s_id)
+        except ChannelError:
+            self._cut()
+            raise
+
+    def _put(self, command_id: int, r_id: np.ndarray, s_id: np.ndarray) -> None:
         size = int(r_id.nbytes + s_id.nbytes)
         with self._cond:
             last, before = time.monotonic(), self._nbytes
@@ -103,15 +130,33 @@ class ResultChannel:
             if not self._pieces:
                 return END
             piece = self._pieces.popleft()
+            self._taken += 1
             self._nbytes -= int(piece[1].nbytes + piece[2].nbytes)
             self._cond.notify_all()
             return piece
 
     def close(self) -> None:
-        """The session ended: the subscriber gets what is queued, then :data:`END`."""
+        """The session ended: the subscriber gets what is queued, then :data:`END`;
+        one that takes nothing of it for ``wait_s`` has its call cancelled."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            watch = self._pieces and self._cancel is not None
+        if watch:
+            threading.Thread(target=self._watch_drain, daemon=True,
+                             name="results-drain").start()
+
+    def _watch_drain(self) -> None:
+        with self._cond:
+            while self._pieces and not self._gone:
+                taken = self._taken
+                self._cond.wait_for(lambda t=taken: self._taken != t or self._gone,
+                                    self.wait_s)
+                if self._taken == taken and not self._gone:
+                    break  # no progress for wait_s
+            else:
+                return
+        self._cut()
 
     def leave(self) -> None:
         """The subscriber left: drop what is queued, and fail every later put."""

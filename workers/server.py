@@ -192,6 +192,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if not ch.subscribe():
             context.abort(grpc.StatusCode.ALREADY_EXISTS,
                           "this join's results on this worker already have a subscriber")
+        ch.attach(context.cancel)  # a subscriber that reads nothing is cut, not waited on
         context.send_initial_metadata(())
         try:
             while True:
