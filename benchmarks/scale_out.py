@@ -224,13 +224,15 @@ def manager_names(k: int) -> list[str]:
 
 def run_cluster(wl: Workload, n: int, events: str, work: str, quota: float,
                 memory_mib: float | None, managers: int = 1, lan: dict | None = None,
-                via: str = "workers") -> dict:
+                via: str = "workers", placement: str = "time") -> dict:
     """N worker hosts, ``managers`` manager hosts over all of them (more than one: the
     replay shards the join by key over them) and the client's host; with ``lan``
     (``{"rate_mbit": R, "delay_ms": D}``), each host in its own network namespace on
     an emulated LAN (:mod:`panjoin.bench.lan`), its servers on its address with TLS;
     ``via``: where the pairs go to the client (replay's ``--results-via``: straight
-    from the workers, or through the manager)."""
+    from the workers, or through the manager); ``placement``: the managers'
+    ``--placement`` (whole subwindows on workers, or every subwindow cut by key)."""
+    margs = ["--replicas", "1", "--placement", placement]
     with Hosts(quota, memory_mib) as hs, \
             (Lan(**lan) if lan is not None else contextlib.nullcontext()) as net:
         workers = [hs.new(f"worker{i}") for i in range(n)]
@@ -249,12 +251,12 @@ def run_cluster(wl: Workload, n: int, events: str, work: str, quota: float,
             c = stack.enter_context(start_cluster(
                 n, 1, hosts=workers, worker_args=[["--host", w.ip] for w in workers],
                 manager_host=mhosts["manager"], security=sec,
-                manager_args=["--replicas", "1", "--host", mhosts["manager"].ip]))
+                manager_args=[*margs, "--host", mhosts["manager"].ip]))
             # manager i lists the workers from the (i N / K)-th on: the rings of the K
             # shards, which advance in step, put their newest subwindows on different ones
             more = [start_manager(c.addresses[i * n // managers:] +
                                   c.addresses[:i * n // managers], host=mhosts[name],
-                                  args=["--replicas", "1", "--host", mhosts[name].ip],
+                                  args=[*margs, "--host", mhosts[name].ip],
                                   security=sec)
                     for i, name in enumerate(manager_names(managers)) if i > 0]
             for m in more:
@@ -271,7 +273,8 @@ def run_cluster(wl: Workload, n: int, events: str, work: str, quota: float,
                 ["--cluster", where, "--results-via", via,
                  *(sec.argv() if sec is not None else [])], all_hosts, wire)
             rep = _hosts_report(all_hosts, t, quota, {"client": cpu})
-    return {"n": n, "managers": managers, "time_s": t, "tuples_per_s": wl.tuples / t,
+    return {"n": n, "managers": managers, "placement": placement, "time_s": t,
+            "tuples_per_s": wl.tuples / t,
             "wire_b_per_tuple": net_bytes / wl.tuples, "hosts": rep, "lan": lan}
 
 
@@ -281,8 +284,9 @@ def bottleneck(rec: dict) -> str:
 
 def run_workload(wl: Workload, ns: list[int], quota: float, memory_mib: float | None,
                  work: str, echo=print, managers: int = 1, lan: dict | None = None,
-                 via: str = "workers") -> dict:
-    """In-process, then each N (with one manager, and with ``managers`` if more)."""
+                 via: str = "workers", placements: tuple = ("time",)) -> dict:
+    """In-process, then each N (with one manager, and with ``managers`` if more; with
+    each of ``placements``, alternated)."""
     events = os.path.join(work, f"{wl.name}.parquet")
     write_events(wl.events(), events)
     local = run_in_process(wl, events, work, quota, memory_mib)
@@ -290,12 +294,14 @@ def run_workload(wl: Workload, ns: list[int], quota: float, memory_mib: float | 
          f"({local['tuples_per_s'] / 1e6:.2f} M/s)")
     ref = pairs_digest(os.path.join(work, "local.parquet"))
     runs = []
-    for n, k in [(n, k) for n in ns for k in sorted({1, managers})]:
+    for n, k, pl in [(n, k, pl) for n in ns for k in sorted({1, managers})
+                     for pl in placements]:
         try:
-            r = run_cluster(wl, n, events, work, quota, memory_mib, k, lan, via)
+            r = run_cluster(wl, n, events, work, quota, memory_mib, k, lan, via, pl)
         except Exception as e:  # reported, and the sweep goes on
-            echo(f"{wl.name}: N={n} K={k} FAILED: {str(e)[-800:]}")
-            runs.append({"n": n, "managers": k, "error": str(e)[-3000:], "same_pairs": False})
+            echo(f"{wl.name}: N={n} K={k} {pl} FAILED: {str(e)[-800:]}")
+            runs.append({"n": n, "managers": k, "placement": pl, "error": str(e)[-3000:],
+                         "same_pairs": False})
             continue
         r["speedup"] = local["time_s"] / r["time_s"]
         got = os.path.join(work, f"cluster{n}.parquet")
@@ -303,7 +309,7 @@ def run_workload(wl: Workload, ns: list[int], quota: float, memory_mib: float | 
         os.remove(got)
         r["bottleneck"] = bottleneck(r)
         runs.append(r)
-        echo(f"{wl.name}: N={n} K={k} {r['time_s']:.2f} s speedup {r['speedup']:.2f}x "
+        echo(f"{wl.name}: N={n} K={k} {pl} {r['time_s']:.2f} s speedup {r['speedup']:.2f}x "
              f"bottleneck {r['bottleneck']} ({r['hosts'][r['bottleneck']]['util']:.0%} of its "
              f"quota) wire {r['wire_b_per_tuple']:.0f} B/tuple same pairs {r['same_pairs']}")
     return {"workload": wl.__dict__, "quota": quota, "memory_mib": memory_mib,
@@ -330,8 +336,10 @@ def report(recs: list[dict]) -> str:
             ws = [v for k, v in hs.items() if k.startswith("worker")]
             ms = [v for k, v in hs.items() if k.startswith("manager")]
             k = r.get("managers", 1)
+            pl = r.get("placement", "time")
             lines.append(
-                f"| {rec['workload']['name']} | {r['n']}{f' (K {k})' if k > 1 else ''} | "
+                f"| {rec['workload']['name']} | {r['n']}{f' (K {k})' if k > 1 else ''}"
+                f"{' key' if pl == 'key' else ''} | "
                 f"{r['time_s']:.2f} | "
                 f"{r['tuples_per_s'] / 1e6:.2f} | {r['speedup']:.2f}x | {0.75 * r['n']:.2f}x | "
                 f"{r['bottleneck']} ({hs[r['bottleneck']]['util']:.0%}) | "
@@ -353,10 +361,13 @@ def plot(recs: list[dict], path: str) -> None:
     ax.plot([0, top], [0, top], ":", color="gray", label="ideal (N x)")
     ax.plot([0, top], [0, 0.75 * top], "--", color="gray", alpha=0.6, label="target 0.75 N")
     for rec in recs:
-        for k in sorted({r.get("managers", 1) for r in rec["cluster"]}):
-            ok = [r for r in rec["cluster"] if "error" not in r and r.get("managers", 1) == k]
+        for k, pl in sorted({(r.get("managers", 1), r.get("placement", "time"))
+                             for r in rec["cluster"]}):
+            ok = [r for r in rec["cluster"] if "error" not in r and r.get("managers", 1) == k
+                  and r.get("placement", "time") == pl]
             ax.plot([r["n"] for r in ok], [r["speedup"] for r in ok], "o-",
-                    label=rec["workload"]["name"] + (f", {k} managers" if k > 1 else ""))
+                    label=rec["workload"]["name"] + (f", {k} managers" if k > 1 else "")
+                    + (", key placement" if pl == "key" else ""))
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xlabel("worker hosts N")
     ax.set_ylabel("speedup over one in-process host")
@@ -395,6 +406,10 @@ def main(argv=None) -> int:
                     help="where the pairs go to the client (replay's flag): straight from "
                          "the workers (results past the manager) or through the manager "
                          "(default: workers)")
+    ap.add_argument("--placement", choices=["time", "key", "both"], default="time",
+                    help="the managers' --placement: whole subwindows on workers (time, "
+                         "default), every subwindow cut by key over them (key), or each N "
+                         "with both, alternated (both)")
     ap.add_argument("--tuples", type=size, metavar="N",
                     help="the workloads' files of N tuples instead of their own (e.g. 2M: "
                          "a 2-D band join past its window's fill)")
@@ -468,7 +483,9 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as work:
         for wl in wls.values():
             recs.append(run_workload(wl, ns, quota, args.memory_mib, work,
-                                     managers=args.managers, lan=lan, via=args.results_via))
+                                     managers=args.managers, lan=lan, via=args.results_via,
+                                     placements=(("time", "key") if args.placement == "both"
+                                                 else (args.placement,))))
     print(report(recs))
     print(f"({time.perf_counter() - t0:.0f} s)")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)

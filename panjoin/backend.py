@@ -110,6 +110,15 @@ class SortedBatch:
         m = (self.seq >= seq_from) & (self.seq < seq_to)
         return tuple(c[m] if c is not None else None for c in cols)
 
+    def rows(self, start: int, stop: int) -> SortedBatch:
+        """The batch's rows ``[start, stop)`` (a key range: still in key order), views."""
+        if start == 0 and stop == len(self):
+            return self
+        return SortedBatch(self.batch_id, self.stream, self.key[start:stop],
+                           self.ts[start:stop], self.seq[start:stop], self.ids[start:stop],
+                           None if self.key2 is None else self.key2[start:stop],
+                           self.predicate, self.window)
+
     def known_seqs(self, first: int) -> SortedBatch:
         """Say the batch's seqs are ``first .. first + len - 1`` (a stream's arrivals are
         numbered consecutively): no pass over them for their range."""
@@ -157,6 +166,7 @@ class CreateSpec:
     worker: int = 0  # which worker holds it (round-robin over the ring); local: ignored
     splitters: np.ndarray | None = None  # RaP-Table: the predecessor's Algorithm 1 table
     backup: bool = False  # hold a log of the inserts only, until promoted
+    piece: bool = False  # one key range of the subwindow (key placement): seqs with gaps
 
 
 @dataclass
@@ -244,7 +254,7 @@ class LocalBackend:
         self.subs[spec.sub_id] = SubwindowStore(
             spec.kind, spec.capacity, spec.key_dtype, spec.partitions, threads=self.threads,
             opts=opts, predecessor=pred.index if pred is not None else None,
-            backup=spec.backup)
+            backup=spec.backup, piece=spec.piece)
         self.streams[spec.sub_id] = spec.stream
         self.dtypes[spec.sub_id] = spec.key_dtype
         self.stats.creates += 1

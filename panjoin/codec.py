@@ -44,7 +44,7 @@ def encode_create(spec: CreateSpec) -> worker_pb2.Create:
     msg = worker_pb2.Create(sub_id=spec.sub_id, stream=STREAM[spec.stream], index=spec.kind,
                             capacity=spec.capacity, key_dtype=spec.key_dtype,
                             partitions=spec.partitions, backup=spec.backup,
-                            options={k: str(v) for k, v in spec.opts.items()})
+                            piece=spec.piece, options={k: str(v) for k, v in spec.opts.items()})
     if spec.splitters is not None:
         msg.splitters.CopyFrom(to_array(spec.splitters))
     return msg
@@ -71,7 +71,8 @@ def decode_create(c: worker_pb2.Create) -> CreateSpec:
     if c.splitters.data:
         spl = from_array(c.splitters, KEY_DTYPES[c.key_dtype], "splitters")
     return CreateSpec(c.sub_id, STREAM_NAME[c.stream], c.index, int(c.capacity), c.key_dtype,
-                      int(c.partitions), None, opts, splitters=spl, backup=c.backup)
+                      int(c.partitions), None, opts, splitters=spl, backup=c.backup,
+                      piece=c.piece)
 
 
 # ---------------------------------------------------------------------- batch

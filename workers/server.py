@@ -379,6 +379,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def _insert(self, backend: LocalBackend, c: worker_pb2.Insert, fb, batches, sess) -> None:
         st = self._store(backend, c.sub_id)
         batch = self._batch_of(batches, c.batch_id)
+        if c.row_to:  # key placement: the rows of this worker's key range
+            if not 0 <= c.row_from < c.row_to <= len(batch):
+                raise ValueError(f"insert rows [{c.row_from}, {c.row_to}) are not within "
+                                 f"batch {c.batch_id}'s {len(batch)} rows")
+            batch = batch.rows(c.row_from, c.row_to)
         codec.check_batch_for(batch, backend.streams[c.sub_id], backend.key_dtype(c.sub_id),
                               c.sub_id)
         backend.insert(c.sub_id, batch, c.seq_from, c.seq_to)

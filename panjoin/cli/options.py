@@ -114,7 +114,8 @@ def add_join_opts(p: argparse.ArgumentParser, required: bool = True) -> None:
 #: argparse's are None, so that :func:`check_topology` tells a flag the user gave from
 #: one left out; it fills these in after its checks.
 DEFAULTS = {"topology": "ring", "fifo": 1 << 16, "segment": "nested", "worker_timeout": 60.0,
-            "replicas": 2, "index": DEFAULT_INDEX, "result_format": "pairs"}
+            "replicas": 2, "index": DEFAULT_INDEX, "result_format": "pairs",
+            "placement": "time"}
 
 
 def add_topology(p: argparse.ArgumentParser) -> None:
@@ -142,6 +143,12 @@ def add_topology(p: argparse.ArgumentParser) -> None:
                    help="ring: copies of each subwindow. 2: a backup on the next worker logs "
                         "the same inserts and takes over when its worker dies (no loss; "
                         "default); 1: none, so a lost worker ends the join")
+    p.add_argument("--placement", choices=["time", "key"],
+                   help="ring: where the subwindows go. time: each whole subwindow on one "
+                        "worker, round-robin (the paper's; default); key: every subwindow "
+                        "cut by key over all the workers, so a tuple goes to about one "
+                        "worker, not to every worker holding a subwindow (one copy: implies "
+                        "--replicas 1; a fixed worker set)")
 
 
 def _given(args, dest: str) -> bool:
@@ -162,7 +169,7 @@ def check_topology(args, prog: str, on_manager: bool = False) -> None:
 
     if on_manager:
         for dest in ("topology", "fifo", "segment", "fast_forward", "worker_timeout",
-                     "replicas"):
+                     "replicas", "placement"):
             if _given(args, dest):
                 fail(f"{_flag(dest)} is the manager's setting, fixed when it started: give "
                      f"it to 'panjoin cluster' or 'panjoin manager', not to a join on "
@@ -176,7 +183,7 @@ def check_topology(args, prog: str, on_manager: bool = False) -> None:
             if _given(args, dest):
                 fail(f"{_flag(dest)} is a handshake chain's; add --topology handshake")
     else:
-        for dest in ("replicas", "worker_timeout"):
+        for dest in ("replicas", "worker_timeout", "placement"):
             if _given(args, dest):
                 fail(f"{_flag(dest)} is the ring's (subwindows on workers); a handshake "
                      "chain keeps one copy of each tuple and has no failover: drop it or "
@@ -187,6 +194,14 @@ def check_topology(args, prog: str, on_manager: bool = False) -> None:
         if _given(args, "result_format"):
             fail("--result-format is the ring's (BI-Sort ranges through the manager's "
                  "mirror); a handshake chain answers with pairs: drop it")
+    if getattr(args, "placement", None) == "key":
+        if getattr(args, "replicas", None) not in (None, 1):
+            fail("--placement key keeps one copy of every piece: drop --replicas or give "
+                 "--replicas 1 (--placement time --replicas 2 survives a worker's loss)")
+        if getattr(args, "result_format", None) == "ranges":
+            fail("--result-format ranges needs whole BI-Sort subwindows on one worker: "
+                 "drop it, or use --placement time")
+        args.replicas = 1
     for dest, v in DEFAULTS.items():
         if dest in vars(args) and getattr(args, dest) is None:
             setattr(args, dest, v)

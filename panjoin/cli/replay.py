@@ -239,6 +239,7 @@ def _read_and_join(args, window, pred, ph, loader) -> int:
         return _replay_engine(args, events, window, pred, None, 1, ph, waited=waited)
     from panjoin.launch import start_cluster
     from panjoin.manager.grpc_backend import GrpcBackend
+    from panjoin.manager.key_placement import KeyPlacedBackend
 
     with contextlib.ExitStack() as stack:
         with ph.phase("start workers"):
@@ -248,9 +249,9 @@ def _read_and_join(args, window, pred, ph, loader) -> int:
         if args.warm_up:
             with ph.phase("load kernels"):
                 cluster.warm_up(args.index)
-        with GrpcBackend(cluster.addresses, deadline=args.worker_timeout,
-                         result_format=args.result_format,
-                         replicas=args.replicas) as backend:
+        placed = KeyPlacedBackend if args.placement == "key" else GrpcBackend
+        with placed(cluster.addresses, deadline=args.worker_timeout,
+                    result_format=args.result_format, replicas=args.replicas) as backend:
             return _replay_engine(args, events, window, pred, backend, args.workers, ph)
 
 

@@ -180,7 +180,7 @@ def run_cluster(args) -> int:
                                      worker_timeout=args.worker_timeout,
                                      idle_timeout=args.idle_timeout,
                                      metrics_port=args.metrics_port,
-                                     http_port=args.http_port)
+                                     http_port=args.http_port, placement=args.placement)
     except BaseException:
         cluster.stop()
         raise
@@ -220,7 +220,8 @@ def run_manager(args) -> int:
                                  max_latency_ms=args.max_latency, fast_forward=args.fast_forward,
                                  worker_timeout=args.worker_timeout,
                                  idle_timeout=args.idle_timeout,
-                                 metrics_port=args.metrics_port, http_port=args.http_port)
+                                 metrics_port=args.metrics_port, http_port=args.http_port,
+                                 placement=args.placement)
     freeze_heap()  # startup's objects out of the full collections, as in a worker
     print(f"{MANAGER_READY}{args.host}:{port}{metrics_note(server, args.host)}"
           f"{page_note(server, args.host)}, workers {', '.join(addrs)}", flush=True)

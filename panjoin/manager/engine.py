@@ -734,9 +734,12 @@ class JoinEngine:
         before = self.stats.results
         for (start, pays), ans in zip(f.stores, answers, strict=True):
             if isinstance(ans, PairsRef):  # sent to the client by the worker: named here
-                if ans.pairs:
-                    self._results.append(ans)
-                    self.stats.results += ans.pairs
+                ans = [ans]
+            if isinstance(ans, list):  # references: one, or a key placement's one a worker
+                for ref in ans:
+                    if ref.pairs:
+                        self._results.append(ref)
+                        self.stats.results += ref.pairs
                 continue
             if isinstance(ans, IdPairs):  # mapped on the worker: passed on as they are
                 for r, s in ans.pieces:

@@ -83,6 +83,7 @@ def add_worker(workers: list[str], joins, address: str, timeout: float) -> int:
         raise ResizeError(grpc.StatusCode.ALREADY_EXISTS,
                           f"worker {address} is in the list already: {', '.join(workers)}")
     check_worker(address)
+    _fixed(joins)
     done = []
     for jid, j in joins:
         with j.lock:  # between batches: none is half sent
@@ -103,6 +104,15 @@ def add_worker(workers: list[str], joins, address: str, timeout: float) -> int:
     return len(done)
 
 
+def _fixed(joins) -> None:
+    """Refuse a resize while a join keeps a fixed set of workers (key placement)."""
+    for jid, j in joins:
+        why = getattr(j.backend, "fixed_workers", None)
+        if why and not j.closed:
+            raise ResizeError(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"join {jid}: {why}; close it first, nothing was changed")
+
+
 def _undo(done, address: str) -> None:
     for j in done:
         with j.lock:
@@ -119,6 +129,7 @@ def remove_worker(workers: list[str], joins, address: str) -> int:
         raise ResizeError(grpc.StatusCode.FAILED_PRECONDITION,
                           f"{address} is the manager's last worker; add another first "
                           "(panjoin ctl add-worker) or close the joins")
+    _fixed(joins)
     for jid, j in joins:
         with j.lock:
             if not j.closed and not j.backend.can_remove(address):

@@ -45,6 +45,7 @@ from panjoin.config import DEFAULT_INDEX
 from panjoin.handshake.chain import ChainError
 from panjoin.manager.engine import JoinEngine
 from panjoin.manager.grpc_backend import GrpcBackend, WorkerError, status_code
+from panjoin.manager.key_placement import PLACEMENTS, KeyPlacedBackend
 from panjoin.manager.resize import ResizeError, ResizeGate, add_worker, remove_worker
 from panjoin.manager.streaming import stream_join
 from panjoin.ops.metrics import ManagerCollector, Retired, with_metrics
@@ -172,7 +173,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                  fifo: int = 1 << 16, segment: str = "nested", replicas: int = 2,
                  max_latency_ms: float | None = None, fast_forward: bool = False,
                  worker_timeout: float = 60.0, idle_timeout: float = IDLE_TIMEOUT_S,
-                 max_input_tuples: int = limits.MAX_INPUT_TUPLES):
+                 max_input_tuples: int = limits.MAX_INPUT_TUPLES, placement: str = "time"):
         if not workers:
             raise ValueError("the manager needs at least one worker address")
         if topology not in ("ring", "handshake"):
@@ -189,6 +190,12 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                              f"{worker_timeout}")
         self.worker_timeout = worker_timeout  # ring: the heartbeat deadline (GrpcBackend)
         self.replicas = replicas  # ring: copies of each subwindow (GrpcBackend)
+        if placement not in PLACEMENTS:
+            raise ValueError(f"unknown placement {placement!r}; choose one of "
+                             f"{', '.join(PLACEMENTS)}")
+        if placement == "key" and replicas != 1:
+            raise ValueError("key placement keeps one copy of each piece: replicas must be 1")
+        self.placement = placement  # ring: whole subwindows (time) or key pieces (key)
         if max_latency_ms is not None and not max_latency_ms > 0:
             raise ValueError(f"max latency must be a positive number of ms, got {max_latency_ms}")
         self.max_latency_ms = max_latency_ms  # for joins opened without one
@@ -252,8 +259,12 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             _abort_worker_error(context, e)
         direct, why = self._direct(request, fmt)
         # everything checked: now the workers are asked, and released on any failure
-        backend = GrpcBackend(self.workers, deadline=self.worker_timeout,
-                              result_format=fmt, replicas=self.replicas, direct=direct)
+        placed = KeyPlacedBackend if self.placement == "key" else GrpcBackend
+        try:
+            backend = placed(self.workers, deadline=self.worker_timeout, result_format=fmt,
+                             replicas=self.replicas, direct=direct)
+        except ValueError as e:  # key placement and BI-Sort ranges
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         try:
             self._check_memory(backend, engine, window)
         except WorkerError as e:
@@ -732,7 +743,8 @@ def serve_manager(workers: list[str], port: int = 0, host: str = "127.0.0.1",
                   idle_timeout: float = IDLE_TIMEOUT_S,
                   max_input_tuples: int = limits.MAX_INPUT_TUPLES,
                   metrics_port: int | None = None,
-                  http_port: int | None = None) -> tuple[grpc.Server, int]:
+                  http_port: int | None = None,
+                  placement: str = "time") -> tuple[grpc.Server, int]:
     """Start the manager endpoint; returns the server and its port. ``max_latency_ms``:
     the latency bound of joins opened without one (None: such joins do not stream);
     ``idle_timeout``: close a join with no Join stream and no call for this many s;
@@ -742,7 +754,7 @@ def serve_manager(workers: list[str], port: int = 0, host: str = "127.0.0.1",
     (:mod:`panjoin.ops.page`, ``server.http_port``)."""
     servicer = ManagerServicer(workers, threads, topology, fifo, segment, replicas,
                                max_latency_ms, fast_forward, worker_timeout, idle_timeout,
-                               max_input_tuples)
+                               max_input_tuples, placement)
     server, port = start_server(
         lambda srv: add_manager(servicer, srv),
         manager_pb2.DESCRIPTOR.services_by_name["Manager"].full_name, port, host)

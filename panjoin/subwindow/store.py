@@ -16,6 +16,11 @@ Two things make a probe exact whenever it runs:
   per batch); :meth:`promote` builds the index from the log when the primary
   is lost (the paper's subwindows are rebuilt, not copied back).
 
+A *piece* (``piece=True``, the manager's key placement) holds one key range of a
+subwindow whose other ranges live on other workers: its seqs are the subwindow's with
+gaps, each insert's after the previous ones', and its ids are kept by rank
+(:class:`panjoin.subwindow.piece_ids.PieceIds`), not at their offsets in the span.
+
 Example:
 
     >>> import numpy as np
@@ -34,6 +39,7 @@ import numpy as np
 
 from panjoin.subwindow import Residual, SubwindowIndex, WindowFilter, make_index
 from panjoin.subwindow.hash_table import AHEAD_SPARES
+from panjoin.subwindow.piece_ids import PieceIds
 from panjoin.subwindow.spares import SPARES
 
 
@@ -42,8 +48,10 @@ class SubwindowStore:
 
     def __init__(self, kind: str, capacity: int, key_dtype: str, partitions: int,
                  threads: int = 1, opts: dict | None = None,
-                 predecessor: SubwindowIndex | None = None, backup: bool = False):
+                 predecessor: SubwindowIndex | None = None, backup: bool = False,
+                 piece: bool = False):
         self.kind = kind
+        self.piece = piece
         self.capacity = int(capacity)
         self.key_dtype = np.dtype(key_dtype)
         self.partitions = int(partitions)
@@ -57,10 +65,13 @@ class SubwindowStore:
                                     threads=threads, predecessor=predecessor, **self.opts)
         # a hash subwindow (the small-batch index) takes an expired one's ids array
         # (panjoin.subwindow.spares): pages mapped already; the others allocate as before
-        self._spares = kind == "hash"
-        self.ids = (SPARES.empty(self.capacity, np.int64, AHEAD_SPARES) if self._spares
+        self._spares = kind == "hash" and not piece
+        self.pieces = PieceIds(self.capacity) if piece else None
+        self.ids = (np.empty(0, np.int64) if piece else
+                    SPARES.empty(self.capacity, np.int64, AHEAD_SPARES) if self._spares
                     else np.empty(self.capacity, np.int64))
         self.count = 0
+        self.end = 0  # offset past the last seq held (count, unless a piece)
         self.seq_start = -1
 
     @property
@@ -77,7 +88,8 @@ class SubwindowStore:
     @property
     def nbytes(self) -> int:
         if self.index is not None:
-            return int(self.index.nbytes) + 8 * self.count
+            return int(self.index.nbytes) + 8 * self.count + (
+                self.pieces.bits.nbytes * 2 if self.pieces is not None else 0)
         return self._log_bytes
 
     def insert(self, keys: np.ndarray, ts: np.ndarray, seq: np.ndarray, ids: np.ndarray,
@@ -101,7 +113,11 @@ class SubwindowStore:
             low, high = seq_first - first, seq_end - 1 - first
         else:
             low, high = int(off.min()), int(off.max())
-        if low < self.count or high >= self.count + n:
+        if self.piece:  # one key range: gaps, but after what it holds and within its span
+            if low < self.end or high >= self.capacity:
+                raise ValueError(f"a piece's insert needs seqs in [{first + self.end}, "
+                                 f"{first + self.capacity}) (after the ones it holds)")
+        elif low < self.count or high >= self.count + n:
             raise ValueError(f"insert's seqs must continue the subwindow's run at "
                              f"{first + self.count}")
         if self.index is not None:
@@ -110,9 +126,13 @@ class SubwindowStore:
             self.log.append((keys, ts, seq, key2))
             self._log_bytes += keys.nbytes + ts.nbytes + seq.nbytes + (
                 key2.nbytes if key2 is not None else 0)
-        self.ids[off] = ids
+        if self.pieces is not None:
+            self.pieces.insert(off, ids)
+        else:
+            self.ids[off] = ids
         self.seq_start = first
         self.count += n
+        self.end = high + 1 if self.piece else self.count
 
     def promote(self) -> None:
         """A backup becomes the primary: its index is built from the logged inserts,
@@ -139,7 +159,7 @@ class SubwindowStore:
         return self._answer(pidx, seq, seq_limit)
 
     def _answer(self, pidx, seq, seq_limit):
-        if seq_limit is not None and seq_limit < self.seq_start + self.count and seq.size:
+        if seq_limit is not None and seq_limit < self.seq_start + self.end and seq.size:
             keep = seq < seq_limit
             pidx, seq = pidx[keep], seq[keep]
         return pidx, self.ids_of(seq), seq
@@ -152,6 +172,8 @@ class SubwindowStore:
         return ix.probe_ranges(lo, hi, flt)
 
     def ids_of(self, seq: np.ndarray) -> np.ndarray:
+        if self.pieces is not None:
+            return self.pieces.ids_of(seq - self.seq_start)
         return self.ids[seq - self.seq_start]
 
     def release(self) -> None:
@@ -161,7 +183,8 @@ class SubwindowStore:
             self.index.release()
         arrays = [self.ids]
         self.ids = np.empty(0, np.int64)
-        self.count = 0
+        self.pieces = None
+        self.count = self.end = 0
         if self.log is not None:
             self.log, self._log_bytes = [], 0
         if self._spares:  # a large BI-Sort store's ids are not kept for 10 s
@@ -179,4 +202,8 @@ class SubwindowStore:
             assert len(self.index) == self.count, (len(self.index), self.count)
         else:
             assert sum(int(b[0].size) for b in self.log) == self.count
-        assert self.count <= self.capacity
+        if self.piece:
+            assert self.count <= self.end <= self.capacity
+            assert self.pieces is None or self.pieces.count == self.count
+        else:
+            assert self.count == self.end <= self.capacity

@@ -99,7 +99,7 @@ class Batch(_message.Message):
     def __init__(self, batch_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Stream, str]] = ..., keys: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ids: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., predicate: _Optional[str] = ..., window: _Optional[str] = ..., release_below: _Optional[int] = ..., keys_base: _Optional[int] = ..., ts_base: _Optional[int] = ..., seq_base: _Optional[int] = ..., ids_base: _Optional[int] = ...) -> None: ...
 
 class Create(_message.Message):
-    __slots__ = ("sub_id", "stream", "index", "capacity", "key_dtype", "partitions", "splitters", "options", "backup")
+    __slots__ = ("sub_id", "stream", "index", "capacity", "key_dtype", "partitions", "splitters", "options", "backup", "piece")
     class OptionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +116,7 @@ class Create(_message.Message):
     SPLITTERS_FIELD_NUMBER: _ClassVar[int]
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     BACKUP_FIELD_NUMBER: _ClassVar[int]
+    PIECE_FIELD_NUMBER: _ClassVar[int]
     sub_id: int
     stream: _common_pb2.Stream
     index: str
@@ -125,7 +126,8 @@ class Create(_message.Message):
     splitters: _common_pb2.Array
     options: _containers.ScalarMap[str, str]
     backup: bool
-    def __init__(self, sub_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Stream, str]] = ..., index: _Optional[str] = ..., capacity: _Optional[int] = ..., key_dtype: _Optional[str] = ..., partitions: _Optional[int] = ..., splitters: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., options: _Optional[_Mapping[str, str]] = ..., backup: _Optional[bool] = ...) -> None: ...
+    piece: bool
+    def __init__(self, sub_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Stream, str]] = ..., index: _Optional[str] = ..., capacity: _Optional[int] = ..., key_dtype: _Optional[str] = ..., partitions: _Optional[int] = ..., splitters: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., options: _Optional[_Mapping[str, str]] = ..., backup: _Optional[bool] = ..., piece: _Optional[bool] = ...) -> None: ...
 
 class Promote(_message.Message):
     __slots__ = ("sub_id",)
@@ -134,16 +136,20 @@ class Promote(_message.Message):
     def __init__(self, sub_id: _Optional[int] = ...) -> None: ...
 
 class Insert(_message.Message):
-    __slots__ = ("sub_id", "batch_id", "seq_from", "seq_to")
+    __slots__ = ("sub_id", "batch_id", "seq_from", "seq_to", "row_from", "row_to")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FROM_FIELD_NUMBER: _ClassVar[int]
     SEQ_TO_FIELD_NUMBER: _ClassVar[int]
+    ROW_FROM_FIELD_NUMBER: _ClassVar[int]
+    ROW_TO_FIELD_NUMBER: _ClassVar[int]
     sub_id: int
     batch_id: int
     seq_from: int
     seq_to: int
-    def __init__(self, sub_id: _Optional[int] = ..., batch_id: _Optional[int] = ..., seq_from: _Optional[int] = ..., seq_to: _Optional[int] = ...) -> None: ...
+    row_from: int
+    row_to: int
+    def __init__(self, sub_id: _Optional[int] = ..., batch_id: _Optional[int] = ..., seq_from: _Optional[int] = ..., seq_to: _Optional[int] = ..., row_from: _Optional[int] = ..., row_to: _Optional[int] = ...) -> None: ...
 
 class Probe(_message.Message):
     __slots__ = ("sub_ids", "filtered", "format", "seq_limit", "want_seq", "batch_id")

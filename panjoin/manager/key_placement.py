@@ -1,0 +1,304 @@
+"""Key placement: every subwindow cut by key over all the workers (``--placement key``).
+
+The ring places whole subwindows on workers (time placement): a batch probes every
+subwindow of the other stream, so it goes to every worker that holds one (2-4 of
+them at 4 workers), and while the window fills only the workers that hold its first
+subwindows work. Key placement cuts each subwindow into one *piece* per worker by key,
+as the paper's partitions cut a subwindow by splitters: worker k holds the keys in
+``[b_k-1, b_k)`` of every subwindow (``b`` the quantiles of the first batch's keys, as
+:func:`panjoin.sharding.boundaries` draws them for a sharded join, kept distinct:
+:func:`piece_boundaries`). A sorted batch is
+cut at the same keys (binary searches, no pass over its rows): worker k gets its rows
+once, inserts those of its key range and probes its pieces of every subwindow of the
+other stream with those whose key interval meets its range (a band reaches over the
+edges: :func:`panjoin.semantics.probe_bounds`). A pair ``(r, s)`` is found on the one
+worker holding the stored tuple's key, so none is lost or found twice, and a tuple
+crosses the wire about once, whatever the number of workers::
+
+    boundaries [5] (worker 0: keys < 5), band:1, a batch of keys [1, 4, 6, 9]
+    inserts: worker 0 the rows of keys [1, 4], worker 1 those of [6, 9]
+    probes:  worker 0 [1, 4], worker 1 [4, 6, 9] (4 probes [3, 5], which reaches 5)
+
+Subwindows keep their seq ranges and life cycle (the engine cannot tell); a piece's
+seqs have gaps (:class:`panjoin.subwindow.store.SubwindowStore`, ``piece``). The
+placement keeps one copy (a lost worker ends the join), a fixed set of workers (no
+AddWorker / RemoveWorker) and answers with pairs (not BI-Sort ranges). Boundaries
+from the first batch suit keys whose distribution does not drift; keys that grow
+steadily end up on the last worker (still exact, no longer parallel).
+
+    >>> import numpy as np
+    >>> from panjoin.semantics import parse_predicate
+    >>> cut_rows(np.array([1, 4, 6, 9]), np.array([5]), parse_predicate("band:1"), "S")
+    ([(0, 2), (2, 4)], [(0, 2), (1, 4)])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from panjoin import codec
+from panjoin.backend import CreateSpec, IdPairs, PairsRef, SortedBatch
+from panjoin.manager.grpc_backend import (
+    GrpcBackend,
+    ProbeRound,
+    WorkerError,
+    _check,
+    _Down,
+)
+from panjoin.proto.panjoin.v1 import worker_pb2
+from panjoin.semantics import Predicate, probe_bounds, stored_bands
+from panjoin.sharding import boundaries, shard_of
+
+PLACEMENTS = ("time", "key")
+
+
+def piece_boundaries(keys: np.ndarray, k: int) -> np.ndarray:
+    """The ``k - 1`` workers' boundaries: the k-quantiles of the keys
+    (:func:`panjoin.sharding.boundaries`), moved up to the next distinct key where a
+    hot key repeats one, so no worker's range is empty while distinct keys are left.
+
+        >>> piece_boundaries(np.array([0] * 90 + [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]), 3).tolist()
+        [1, 2]
+    """
+    b = boundaries(keys, k)
+    distinct = np.unique(keys)
+    at = np.searchsorted(distinct, b, side="left")
+    for j in range(1, at.size):  # strictly increasing, past the least key
+        at[j] = max(at[j], at[j - 1] + 1)
+    if at.size:
+        at = np.maximum(at, np.arange(1, at.size + 1))
+    return distinct[np.minimum(at, distinct.size - 1)] if distinct.size else b
+
+
+def cut_rows(keys: np.ndarray, bounds: np.ndarray, pred: Predicate, stream: str):
+    """``(own, probe)``: per worker, the row range ``(start, stop)`` of sorted ``keys``
+    in its key range, and one that holds every row whose probe interval meets it."""
+    n = keys.shape[0]
+    k = bounds.shape[0] + 1
+    edges = [0, *np.searchsorted(keys, bounds, side="left").tolist(), n]
+    own = [(edges[j], edges[j + 1]) for j in range(k)]
+    if not pred.negated and stored_bands(pred.primary, stream) == [(0, 0)]:
+        return own, own  # equi: a tuple probes its own key range only
+    lo, hi = probe_bounds(pred.primary, stream, keys)
+    start, stop = np.full(k, n), np.zeros(k, np.int64)
+    workers = np.arange(k)
+    for lo_b, hi_b in zip(lo, hi, strict=True):
+        live = lo_b <= hi_b  # an empty interval has lo > hi
+        first = np.where(live, shard_of(bounds, lo_b), k)
+        last = np.where(live, shard_of(bounds, hi_b), -1)
+        # monotone envelopes (the live intervals of sorted keys are sorted already): a
+        # range taken from them holds every row that meets the worker, perhaps more
+        last = np.maximum.accumulate(last)
+        first = np.minimum.accumulate(first[::-1])[::-1]
+        start = np.minimum(start, np.searchsorted(last, workers, side="left"))
+        stop = np.maximum(stop, np.searchsorted(first, workers, side="right"))
+    probe = [(int(a), int(b)) if a < b else (n, n) for a, b in zip(start, stop, strict=True)]
+    return own, probe
+
+
+class _Cut:
+    """A batch cut for the workers: per worker the rows it gets (``rows``, one run: its
+    own and its probing rows) and, within them, the rows it inserts (``own``)."""
+
+    def __init__(self, batch: SortedBatch, bounds: np.ndarray):
+        own, probe = cut_rows(batch.key, bounds, batch.predicate, batch.stream)
+        self.own = own
+        self.rows = []
+        for (a, b), (pa, pb) in zip(own, probe, strict=True):
+            if a == b:
+                self.rows.append((pa, pb))
+            elif pa == pb:
+                self.rows.append((a, b))
+            else:
+                self.rows.append((min(a, pa), max(b, pb)))
+
+
+class KeyRound(ProbeRound):
+    """A probe round over key pieces: every worker's answer to every target, merged per
+    target (probe indexes shifted by where the worker's rows start in the batch)."""
+
+    def result(self):
+        if self._out is None:
+            merged: list = [[] for _ in self.targets]
+            for idxs, call, start in self.parts:
+                try:
+                    fb = _check(call)
+                except _Down as e:
+                    raise self.backend.lost(e) from None
+                except WorkerError as e:
+                    raise self.backend.first_error(e) from None
+                results = iter(fb.results)
+                for i in idxs:
+                    r = next(results)
+                    if self.backend.direct:
+                        merged[i].append(PairsRef(call.session.source, fb.command_id, r.pairs))
+                    else:
+                        merged[i].append((start, self.backend._answer(
+                            r, self.targets[i][1], self.batch, results)))
+            self._out = [self._merge(m) for m in merged]
+            self.backend.rounds_in_flight -= 1
+        return self._out
+
+    def _merge(self, answers: list):
+        if self.backend.direct:
+            return answers  # references, one per worker (the engine names each)
+        if answers and isinstance(answers[0][1], IdPairs):
+            return IdPairs([p for _, a in answers for p in a.pieces])
+        if not answers:
+            empty = np.zeros(0, np.int64)
+            return empty, empty, empty
+        pidx = np.concatenate([a[0] + start for start, a in answers])
+        seqs = [a[2] for _, a in answers]  # None: not asked for, or no pair there
+        seq = None if all(q is None for q in seqs) else np.concatenate(
+            [np.zeros(0, np.int64) if q is None else q for q in seqs])
+        return pidx, np.concatenate([a[1] for _, a in answers]), seq
+
+    def done(self) -> bool:
+        if self._out is None:
+            self.backend.flush()
+        return self._out is not None or all(c.done.is_set() for _, c, _ in self.parts)
+
+
+class KeyPlacedBackend(GrpcBackend):
+    """Subwindows cut by key over ``addresses`` (see the module doc): one piece of each
+    on every worker, one copy."""
+
+    def __init__(self, addresses: list[str], deadline: float = 60.0,
+                 result_format: str = "pairs", replicas: int = 1, direct: bool = False):
+        if result_format != "pairs":
+            raise ValueError("key placement answers with pairs: BI-Sort ranges need the "
+                             "whole subwindow on one worker (drop --result-format ranges)")
+        if replicas != 1:
+            raise ValueError("key placement keeps one copy of each piece: give --replicas 1 "
+                             "(or --placement time for primary/backup failover)")
+        super().__init__(addresses, deadline, "pairs", 1, direct)
+        self.bounds: np.ndarray | None = None  # the workers' key boundaries (first batch)
+        self._last_cut: tuple[SortedBatch, _Cut] | None = None
+
+    def _cut(self, batch: SortedBatch) -> _Cut:
+        if self._last_cut is None or self._last_cut[0] is not batch:
+            if self.bounds is None:
+                self.bounds = piece_boundaries(batch.key, self.n_workers)
+            self._last_cut = (batch, _Cut(batch, self.bounds))
+        return self._last_cut[1]
+
+    def lost(self, e: Exception) -> WorkerError:
+        return WorkerError(f"{e}: under key placement every worker holds a piece of every "
+                           "subwindow and there is no other copy, so the join cannot go on "
+                           "exactly; restart it (from the source), or run it with "
+                           "--placement time --replicas 2 to survive a worker's loss",
+                           "DATA_LOSS")
+
+    def _failover(self, dead: int) -> None:
+        if self.closed:
+            raise WorkerError("the join was closed", "CANCELLED")
+        s = self.sessions[dead]
+        s.down(s.why or "declared dead")
+        raise self.lost(RuntimeError(f"worker {s.address}: {s.why}"))
+
+    #: why AddWorker and RemoveWorker refuse while such a join is open (manager.resize)
+    fixed_workers = ("under key placement it keeps the workers it started with (each holds "
+                     "a key range of every subwindow)")
+
+    def add_worker(self, address: str, timeout: float) -> None:
+        raise WorkerError(f"a join {self.fixed_workers}", "FAILED_PRECONDITION")
+
+    def can_remove(self, address: str) -> bool:
+        return False
+
+    def remove_worker(self, address: str) -> bool:
+        raise WorkerError(f"a join {self.fixed_workers}", "FAILED_PRECONDITION")
+
+    def _every(self, sub_id: int, kind: str, msg) -> None:
+        order = next(self.order)
+        for w, s in enumerate(self.sessions):
+            try:
+                self.unchecked.append((sub_id, s.send(order, kind, msg)))
+            except _Down:
+                self._failover(w)
+
+    def create(self, spec: CreateSpec) -> None:
+        # each worker's RaP-Table piece takes its partition table from its own
+        # predecessor piece (the worker holds both); none crosses the wire
+        spec.splitters = None
+        spec.piece = True
+        self.where[spec.sub_id] = 0
+        self.kinds[spec.sub_id] = spec.kind
+        self._every(spec.sub_id, "create", codec.encode_create(spec))
+        self.stats.creates += 1
+
+    def _settle(self, sub_id: int, call) -> None:
+        try:
+            fb = _check(call)
+        except _Down as e:
+            raise self.lost(e) from None
+        except WorkerError as e:
+            raise self.first_error(e) from None
+        if fb.status.sub_id == sub_id:
+            self.sizes[(sub_id, call.session.source)] = fb.status.nbytes
+
+    def _send_rows(self, w: int, batch: SortedBatch, cut: _Cut, order: int) -> None:
+        """Worker ``w``'s rows of ``batch``, once (its insert and probe name them)."""
+        s = self.sessions[w]
+        if s.batch_id == batch.batch_id:
+            return
+        msg = codec.encode_batch(batch.rows(*cut.rows[w])).message(
+            worker_pb2.Batch(release_below=batch.batch_id))
+        try:
+            self.unchecked.append((-1, s.send(order, "batch", msg)))
+        except _Down:
+            self._failover(w)
+        s.batch_id = batch.batch_id
+
+    def insert(self, sub_id: int, batch: SortedBatch, seq_from: int, seq_to: int) -> None:
+        order = next(self.order)
+        cut = self._cut(batch)
+        for w, (a, b) in enumerate(cut.own):
+            if a == b:
+                continue
+            self._send_rows(w, batch, cut, order)
+            start = cut.rows[w][0]
+            msg = worker_pb2.Insert(sub_id=sub_id, batch_id=batch.batch_id,
+                                    seq_from=seq_from, seq_to=seq_to,
+                                    row_from=a - start, row_to=b - start)
+            try:
+                self.unchecked.append((sub_id, self.sessions[w].send(order, "insert", msg)))
+            except _Down:
+                self._failover(w)
+        self.flush()
+        self._collect()
+        self.stats.inserts += 1
+
+    def probe_many(self, targets, batch: SortedBatch) -> KeyRound:
+        self._collect()
+        order = next(self.order)
+        cut = self._cut(batch)
+        idxs = list(range(len(targets)))
+        parts: list = []
+        fmt = (worker_pb2.RESULT_FORMAT_DIRECT if self.direct else
+               worker_pb2.RESULT_FORMAT_PAIRS if self.want_seq else
+               worker_pb2.RESULT_FORMAT_ID_PAIRS)
+        for w, (a, b) in enumerate(cut.rows):
+            if a == b or not targets:
+                continue
+            self._send_rows(w, batch, cut, order)
+            msg = worker_pb2.Probe(batch_id=batch.batch_id, want_seq=self.want_seq,
+                                   sub_ids=[t[0] for t in targets],
+                                   filtered=[bool(t[1]) for t in targets],
+                                   seq_limit=[int(t[2]) for t in targets], format=fmt)
+            try:
+                parts.append((idxs, self.sessions[w].send(order, "probe", msg), a))
+            except _Down:
+                self._failover(w)
+        self.stats.probes += len(targets)
+        self.rounds_in_flight += 1
+        return KeyRound(self, targets, batch, parts)
+
+    def expire(self, sub_id: int) -> None:
+        if sub_id in self.where:
+            self._every(sub_id, "expire", worker_pb2.Expire(sub_id=sub_id))
+        for d in (self.where, self.kinds):
+            d.pop(sub_id, None)
+        for w in range(self.n_workers):
+            self.sizes.pop((sub_id, w), None)
+        self.stats.expires += 1
