@@ -26,7 +26,7 @@ from panjoin.backend import CreateSpec, SortedBatch
 from panjoin.proto.panjoin.v1 import common_pb2, worker_pb2
 from panjoin.semantics import SpecError, parse_predicate, parse_window
 from panjoin.subwindow import INDEX_KINDS, WindowFilter
-from panjoin.wire import Encoded, from_array, to_array
+from panjoin.wire import Encoded, from_array, int_column, narrow, to_array, widen
 
 STREAM = {"R": common_pb2.STREAM_R, "S": common_pb2.STREAM_S}
 STREAM_NAME = {v: k for k, v in STREAM.items()}
@@ -78,46 +78,17 @@ def decode_create(c: worker_pb2.Create) -> CreateSpec:
 # ---------------------------------------------------------------------- batch
 
 
-#: a column whose span (max - min) is below this goes as uint32 offsets from its min
-NARROW_SPAN = 1 << 32
-_I64_MAX = int(np.iinfo(np.int64).max)
-
-
-def _narrow(col: np.ndarray, lo: int | None = None, hi: int | None = None):
-    """``(column to send, base)``: an int64 column of span < 2^32 as uint32 offsets from
-    its min (half the bytes), else itself and base 0. ``lo``/``hi``: its min and max
-    when the caller knows them (a sorted column's ends), else they are computed."""
-    if col.dtype != np.int64 or col.size == 0:
-        return col, 0
-    if lo is None:
-        lo, hi = int(col.min()), int(col.max())
-    if hi - lo >= NARROW_SPAN:
-        return col, 0
-    out = np.empty(col.shape[0], np.uint32)
-    np.subtract(col, np.int64(lo), out=out, casting="unsafe")  # in [0, 2^32): exact
-    return out, lo
-
-
-def _widen(a: np.ndarray, base: int, name: str) -> np.ndarray:
-    """The int64 column of a (possibly narrowed) Batch column."""
-    if a.dtype != np.uint32:
-        return a
-    if base > _I64_MAX - (NARROW_SPAN - 1) and a.size and base + int(a.max()) > _I64_MAX:
-        raise ValueError(f"{name}: base {base} plus its offsets overflows int64")
-    return np.add(a, np.int64(base), dtype=np.int64)
-
-
 def encode_batch(batch: SortedBatch) -> Encoded:
     """A Batch, written straight to the wire (:class:`panjoin.wire.Encoded`): each
     worker's copy appends its own ``release_below``. Integer columns of span < 2^32 go
-    as uint32 offsets from a base (``_narrow``): 16 bytes a tuple instead of 32 on an
-    equi join of integer keys, to every worker the batch goes to."""
+    as uint32 offsets from a base (:func:`panjoin.wire.narrow`): 16 bytes a tuple
+    instead of 32 on an equi join of integer keys, to every worker the batch goes to."""
     n = batch.key.shape[0]
-    keys, keys_base = _narrow(batch.key, *((int(batch.key[0]), int(batch.key[-1]))
-                                           if n and batch.key.dtype == np.int64 else ()))
-    ts, ts_base = _narrow(batch.ts)
-    seq, seq_base = _narrow(batch.seq)
-    ids, ids_base = _narrow(batch.ids)
+    keys, keys_base = narrow(batch.key, *((int(batch.key[0]), int(batch.key[-1]))
+                                          if n and batch.key.dtype == np.int64 else ()))
+    ts, ts_base = narrow(batch.ts)
+    seq, seq_base = narrow(batch.seq)
+    ids, ids_base = narrow(batch.ids)
     enc = (Encoded(worker_pb2.Batch).scalar("batch_id", batch.batch_id)
            .scalar("stream", STREAM[batch.stream]).array("keys", keys)
            .array("ts", ts).array("seq", seq).array("ids", ids))
@@ -137,13 +108,6 @@ def _join_spec(predicate: str, window: str):
         raise ValueError(f"batch: {e}") from None
 
 
-def _int_column(a: common_pb2.Array, base: int, name: str) -> np.ndarray:
-    """An int64 Batch column sent as "<i8", or narrowed to "<u4" offsets from ``base``."""
-    if a.dtype == "<u4":
-        return _widen(from_array(a, "<u4", name), base, name)
-    return from_array(a, "<i8", name)
-
-
 def decode_batch(c: worker_pb2.Batch) -> SortedBatch:
     """The batch, checked: an id > 0, one length, keys sorted, a known predicate and
     window, key2 iff the predicate has a residual. Narrowed columns come back int64."""
@@ -153,15 +117,15 @@ def decode_batch(c: worker_pb2.Batch) -> SortedBatch:
         raise ValueError("batch stream must be STREAM_R or STREAM_S")
     pred, window = _join_spec(c.predicate, c.window)
     if c.keys.dtype == "<u4":
-        keys = _widen(from_array(c.keys, "<u4", "keys"), c.keys_base, "keys")
+        keys = widen(from_array(c.keys, "<u4", "keys"), c.keys_base, "keys")
     elif c.keys.dtype not in KEY_DTYPES.values():
         raise ValueError(f"keys: dtype {c.keys.dtype!r} must be <i8 (int64), <f8 (float64) "
                          "or <u4 (int64 keys narrowed: offsets from keys_base)")
     else:
         keys = from_array(c.keys, c.keys.dtype, "keys")
-    ts = _int_column(c.ts, c.ts_base, "ts")
-    seq = _int_column(c.seq, c.seq_base, "seq")
-    ids = _int_column(c.ids, c.ids_base, "ids")
+    ts = int_column(c.ts, c.ts_base, "ts")
+    seq = int_column(c.seq, c.seq_base, "seq")
+    ids = int_column(c.ids, c.ids_base, "ids")
     if not (keys.ndim == 1 and keys.shape == ts.shape == seq.shape == ids.shape):
         raise ValueError("keys, ts, seq and ids differ in length")
     key2 = None

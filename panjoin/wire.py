@@ -73,6 +73,49 @@ def from_array(msg: common_pb2.Array, want: str | None = None, name: str = "arra
     return out
 
 
+#: a column whose span (max - min) is below this goes as uint32 offsets from its min
+NARROW_SPAN = 1 << 32
+_I64_MAX = int(np.iinfo(np.int64).max)
+
+
+def narrow(col: np.ndarray, lo: int | None = None, hi: int | None = None):
+    """``(column to send, base)``: an int64 column of span < 2^32 as uint32 offsets from
+    its min (half the bytes), else itself and base 0. ``lo``/``hi``: its min and max
+    when the caller knows them (a sorted column's ends), else they are computed.
+
+        >>> a, base = narrow(np.array([1000007, 1000009, 1000008]))
+        >>> a.dtype.str, a.tolist(), base
+        ('<u4', [0, 2, 1], 1000007)
+    """
+    if col.dtype != np.int64 or col.size == 0:
+        return col, 0
+    if lo is None:
+        lo, hi = int(col.min()), int(col.max())
+    if hi - lo >= NARROW_SPAN:
+        return col, 0
+    out = np.empty(col.shape[0], np.uint32)
+    np.subtract(col, np.int64(lo), out=out, casting="unsafe")  # in [0, 2^32): exact
+    return out, lo
+
+
+def widen(a: np.ndarray, base: int, name: str) -> np.ndarray:
+    """The int64 column of a (possibly :func:`narrow`-ed) column."""
+    if a.dtype != np.uint32:
+        return a
+    if base > _I64_MAX - (NARROW_SPAN - 1) and a.size and base + int(a.max()) > _I64_MAX:
+        raise WireError(f"{name}: base {base} plus its offsets overflows int64")
+    return np.add(a, np.int64(base), dtype=np.int64)
+
+
+def int_column(a: common_pb2.Array, base: int, name: str) -> np.ndarray:
+    """An int64 column sent as "<i8", or narrowed to "<u4" offsets from ``base``."""
+    if a.dtype == "<u4":
+        return widen(from_array(a, "<u4", name), base, name)
+    if base:
+        raise WireError(f"{name}: a base ({base}) goes with uint32 offsets, not {a.dtype!r}")
+    return from_array(a, "<i8", name)
+
+
 def _varint(n: int) -> bytes:
     out = bytearray()
     while True:

@@ -215,6 +215,55 @@ def test_manager_rejects_bad_specs_and_replays_are_not_applied_twice(manager, ev
         assert st.tuples_in == 300 and st.last_batch_id == 5
 
 
+def test_a_join_input_goes_narrowed_and_bad_narrowing_is_refused(manager):
+    """The client sends int64 id, key and ts columns of span < 2^32 as uint32 offsets
+    (13 bytes a tuple instead of 25); the manager widens them back, and refuses a
+    narrowing it cannot take (INVALID_ARGUMENT, nothing applied)."""
+    import queue
+
+    from panjoin.client import Client, join_input
+
+    chunk = generate(300, "uniform", key_min=0, key_max=60, rate=1000, seed=3)
+    msg = join_input("j", 1, chunk)
+    assert msg.id.dtype == msg.key.dtype == msg.ts.dtype == "<u4"
+    assert (msg.id_base, msg.key_base, msg.ts_base) == (
+        int(chunk.id.min()), int(chunk.key.min()), int(chunk.ts.min()))
+    assert msg.ByteSize() < 14 * len(chunk.id)
+    wide = chunk.slice(0, 300)
+    wide.key = np.where(np.arange(300) % 2 == 0, -(1 << 40), 1 << 40).astype(np.int64)
+    wide.id = wide.id * (1 << 33)
+    back = join_input("j", 1, wide)
+    assert back.key.dtype == back.id.dtype == "<i8" and back.key_base == back.id_base == 0
+
+    with Client(manager) as c:
+        jid = c.open("count:100,100", "eq", "bisort", batch_size=32)
+
+        def bad(change):
+            m = join_input(jid, 1, chunk, token=c.token(jid))
+            change(m)
+            inputs: queue.Queue = queue.Queue()
+            inputs.put(m)
+            inputs.put(None)
+            with pytest.raises(grpc.RpcError) as e:
+                list(c.stub.Join(iter(inputs.get, None)))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            return e.value.details()
+
+        assert "overflows" in bad(lambda m: setattr(m, "id_base", (1 << 63) - 2))
+        assert "id: a base" in bad(lambda m: (m.id.CopyFrom(to_array(chunk.id)),
+                                              setattr(m, "id_base", 5)))
+        assert "key_base" in bad(lambda m: (m.key.CopyFrom(to_array(chunk.key)),
+                                            setattr(m, "key_base", 5)))
+        assert "overflows" in bad(lambda m: setattr(m, "ts_base", (1 << 63) - 2))
+        assert c.status(jid).tuples_in == 0  # nothing applied
+        outs = list(c.stream(jid, [chunk]))
+    ref = reference_join(chunk.stream, chunk.id, chunk.key, chunk.ts,
+                         parse_window("count:100,100"), parse_predicate("eq"))
+    r = np.concatenate([o.r_id for o in outs])
+    s = np.concatenate([o.s_id for o in outs])
+    assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+
+
 def test_replay_cli_on_a_local_cluster(tmp_path):
     from panjoin.cli.main import main
     from panjoin.events import read_pairs, write_events

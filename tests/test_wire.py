@@ -175,3 +175,20 @@ def test_a_pushed_key_of_a_named_only_dtype_is_refused():
     """uint32 is decoded only where a field asks for it (a Batch's narrowed columns)."""
     with pytest.raises(wire_mod.WireError, match="dtype"):
         from_array(to_array(np.array([1], np.uint32)), None, "key")
+
+
+def test_narrow_and_widen_round_trip_at_the_ends():
+    from panjoin.wire import NARROW_SPAN, WireError, int_column, narrow, widen
+
+    top = np.iinfo(np.int64).max
+    for col in [np.array([0, NARROW_SPAN - 1]), np.array([top - 5, top]),
+                np.array([-top - 1, -top - 1 + 7]), np.array([-3, 4, 0])]:
+        a, base = narrow(col)
+        assert a.dtype == np.uint32 and np.array_equal(widen(a, base, "c"), col)
+        assert np.array_equal(int_column(to_array(a), base, "c"), col)
+    wide, base = narrow(np.array([0, NARROW_SPAN]))
+    assert wide.dtype == np.int64 and base == 0
+    with pytest.raises(WireError, match="overflows"):
+        widen(np.array([0, 9], np.uint32), top - 3, "c")
+    with pytest.raises(WireError, match="a base"):
+        int_column(to_array(np.array([1, 2])), 5, "c")

@@ -54,7 +54,14 @@ from panjoin.proto.panjoin.v1 import manager_pb2, manager_pb2_grpc
 from panjoin.security import current
 from panjoin.semantics import SpecError, parse_predicate, parse_window
 from panjoin.serving import register, start_server
-from panjoin.wire import Encoded, WireError, from_array, from_payloads, to_payloads
+from panjoin.wire import (
+    Encoded,
+    WireError,
+    from_array,
+    from_payloads,
+    int_column,
+    to_payloads,
+)
 
 log = logging.getLogger("panjoin.manager")
 
@@ -436,14 +443,19 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             # are decoded (views of one copy each, within the message size limit) and
             # counted before anything else is
             stream = from_array(msg.stream, "|u1", "stream")
-            ids = from_array(msg.id, "<i8", "id")
+            ids = int_column(msg.id, msg.id_base, "id")  # (wire.narrow: maybe uint32)
             n = max(stream.size, ids.size)
             if n > self.max_input_tuples:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"{n} tuples in one JoinInput; send at most "
                               f"{self.max_input_tuples} a message (split the batch)")
-            keys = from_array(msg.key, None, "key")
-            ts = from_array(msg.ts, "<i8", "ts")
+            if msg.key.dtype == "<u4":  # an int64 key column narrowed (wire.narrow)
+                keys = int_column(msg.key, msg.key_base, "key")
+            elif msg.key_base:
+                raise WireError("key: key_base goes with uint32 offsets (dtype <u4)")
+            else:
+                keys = from_array(msg.key, None, "key")
+            ts = int_column(msg.ts, msg.ts_base, "ts")
             if not (stream.shape == ids.shape == keys.shape == ts.shape):
                 raise WireError("stream, id, key and ts must have one length")
             if keys.dtype == np.float64 and not np.isfinite(keys).all():

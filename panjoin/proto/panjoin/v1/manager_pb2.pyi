@@ -130,7 +130,7 @@ class Payloads(_message.Message):
     def __init__(self, offsets: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class JoinInput(_message.Message):
-    __slots__ = ("join_id", "token", "batch_id", "stream", "id", "key", "ts", "payload", "flush", "key2", "watermark")
+    __slots__ = ("join_id", "token", "batch_id", "stream", "id", "key", "ts", "payload", "flush", "key2", "watermark", "id_base", "key_base", "ts_base")
     JOIN_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,9 @@ class JoinInput(_message.Message):
     FLUSH_FIELD_NUMBER: _ClassVar[int]
     KEY2_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    ID_BASE_FIELD_NUMBER: _ClassVar[int]
+    KEY_BASE_FIELD_NUMBER: _ClassVar[int]
+    TS_BASE_FIELD_NUMBER: _ClassVar[int]
     join_id: str
     token: str
     batch_id: int
@@ -153,7 +156,10 @@ class JoinInput(_message.Message):
     flush: bool
     key2: _common_pb2.Array
     watermark: int
-    def __init__(self, join_id: _Optional[str] = ..., token: _Optional[str] = ..., batch_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., payload: _Optional[_Union[Payloads, _Mapping]] = ..., flush: _Optional[bool] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., watermark: _Optional[int] = ...) -> None: ...
+    id_base: int
+    key_base: int
+    ts_base: int
+    def __init__(self, join_id: _Optional[str] = ..., token: _Optional[str] = ..., batch_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., payload: _Optional[_Union[Payloads, _Mapping]] = ..., flush: _Optional[bool] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., watermark: _Optional[int] = ..., id_base: _Optional[int] = ..., key_base: _Optional[int] = ..., ts_base: _Optional[int] = ...) -> None: ...
 
 class JoinOutput(_message.Message):
     __slots__ = ("batch_id", "r_id", "s_id", "r_payload", "s_payload", "late_stream", "late_id", "duplicate", "pushed", "ref_source", "ref_command", "ref_pairs", "sources")
