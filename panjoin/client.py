@@ -432,7 +432,8 @@ def answer_writer(events, out, lock=None):
 
 
 def input_bytes(chunk) -> int:
-    """About the size of ``chunk``'s JoinInput on the wire (its arrays and payloads)."""
+    """About the size of ``chunk``'s JoinInput on the wire (its arrays and payloads), at
+    most: int64 columns whose span fits 32 bits go at half (:func:`join_input`)."""
     n = len(chunk.id)
     size = n * (1 + 8 + 8) + np.asarray(chunk.key).nbytes
     if getattr(chunk, "key2", None) is not None:

@@ -240,8 +240,8 @@ def small():
 
 
 def test_a_message_over_the_limit_is_refused_by_the_server(small):
-    t = generate(60_000, "uniform", key_min=0, key_max=1000, rate=1000, seed=3)
-    big = join_input("x", 1, t)
+    t = generate(120_000, "uniform", key_min=0, key_max=1000, rate=1000, seed=3)
+    big = join_input("x", 1, t)  # 13 bytes a tuple (narrowed columns)
     assert big.ByteSize() > 1 << 20
     opts = [("grpc.max_send_message_length", 64 << 20)]
     with grpc.insecure_channel(small.address, options=opts) as ch:
@@ -255,7 +255,8 @@ def test_a_message_over_the_limit_is_refused_by_the_server(small):
 
 
 def test_the_client_and_the_manager_cut_what_they_send_below_the_limit(small):
-    # 60K tuples are 1.5 MiB of input, and each tuple has some 20 partners: the client
+    # 60K tuples are 1.5 MiB of input as the client counts it (its int64 columns wide,
+    # an upper bound), and each tuple has some 20 partners: the client
     # cuts the input into messages of 26K tuples, and the manager each one's answer of
     # some 500K pairs (8 MiB); the join is exact
     t = generate(60_000, "uniform", key_min=0, key_max=20, rate=1000, seed=4)
