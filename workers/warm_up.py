@@ -71,7 +71,17 @@ def warm_up(threads: int = 1) -> tuple[int, float]:
                     eng.take_results()
                     n += 1
         log.info("warm-up: %s keys done after %.1f s", key_dtype, time.perf_counter() - t0)
+    _warm_pieces()
     return n, time.perf_counter() - t0
+
+
+def _warm_pieces() -> None:
+    """A key piece's id kernels (key placement; the index kernels are a subwindow's)."""
+    from panjoin.subwindow.piece_ids import PieceIds
+
+    p = PieceIds(256)
+    p.insert(np.array([9, 2, 70]), np.array([90, 20, 700]))
+    assert p.ids_of(np.array([70, 2])).tolist() == [700, 20]
 
 
 def warm_up_handshake() -> tuple[int, float]:

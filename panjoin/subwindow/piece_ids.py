@@ -5,7 +5,8 @@ piece (key placement) holds one key range of the subwindow, about a worker's sha
 of its seqs, spread over the subwindow's whole span: ids kept at their offsets would
 touch every page of a span-sized array on every worker. Instead a bitmap marks the
 offsets held, a prefix count per 64-bit word gives each offset's *rank* (set bits
-before it), and the ids sit compactly at their ranks: a quarter of a byte a span
+before it; :mod:`panjoin.subwindow.kernels.piece_ids`), and the ids sit compactly at
+their ranks: a quarter of a byte a span
 slot (a bit, and a count per 64) plus 8 bytes a held tuple. Inserts come in seq order (each insert's
 offsets after the last one's), so only the words an insert touches are recounted.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-_ONE = np.uint64(1)
+from panjoin.subwindow.kernels.piece_ids import ranks, set_bits
 
 
 class PieceIds:
@@ -36,18 +37,17 @@ class PieceIds:
         self.last_word = -1  # the highest word counted so far
 
     def _rank(self, off: np.ndarray) -> np.ndarray:
-        w = off >> 6
-        below = np.left_shift(_ONE, (off & 63).astype(np.uint64)) - _ONE
-        return self.before[w] + np.bitwise_count(self.bits[w] & below)
+        out = np.empty(off.shape[0], np.int64)
+        ranks(self.bits, self.before, off, out)
+        return out
 
     def insert(self, off: np.ndarray, ids: np.ndarray) -> None:
         """Offsets (distinct, any order, all past the ones held) and their ids."""
         if off.size == 0:
             return
         off = off.astype(np.int64, copy=False)
-        w = off >> 6
-        np.bitwise_or.at(self.bits, w, np.left_shift(_ONE, (off & 63).astype(np.uint64)))
-        w0, w1 = int(w.min()), int(w.max())
+        set_bits(self.bits, off)
+        w0, w1 = int(off.min()) >> 6, int(off.max()) >> 6
         # the words before w0 hold every earlier bit, or w0 is the last one counted
         base = int(self.before[w0]) if w0 == self.last_word else self.count
         counts = np.bitwise_count(self.bits[w0:w1 + 1]).astype(np.int64)
