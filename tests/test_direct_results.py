@@ -246,21 +246,34 @@ def test_a_subscriber_that_leaves_fails_the_join_not_the_worker(cluster):
     np.testing.assert_array_equal(_pairs(outs), _reference(ev2, "count:500,500", "eq"))
 
 
+def _open_heavy(c: Client):
+    """A join with its pairs past the manager, opened by hand (the client subscribes to
+    nothing); a ``_heavy(6000)`` input gives it about 6M pairs, 90 MiB: past a
+    worker channel's 64 MiB."""
+    reply = c.stub.Open(manager_pb2.OpenRequest(
+        window="count:2000,2000", predicate="eq", index="bisort", subwindow_size=1024,
+        batch_size=512, direct_results=True))
+    c.tokens[reply.join_id] = reply.token
+    return reply
+
+
+def _fails(c: Client, reply, ev) -> str:
+    """Run the join to its failure (FAILED_PRECONDITION, within a minute): its details."""
+    t0 = time.monotonic()
+    with pytest.raises(grpc.RpcError) as e:
+        list(c.stub.Join(c._inputs(reply.join_id, [_rows(ev, 0, len(ev))], 1, True)))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert time.monotonic() - t0 < 60
+    return e.value.details()
+
+
 def test_a_client_that_never_subscribes_fails_the_join_in_bounded_memory():
-    ev = _heavy(6000)  # about 6M pairs, 90 MiB: past a channel's 64 MiB
+    ev = _heavy(6000)
     ws = start_workers(1, worker_args=[["--idle-timeout", "3"]])
     try:
         with _manager_over(ws) as m, Client(m.manager.address) as c:
-            reply = c.stub.Open(manager_pb2.OpenRequest(
-                window="count:2000,2000", predicate="eq", index="bisort",
-                subwindow_size=1024, batch_size=512, direct_results=True))
-            c.tokens[reply.join_id] = reply.token
-            t0 = time.monotonic()
-            with pytest.raises(grpc.RpcError) as e:
-                list(c.stub.Join(c._inputs(reply.join_id, [_rows(ev, 0, len(ev))], 1, True)))
-            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-            assert "never subscribed" in e.value.details()
-            assert time.monotonic() - t0 < 60
+            reply = _open_heavy(c)
+            assert "never subscribed" in _fails(c, reply, ev)
             # the session ends (the manager releases a failed join's sessions at once;
             # the worker sees the stream end a moment later): its channel (and its
             # queued pairs) go with it
@@ -278,21 +291,13 @@ def test_a_subscriber_that_never_reads_is_cut_not_waited_on():
     serving thread in gRPC's send: the worker cancels that call once the channel gives
     up on it (the join fails, the thread is free), instead of holding it until the
     client disconnects."""
-    ev = _heavy(6000)  # about 6M pairs, 90 MiB: past a channel's 64 MiB
+    ev = _heavy(6000)
     ws = start_workers(1, worker_args=[["--idle-timeout", "3"]])
     try:
         with _manager_over(ws) as m, Client(m.manager.address) as c:
-            reply = c.stub.Open(manager_pb2.OpenRequest(
-                window="count:2000,2000", predicate="eq", index="bisort",
-                subwindow_size=1024, batch_size=512, direct_results=True))
-            c.tokens[reply.join_id] = reply.token
+            reply = _open_heavy(c)
             call = _results(ws[0].address, reply.sources[0].token)  # never read
-            t0 = time.monotonic()
-            with pytest.raises(grpc.RpcError) as e:
-                list(c.stub.Join(c._inputs(reply.join_id, [_rows(ev, 0, len(ev))], 1, True)))
-            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-            assert "took none" in e.value.details()
-            assert time.monotonic() - t0 < 60
+            assert "took none" in _fails(c, reply, ev)
             _wait_no_sessions(ws[0].address)
             # the worker cancelled the call while it was unread: reading it now gets what
             # gRPC had buffered, then CANCELLED (a held call would go on sending the
