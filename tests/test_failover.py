@@ -102,9 +102,15 @@ def test_two_workers_killed_one_after_the_other(events):
             x.stop()
 
 
-def test_one_replica_means_a_lost_worker_ends_the_join_with_a_clear_error(events):
+@pytest.mark.parametrize("placement", ["time", "key"])
+def test_one_replica_means_a_lost_worker_ends_the_join_with_a_clear_error(events, placement):
+    """With one copy (--replicas 1, or key placement: every worker holds a piece of
+    every subwindow) a lost worker fails the join: DATA_LOSS, saying what survives one."""
+    from panjoin.manager.key_placement import KeyPlacedBackend
+
     ws = start_workers(2)
-    backend = GrpcBackend([x.address for x in ws], deadline=20, replicas=1)
+    placed = KeyPlacedBackend if placement == "key" else GrpcBackend
+    backend = placed([x.address for x in ws], deadline=20, replicas=1)
     try:
         eng = JoinEngine("count:200,200", "eq", index="bisort", subwindow_size=40,
                          partitions=4, batch_size=32, backend=backend, n_workers=2)

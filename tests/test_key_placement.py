@@ -265,28 +265,3 @@ def test_doctests(module):
     res = doctest.testmod(importlib.import_module(module))
     assert res.failed == 0 and res.attempted > 0
 
-
-def test_a_lost_worker_ends_a_key_placed_join_with_a_clear_error():
-    """Every worker holds a piece of every subwindow and there is no other copy: a
-    worker killed mid-join fails the join (DATA_LOSS, saying what survives a loss)
-    instead of hanging or losing pairs silently."""
-    from panjoin.manager.grpc_backend import WorkerError
-
-    ev = generate(1500, "uniform", key_min=0, key_max=300, rate=1000, seed=8)
-    ws = start_workers(3)
-    backend = KeyPlacedBackend([x.address for x in ws], deadline=20)
-    try:
-        eng = JoinEngine("count:200,200", "band:2", index="bisort", subwindow_size=40,
-                         partitions=4, batch_size=32, backend=backend, n_workers=3)
-        eng.push(ev.slice(0, 600))
-        eng.take_results()
-        ws[1].kill()
-        with pytest.raises(WorkerError, match="no other copy.*--replicas 2") as e:
-            eng.push(ev.slice(600, 1500))
-            eng.flush()
-            eng.take_results()
-        assert e.value.code == "DATA_LOSS"
-    finally:
-        backend.close()
-        for x in ws:
-            x.stop()
