@@ -231,16 +231,6 @@ class KeyPlacedBackend(GrpcBackend):
         self._every(spec.sub_id, "create", codec.encode_create(spec))
         self.stats.creates += 1
 
-    def _settle(self, sub_id: int, call) -> None:
-        try:
-            fb = _check(call)
-        except _Down as e:
-            raise self.lost(e) from None
-        except WorkerError as e:
-            raise self.first_error(e) from None
-        if fb.status.sub_id == sub_id:
-            self.sizes[(sub_id, call.session.source)] = fb.status.nbytes
-
     def _send_rows(self, w: int, batch: SortedBatch, cut: _Cut, order: int) -> None:
         """Worker ``w``'s rows of ``batch``, once (its insert and probe name them)."""
         s = self.sessions[w]
@@ -301,8 +291,6 @@ class KeyPlacedBackend(GrpcBackend):
     def expire(self, sub_id: int) -> None:
         if sub_id in self.where:
             self._every(sub_id, "expire", worker_pb2.Expire(sub_id=sub_id))
-        for d in (self.where, self.kinds):
+        for d in (self.where, self.kinds, self.sizes):
             d.pop(sub_id, None)
-        for w in range(self.n_workers):
-            self.sizes.pop((sub_id, w), None)
         self.stats.expires += 1
