@@ -449,12 +449,9 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                               f"{n} tuples in one JoinInput; send at most "
                               f"{self.max_input_tuples} a message (split the batch)")
-            if msg.key.dtype == "<u4":  # an int64 key column narrowed (wire.narrow)
-                keys = int_column(msg.key, msg.key_base, "key")
-            elif msg.key_base:
-                raise WireError("key: key_base goes with uint32 offsets (dtype <u4)")
-            else:
-                keys = from_array(msg.key, None, "key")
+            # int64 or float64 keys; narrowed int64 ones with their base (wire.narrow)
+            keys = (int_column(msg.key, msg.key_base, "key")
+                    if msg.key.dtype == "<u4" or msg.key_base else from_array(msg.key, None, "key"))
             ts = int_column(msg.ts, msg.ts_base, "ts")
             if not (stream.shape == ids.shape == keys.shape == ts.shape):
                 raise WireError("stream, id, key and ts must have one length")

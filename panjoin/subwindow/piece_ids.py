@@ -6,9 +6,9 @@ of its seqs, spread over the subwindow's whole span: ids kept at their offsets w
 touch every page of a span-sized array on every worker. Instead a bitmap marks the
 offsets held, a prefix count per 64-bit word gives each offset's *rank* (set bits
 before it; :mod:`panjoin.subwindow.kernels.piece_ids`), and the ids sit compactly at
-their ranks: a quarter of a byte a span
-slot (a bit, and a count per 64) plus 8 bytes a held tuple. Inserts come in seq order (each insert's
-offsets after the last one's), so only the words an insert touches are recounted.
+their ranks: a quarter of a byte a slot of the span (a bit, and a count per 64) plus
+8 bytes a held tuple. Inserts come in seq order (each insert's offsets after the last
+one's), so only the words an insert touches are recounted.
 
     >>> import numpy as np
     >>> p = PieceIds(200)
