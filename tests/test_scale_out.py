@@ -119,6 +119,21 @@ def test_two_managers_give_the_same_pairs(tmp_path):
     assert not [d for d in os.listdir("/sys/fs/cgroup/cpu") if d.startswith("panjoin-hosts")]
 
 
+@needs_hosts
+def test_both_placements_give_the_same_pairs(tmp_path):
+    """--placement both: each N with whole subwindows and with key pieces."""
+    out, png = tmp_path / "so.json", tmp_path / "so.png"
+    p = subprocess.run([sys.executable, "-m", "benchmarks.scale_out", "--quick", "--placement",
+                        "both", "--workers", "2", "--out", str(out), "--plot", str(png)],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    recs = json.loads(out.read_text())
+    assert [(r["n"], r["placement"]) for r in recs[0]["cluster"]] == [(2, "time"), (2, "key")]
+    assert all(r["same_pairs"] for r in recs[0]["cluster"])
+    assert "| 2 key |" in p.stdout
+    assert not [d for d in os.listdir("/sys/fs/cgroup/cpu") if d.startswith("panjoin-hosts")]
+
+
 def test_managers_refuse_a_count_window_workload():
     p = subprocess.run([sys.executable, "-m", "benchmarks.scale_out", "--managers", "2",
                         "--workloads", "eq-1M"], capture_output=True, text=True, timeout=120)
