@@ -422,15 +422,17 @@ def test_a_channel_cuts_a_subscriber_that_takes_nothing():
         time.sleep(0.05)
     assert cut == ["put", "close"]
 
-    ch = ResultChannel(cap=1 << 20, wait_s=0.3)
+    # a slow reader (a take every 0.1 s; the wait is 20 times that, for a loaded
+    # machine) that takes everything is never cut
+    ch = ResultChannel(cap=1 << 20, wait_s=2.0)
     ch.subscribe()
     ch.attach(lambda: cut.append("reader"))
     for k in range(4):
         ch.put(k, np.arange(4), np.arange(4))
     ch.close()
-    for _ in range(4):  # slow, but taking: never cut
-        time.sleep(0.2)
+    for _ in range(4):
+        time.sleep(0.1)
         assert ch.take(1.0) is not None
     assert ch.take(1.0) is END
-    time.sleep(0.5)
+    time.sleep(2.5)  # past the watchdog's wait: it saw the channel drained
     assert cut == ["put", "close"]
