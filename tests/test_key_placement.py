@@ -265,3 +265,55 @@ def test_doctests(module):
     res = doctest.testmod(importlib.import_module(module))
     assert res.failed == 0 and res.attempted > 0
 
+
+
+def test_a_sealed_piece_has_merged_its_insertion_buffer():
+    st_ = SubwindowStore("bisort", 4096, "int64", 64, piece=True)
+    z = np.zeros(4, np.int64)
+    st_.insert(np.array([1, 5, 9, 12]), z, np.array([3, 7, 8, 20]), np.array([1, 2, 3, 4]))
+    assert st_.index.nbuf == 4  # a piece never fills: its buffer would stay
+    lo, hi = np.array([[4]]), np.array([[10]])
+    from panjoin.subwindow import WindowFilter
+
+    before = st_.probe(lo, hi, WindowFilter.none(1))
+    st_.seal()
+    st_.check()
+    assert st_.index.nbuf == 0
+    after = st_.probe(lo, hi, WindowFilter.none(1))
+    assert [a.tolist() for a in after] == [b.tolist() for b in before]
+    SubwindowStore("rap", 64, "int64", 4, piece=True).seal()  # no buffer: nothing to do
+
+
+def test_every_piece_of_a_complete_subwindow_is_sealed(monkeypatch):
+    """The insert that completes a subwindow seals it on every worker, those without
+    rows in it too (a seal alone); no other insert seals."""
+    ev = generate(3000, "zipf", key_min=0, key_max=50, rate=1000, seed=3)
+    ws = start_workers(3)
+    sent = []
+    orig = KeyPlacedBackend._send_insert
+
+    def spy(self, w, msg, order):
+        sent.append((w, msg.sub_id, msg.seal, msg.batch_id))
+        return orig(self, w, msg, order)
+
+    monkeypatch.setattr(KeyPlacedBackend, "_send_insert", spy)
+    backend = KeyPlacedBackend([x.address for x in ws])
+    try:
+        eng = JoinEngine("count:300,300", "eq", index="bisort", subwindow_size=100,
+                         partitions=8, batch_size=64, backend=backend, n_workers=3)
+        eng.push(ev)
+        eng.flush()
+        r, s = eng.take_results()
+        created = eng.rings["R"].created + eng.rings["S"].created
+    finally:
+        backend.close()
+        for x in ws:
+            x.stop()
+    ref = reference_join(ev.stream, ev.id, ev.key, ev.ts, parse_window("count:300,300"),
+                         parse_predicate("eq"))
+    assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+    sealed = {(w, sub) for w, sub, seal, _ in sent if seal}
+    full = {sub for _, sub, seal, _ in sent if seal}
+    assert len(full) >= created - 4  # all but the last ones of each stream (and spares)
+    assert sealed == {(w, sub) for w in range(3) for sub in full}
+    assert any(bid == 0 for _, _, seal, bid in sent if seal)  # zipf: some have no rows

@@ -378,6 +378,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
     def _insert(self, backend: LocalBackend, c: worker_pb2.Insert, fb, batches, sess) -> None:
         st = self._store(backend, c.sub_id)
+        if c.seal and not c.batch_id:  # key placement: no rows here, the subwindow is done
+            st.seal()
+            fb.status.sub_id, fb.status.count, fb.status.nbytes = c.sub_id, len(st), st.nbytes
+            return
         batch = self._batch_of(batches, c.batch_id)
         if c.row_to:  # key placement: the rows of this worker's key range
             if not 0 <= c.row_from < c.row_to <= len(batch):
@@ -387,6 +391,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         codec.check_batch_for(batch, backend.streams[c.sub_id], backend.key_dtype(c.sub_id),
                               c.sub_id)
         backend.insert(c.sub_id, batch, c.seq_from, c.seq_to)
+        if c.seal:
+            st.seal()
         fb.status.sub_id, fb.status.count = c.sub_id, len(st)
         fb.status.full, fb.status.nbytes = st.full, st.nbytes
         spl = st.successor_splitters() if st.full else None

@@ -177,6 +177,8 @@ class KeyPlacedBackend(GrpcBackend):
                              "(or --placement time for primary/backup failover)")
         super().__init__(addresses, deadline, "pairs", 1, direct)
         self.bounds: np.ndarray | None = None  # the workers' key boundaries (first batch)
+        self.capacity: dict[int, int] = {}  # sub_id -> its NSub
+        self._first: dict[int, int] = {}  # sub_id -> its first seq (its first insert's)
         self._last_cut: tuple[SortedBatch, _Cut] | None = None
 
     def _cut(self, batch: SortedBatch) -> _Cut:
@@ -226,6 +228,7 @@ class KeyPlacedBackend(GrpcBackend):
         # predecessor piece (the worker holds both); none crosses the wire
         spec.splitters = None
         spec.piece = True
+        self.capacity[spec.sub_id] = spec.capacity
         self.where[spec.sub_id] = 0
         self.kinds[spec.sub_id] = spec.kind
         self._every(spec.sub_id, "create", codec.encode_create(spec))
@@ -247,21 +250,30 @@ class KeyPlacedBackend(GrpcBackend):
     def insert(self, sub_id: int, batch: SortedBatch, seq_from: int, seq_to: int) -> None:
         order = next(self.order)
         cut = self._cut(batch)
+        # the insert that completes the subwindow seals every piece (a piece's count
+        # never reaches the capacity that makes a whole BI-Sort subwindow merge its
+        # insertion buffer, which every later probe would search)
+        first = self._first.setdefault(sub_id, seq_from)
+        seal = seq_to - first >= self.capacity[sub_id]
         for w, (a, b) in enumerate(cut.own):
             if a == b:
+                if seal:
+                    self._send_insert(w, worker_pb2.Insert(sub_id=sub_id, seal=True), order)
                 continue
             self._send_rows(w, batch, cut, order)
             start = cut.rows[w][0]
-            msg = worker_pb2.Insert(sub_id=sub_id, batch_id=batch.batch_id,
-                                    seq_from=seq_from, seq_to=seq_to,
-                                    row_from=a - start, row_to=b - start)
-            try:
-                self.unchecked.append((sub_id, self.sessions[w].send(order, "insert", msg)))
-            except _Down:
-                self._failover(w)
+            self._send_insert(w, worker_pb2.Insert(
+                sub_id=sub_id, batch_id=batch.batch_id, seq_from=seq_from, seq_to=seq_to,
+                row_from=a - start, row_to=b - start, seal=seal), order)
         self.flush()
         self._collect()
         self.stats.inserts += 1
+
+    def _send_insert(self, w: int, msg, order: int) -> None:
+        try:
+            self.unchecked.append((msg.sub_id, self.sessions[w].send(order, "insert", msg)))
+        except _Down:
+            self._failover(w)
 
     def probe_many(self, targets, batch: SortedBatch) -> KeyRound:
         self._collect()
@@ -291,6 +303,6 @@ class KeyPlacedBackend(GrpcBackend):
     def expire(self, sub_id: int) -> None:
         if sub_id in self.where:
             self._every(sub_id, "expire", worker_pb2.Expire(sub_id=sub_id))
-        for d in (self.where, self.kinds, self.sizes):
+        for d in (self.where, self.kinds, self.sizes, self.capacity, self._first):
             d.pop(sub_id, None)
         self.stats.expires += 1

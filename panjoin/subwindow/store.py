@@ -134,6 +134,13 @@ class SubwindowStore:
         self.count += n
         self.end = high + 1 if self.piece else self.count
 
+    def seal(self) -> None:
+        """No insert follows (a key piece's subwindow is complete): an index with an
+        insertion buffer merges it, as a whole subwindow does once full."""
+        flush = getattr(self.index, "flush", None)
+        if flush is not None:
+            flush()
+
     def promote(self) -> None:
         """A backup becomes the primary: its index is built from the logged inserts,
         in their order (the same batches give the same structure)."""

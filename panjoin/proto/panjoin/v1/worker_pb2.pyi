@@ -136,20 +136,22 @@ class Promote(_message.Message):
     def __init__(self, sub_id: _Optional[int] = ...) -> None: ...
 
 class Insert(_message.Message):
-    __slots__ = ("sub_id", "batch_id", "seq_from", "seq_to", "row_from", "row_to")
+    __slots__ = ("sub_id", "batch_id", "seq_from", "seq_to", "row_from", "row_to", "seal")
     SUB_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FROM_FIELD_NUMBER: _ClassVar[int]
     SEQ_TO_FIELD_NUMBER: _ClassVar[int]
     ROW_FROM_FIELD_NUMBER: _ClassVar[int]
     ROW_TO_FIELD_NUMBER: _ClassVar[int]
+    SEAL_FIELD_NUMBER: _ClassVar[int]
     sub_id: int
     batch_id: int
     seq_from: int
     seq_to: int
     row_from: int
     row_to: int
-    def __init__(self, sub_id: _Optional[int] = ..., batch_id: _Optional[int] = ..., seq_from: _Optional[int] = ..., seq_to: _Optional[int] = ..., row_from: _Optional[int] = ..., row_to: _Optional[int] = ...) -> None: ...
+    seal: bool
+    def __init__(self, sub_id: _Optional[int] = ..., batch_id: _Optional[int] = ..., seq_from: _Optional[int] = ..., seq_to: _Optional[int] = ..., row_from: _Optional[int] = ..., row_to: _Optional[int] = ..., seal: _Optional[bool] = ...) -> None: ...
 
 class Probe(_message.Message):
     __slots__ = ("sub_ids", "filtered", "format", "seq_limit", "want_seq", "batch_id")
