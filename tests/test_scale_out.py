@@ -100,15 +100,20 @@ def test_the_quick_benchmark_gives_the_same_pairs(tmp_path):
     assert not [d for d in os.listdir("/sys/fs/cgroup/cpu") if d.startswith("panjoin-hosts")]
 
 
+def _quick(tmp_path, *args):
+    """``scale_out --quick ARGS``, exit 0: the process and its JSON records."""
+    out, png = tmp_path / "so.json", tmp_path / "so.png"
+    p = subprocess.run([sys.executable, "-m", "benchmarks.scale_out", "--quick", *args,
+                        "--out", str(out), "--plot", str(png)], capture_output=True,
+                       text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    return p, json.loads(out.read_text())
+
+
 @needs_hosts
 def test_two_managers_give_the_same_pairs(tmp_path):
     """--managers 2: each N with one manager and with a join sharded over two."""
-    out, png = tmp_path / "so.json", tmp_path / "so.png"
-    p = subprocess.run([sys.executable, "-m", "benchmarks.scale_out", "--quick", "--managers",
-                        "2", "--workers", "2", "--out", str(out), "--plot", str(png)],
-                       capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    recs = json.loads(out.read_text())
+    p, recs = _quick(tmp_path, "--managers", "2", "--workers", "2")
     assert recs[0]["workload"]["time_ms"] is not None
     assert [(r["n"], r["managers"]) for r in recs[0]["cluster"]] == [(2, 1), (2, 2)]
     for r in recs[0]["cluster"]:
@@ -122,12 +127,7 @@ def test_two_managers_give_the_same_pairs(tmp_path):
 @needs_hosts
 def test_both_placements_give_the_same_pairs(tmp_path):
     """--placement both: each N with whole subwindows and with key pieces."""
-    out, png = tmp_path / "so.json", tmp_path / "so.png"
-    p = subprocess.run([sys.executable, "-m", "benchmarks.scale_out", "--quick", "--placement",
-                        "both", "--workers", "2", "--out", str(out), "--plot", str(png)],
-                       capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
-    recs = json.loads(out.read_text())
+    p, recs = _quick(tmp_path, "--placement", "both", "--workers", "2")
     assert [(r["n"], r["placement"]) for r in recs[0]["cluster"]] == [(2, "time"), (2, "key")]
     assert all(r["same_pairs"] for r in recs[0]["cluster"])
     assert "| 2 key |" in p.stdout
