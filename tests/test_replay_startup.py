@@ -179,7 +179,7 @@ def report():
                       "ffi": type(cffi.FFI()).__name__}), flush=True)
 atexit.register(report)
 sys.argv = ["panjoin", *sys.argv[1:]]
-from panjoin.cli.main import entry
+from panjoin.cli.process import entry
 entry()
 """
 

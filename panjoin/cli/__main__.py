@@ -1,5 +1,5 @@
 """``python -m panjoin.cli``: the ``panjoin`` command."""
 
-from panjoin.cli.main import entry
+from panjoin.cli.process import entry
 
 entry()

@@ -13,12 +13,8 @@ flags given on the command line win over the file. Sizes accept K/M/G suffixes
 from __future__ import annotations
 
 import argparse
-import atexit
-import contextlib
 import logging
-import os
 import sys
-import threading
 import tomllib
 from pathlib import Path
 
@@ -89,13 +85,17 @@ def parse(argv) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def main(argv=None) -> int:
+def main(argv=None, before_run=None) -> int:
+    """Parse ``argv`` and run its command; ``before_run`` (the process's entry, see
+    :mod:`panjoin.cli.process`) is called once the command's modules are loaded."""
     args = parse(argv)
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from panjoin.ops.profiling import install
 
     install(args.cmd)  # only with $PANJOIN_PROFILE (a debugging aid)
+    if before_run is not None:
+        before_run()
     try:
         use(Security.from_args(args))  # every channel and server follows the flags
         return args.run(args)
@@ -114,24 +114,3 @@ def main(argv=None) -> int:
             raise
         print(f"panjoin {args.cmd}: {line}", file=sys.stderr)
         return 1
-
-
-def entry() -> None:
-    """The ``panjoin`` command as a process (``python -m panjoin.cli``, the console
-    script): :func:`main`, then what the interpreter's exit does that anyone sees
-    (threads that are not daemons joined, with the hooks of ``concurrent.futures``;
-    the ``atexit`` handlers: logging's flush, ``multiprocessing``'s children, the
-    profiler of ``$PANJOIN_PROFILE``; the standard streams flushed) and out, without
-    tearing down every module and object one by one: Numba's and LLVM's take 0.2-0.5 s
-    after a replay's last line. A test calls :func:`main` and keeps its interpreter."""
-    from panjoin.config import numba_without_cffi
-
-    numba_without_cffi()
-    rc = main()
-    with contextlib.suppress(AttributeError):  # CPython's own first step of its exit
-        threading._shutdown()
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(rc if isinstance(rc, int) else 0 if rc is None else 1)
