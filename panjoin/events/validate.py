@@ -292,15 +292,42 @@ def _payload_column(arr, source) -> pa.Array:
     raise _type_error(arr, "payload", source, "string or binary")
 
 
+#: rows a chunk of :func:`_ids_rise`: its temporaries (some 5 MiB) come back from the
+#: allocator chunk after chunk, where whole-column ones were fresh pages every time (a
+#: 12M-row file: 0.02 s against 0.32 s, the kernel zeroing the pages)
+RISE_CHUNK = 1 << 18
+
+
+def _ids_rise(stream: np.ndarray, ids: np.ndarray) -> bool:
+    """Do ids rise strictly with arrival within each stream (the usual case, where no id
+    can repeat)? Checked a chunk of rows at a time, each chunk's first id of a stream
+    against the last one before it."""
+    last: list = [None, None]
+    for a in range(0, stream.shape[0], RISE_CHUNK):
+        s, v = stream[a:a + RISE_CHUNK], ids[a:a + RISE_CHUNK]
+        for code in (0, 1):
+            w = v[np.flatnonzero(s == code)]
+            if w.size == 0:
+                continue
+            if last[code] is not None and w[0] <= last[code]:
+                return False
+            if w.size > 1 and not bool(np.all(w[1:] > w[:-1])):
+                return False
+            last[code] = w[-1]
+    return True
+
+
 def _check_unique_ids(stream: np.ndarray, ids: np.ndarray, source) -> None:
     """Duplicate ids within a stream: report the earliest row that repeats an id,
     and the row it repeats."""
+    if _ids_rise(stream, ids):
+        return  # the usual case: ids rise with arrival, no sort needed
     found = None  # (later row, earlier row, stream tag, id)
     for code, tag in enumerate(STREAM_TAGS):
         rows = np.flatnonzero(stream == code)
         v = ids[rows]
         if v.size < 2 or bool(np.all(v[1:] > v[:-1])):
-            continue  # the usual case: ids rise with arrival, no sort needed
+            continue
         sv = np.sort(v)
         if not bool(np.any(sv[1:] == sv[:-1])):
             continue
