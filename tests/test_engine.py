@@ -393,6 +393,32 @@ def test_key_order_is_a_stable_sort(kind):
     assert skey.dtype == keys.dtype
 
 
+_EDGE_TS = [I64_MIN, I64_MIN + 1, -1, 0, 1, I64_MAX - 1, I64_MAX]
+
+
+@settings(max_examples=300, deadline=None)
+@given(ts=st.lists(st.integers(-20, 20) | st.sampled_from(_EDGE_TS)
+                   | st.integers(I64_MIN, I64_MAX), max_size=30),
+       maxts=st.none() | st.integers(-30, 30) | st.sampled_from(_EDGE_TS),
+       lateness=st.sampled_from([0, 1, 3, 10, 1 << 62, I64_MAX]))
+def test_late_rows_is_the_lateness_rule_in_one_pass(ts, maxts, lateness):
+    """The engine's one-pass kernel marks the rows :func:`panjoin.semantics.late_mask`
+    marks (a row is late iff its ts is below every earlier ts's maximum minus L, the
+    bound clamped at int64's ends) and returns their count and the largest ts."""
+    from panjoin.manager.kernels import late_rows
+    from panjoin.semantics import late_mask
+
+    ts = np.array(ts, dtype=np.int64)
+    want, want_top = late_mask(ts, maxts, lateness)
+    late = np.empty(ts.size, dtype=bool)
+    n_late, top = late_rows(ts, 0 if maxts is None else maxts, maxts is not None, lateness,
+                            late)
+    np.testing.assert_array_equal(late, want)
+    assert n_late == int(want.sum())
+    if ts.size:
+        assert top == want_top
+
+
 def test_split_streams_numbers_each_arrival():
     """seq = the stream's total + rank, opp = the other stream's arrivals before it (the
     module docstring's example, and random chunks against a plain loop)."""

@@ -88,19 +88,20 @@ def _warm_events(events):
     return events.slice(0, min(len(events), WARM_UP_TUPLES))
 
 
-def _warm_join(events, pred, index, threads) -> None:
+def _warm_join(events, pred, index, threads, kind: str = "count") -> None:
     """The throwaway join that loads the kernels (``--warm-up``, and
-    :func:`_load_kernels_behind`): count:4K,4K, the join's predicate, index and threads."""
+    :func:`_load_kernels_behind`): 4K tuples a stream, or 4 s, as the join's window
+    ``kind`` is; the join's predicate, index and threads."""
     from panjoin.manager.engine import JoinEngine
 
-    warm = JoinEngine("count:4096,4096", pred, index=index, threads=threads,
-                      key_dtype=str(events.key.dtype))
+    warm = JoinEngine("count:4096,4096" if kind == "count" else "time:4000,4000", pred,
+                      index=index, threads=threads, key_dtype=str(events.key.dtype))
     warm.push(events)
     warm.flush()
     warm.take_results()
 
 
-def _load_kernels_behind(args, pred) -> threading.Thread | None:
+def _load_kernels_behind(args, window, pred) -> threading.Thread | None:
     """An in-process replay's kernels, loaded on a thread while this one reads and
     checks the file (``pyarrow`` and numpy let go of the GIL; so does Numba's cache
     loading, in LLVM): the ``--warm-up`` join on generated tuples of the file's key
@@ -125,7 +126,8 @@ def _load_kernels_behind(args, pred) -> threading.Thread | None:
     def load():
         try:
             _warm_join(generate(WARM_UP_TUPLES, "uniform", key_max=_warm_key_max(pred), seed=1,
-                                float_keys=float_keys), pred, args.index, args.threads)
+                                float_keys=float_keys), pred, args.index, args.threads,
+                       window.kind)
         except Exception:  # the join itself will meet (and report) whatever this did
             log.debug("loading the kernels ahead failed", exc_info=True)
 
@@ -165,7 +167,7 @@ def _run(args, ph) -> int:
 
         raise SystemExit(f"panjoin replay: error: --cluster {args.cluster}: {COUNT_REFUSED}")
     _fill_threads(args, pred)
-    loader = _load_kernels_behind(args, pred)
+    loader = _load_kernels_behind(args, window, pred)
     rc = _read_and_join(args, window, pred, ph, loader)
     if loader is not None:  # an error leaves without it: bad input is told at once, not
         loader.join()  # after a cold compile (the thread is a daemon; Numba's lock keeps
@@ -409,7 +411,7 @@ def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=No
                  engine.nsub, engine.partitions, engine.batch_size)
         if args.warm_up and backend is None:
             with ph.phase("load kernels"):
-                _warm_join(_warm_events(events), pred, args.index, args.threads)
+                _warm_join(_warm_events(events), pred, args.index, args.threads, window.kind)
             print(WARMED, flush=True)
     peak = 0
     t1 = time.perf_counter()

@@ -72,7 +72,7 @@ from panjoin.config import (
     tune_allocator,
 )
 from panjoin.manager.index_choice import IndexChooser
-from panjoin.manager.kernels import pack_rows, split_streams, unpack_rows
+from panjoin.manager.kernels import late_rows, pack_rows, split_streams, unpack_rows
 from panjoin.manager.latency import CAP_MAX, LatencyBound
 from panjoin.manager.ring import SubwindowRing
 from panjoin.ops.timings import Timings
@@ -81,7 +81,6 @@ from panjoin.semantics import (
     I64_MIN,
     Predicate,
     Window,
-    late_mask,
     parse_predicate,
     parse_window,
 )
@@ -459,8 +458,11 @@ class JoinEngine:
                 keep = ts >= low
         elif self.window.kind == "time":
             # late iff ts < (largest ts of all earlier arrivals) - L, in arrival order
-            late, self.maxts = late_mask(ts, self.maxts, self.window.lateness)
-            keep = ~late
+            late = np.empty(n, dtype=bool)
+            n_late, top = late_rows(ts, 0 if self.maxts is None else self.maxts,
+                                    self.maxts is not None, self.window.lateness, late)
+            self.maxts = int(top)
+            keep = ~late if n_late else None
         if keep is not None and not keep.all():
             for x, name in enumerate(STREAM_NAMES):
                 lm = ~keep & (stream == x)
@@ -501,9 +503,8 @@ class JoinEngine:
                            sopp[x, :n_x],
                            payload.take(pa.array(idx)) if payload is not None else None,
                            key2[idx] if key2 is not None else None)
-        # the watermark only moves time windows' expiry
-        run_max = np.maximum.accumulate(ts) if self.window.kind == "time" and k else None
-        cols = (split, cnt, run_max)
+        # the watermark only moves time windows' expiry: the largest ts appended so far
+        cols = (split, cnt, ts if self.window.kind == "time" else None)
         self.stats.preprocess_s += time.perf_counter() - t0
 
         pos = 0
@@ -564,10 +565,11 @@ class JoinEngine:
         its gathered columns."""
         if b <= a:
             return
-        split, cnt, run_max = cols
-        # the watermark moves with the tuples appended so far, not the whole chunk
-        if run_max is not None:
-            top = int(run_max[b - 1])
+        split, cnt, ts = cols
+        # the watermark moves with the tuples appended so far, not the whole chunk (the
+        # appends of a chunk cover it in order, so each takes the max of its own rows)
+        if ts is not None:
+            top = int(ts[a:b].max())
             self.seen_maxts = top if self.seen_maxts is None else max(self.seen_maxts, top)
         for name in STREAM_NAMES:
             c = cnt[name]

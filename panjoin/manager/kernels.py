@@ -12,6 +12,11 @@ Example: streams ``[0, 1, 0]`` after 5 R and 7 S arrivals: the R rows get seq 5,
 and opp 7, 8; the S row gets seq 7 and opp 6; the arrivals of R up to each row are
 ``[1, 1, 2]``.
 
+Lateness (time windows without a client's watermark) is one pass too: a tuple is late
+iff its ts is below the largest ts of all earlier arrivals minus L (``late_rows``; the
+rule is :func:`panjoin.semantics.late_mask`'s, which took a running maximum, a shifted
+copy and a saturating subtraction, each a whole chunk's temporary).
+
 Step 2 sorts a batch as packed int64s, ``(key - min) << b | row`` (b bits for the
 rows), when the keys' span leaves room: a value sort, which numpy runs about 1.5x as
 fast as an argsort, hands back the order (low bits) and the keys (high bits).
@@ -107,3 +112,29 @@ def unpack_rows(packed, b, lo, ts, ids):
         sts[i] = ts[o]
         sid[i] = ids[o]
     return order, skey, sts, sid
+
+
+@njit(**NJIT)
+def late_rows(ts, maxts, has_max, lateness, late):
+    """:func:`panjoin.semantics.late_mask` in one pass: ``late[i]`` iff ``ts[i]`` is below
+    the largest ts before it (``maxts`` before the chunk, if ``has_max``) minus
+    ``lateness`` (>= 0; a bound below int64's least value makes nothing late). Returns
+    ``(late rows, largest ts after the chunk)``."""
+    n = ts.shape[0]
+    lowest = np.iinfo(np.int64).min
+    top = maxts
+    bound = lowest
+    if has_max and top >= lowest + lateness:
+        bound = top - lateness
+    n_late = 0
+    for i in range(n):
+        t = ts[i]
+        is_late = has_max and t < bound
+        late[i] = is_late
+        if is_late:
+            n_late += 1
+        if not has_max or t > top:
+            top = t
+            has_max = True
+            bound = top - lateness if top >= lowest + lateness else lowest
+    return n_late, top
