@@ -96,7 +96,6 @@ from panjoin.subwindow.kernels.bisort import (
     probe_pairs,
 )
 from panjoin.subwindow.kernels.residual import bisort_probe_residual
-from panjoin.subwindow.spares import SPARES
 
 #: smallest merge (main + run tuples) worth splitting over threads
 PAR_MERGE_MIN = 1 << 16
@@ -242,14 +241,11 @@ def check_state(ix, mk, ms, idx, bseq, idx_cap: int, where: str = ""):
     return state
 
 
-def aligned_empty(n: int, dtype, align: int = 64, spare: bool = False) -> np.ndarray:
+def aligned_empty(n: int, dtype, align: int = 64) -> np.ndarray:
     """``np.empty(n, dtype)`` whose first element starts on an ``align``-byte boundary
-    (a view into a slightly larger array; numpy's own start 16 bytes past one). With
-    ``spare`` the larger array may be an expired subwindow's
-    (:mod:`panjoin.subwindow.spares`; :meth:`BISort.release` gives it back)."""
+    (a view into a slightly larger array; numpy's own start 16 bytes past one)."""
     dtype = np.dtype(dtype)
-    size = n + align // dtype.itemsize
-    raw = SPARES.empty(size, dtype) if spare else np.empty(size, dtype=dtype)
+    raw = np.empty(n + align // dtype.itemsize, dtype=dtype)
     off = (-raw.ctypes.data % align) // dtype.itemsize
     return raw[off:off + n]
 
@@ -278,12 +274,10 @@ class BISort(SubwindowIndex):
         self.mk2: np.ndarray | None = None  # key2 of main rows (permuted layout), lazily
         kd = self.key_dtype
         # on cache-line boundaries, so that a partition of 8 rows (step 8, a sparse
-        # probe's unit) is one line: locate_sparse prefetches one line per column; an
-        # expired subwindow's columns if there are any (pages the merges need not fault
-        # in: nothing is read before a merge writes it)
-        self.mkeys = aligned_empty(self.capacity, kd, spare=True)
-        self.mts = aligned_empty(self.capacity, np.int64, spare=True)
-        self.mseq = aligned_empty(self.capacity, np.int64, spare=True)
+        # probe's unit) is one line: locate_sparse prefetches one line per column
+        self.mkeys = aligned_empty(self.capacity, kd)
+        self.mts = aligned_empty(self.capacity, np.int64)
+        self.mseq = aligned_empty(self.capacity, np.int64)
         self.m = 0
         self.bkeys = np.empty(self.buffer_size, dtype=kd)
         self.bts = np.empty(self.buffer_size, dtype=np.int64)
@@ -316,20 +310,6 @@ class BISort(SubwindowIndex):
         """Merge the (sorted) insertion buffer into the main array."""
         buffer_flush(self)
 
-    def release(self) -> None:
-        """The subwindow expired: its main columns (and key2's) go back to the spares,
-        uncleared, for the next subwindow of this capacity (each one only if nothing
-        else refers to it); this one holds nothing from now on."""
-        arrays = [a.base for a in (self.mkeys, self.mts, self.mseq) if a.base is not None]
-        if self.mk2 is not None:
-            arrays.append(self.mk2)
-        self.m = self.nbuf = self.nidx = self.nlev = 0
-        self.mkeys = np.empty(0, self.key_dtype)
-        self.mts = np.empty(0, np.int64)
-        self.mseq = np.empty(0, np.int64)
-        self.mk2 = None
-        SPARES.give_all(arrays, clear=False)
-
     def _merge(self, rk, rt, rs, r):
         # rows below the first main key > the run's smallest stay in place (stable merge),
         # and so do their index entries
@@ -337,7 +317,7 @@ class BISort(SubwindowIndex):
         self._merge_cols(rk, rt, rs, r)
         if self._k2 is not None and self.residual_layout == "permuted":
             if self.mk2 is None:
-                self.mk2 = SPARES.empty(self.capacity, np.float64)
+                self.mk2 = np.empty(self.capacity, dtype=np.float64)
                 f = 0
             end = self.m + r
             self.mk2[f:end] = self._k2[self.mseq[f:end] - self._k2base]

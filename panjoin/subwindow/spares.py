@@ -16,14 +16,10 @@ keeps them for the next subwindow of the same shape (:meth:`Spares.zeros`,
 in steady state each new one reuses memory that is mapped and cleared already. When
 none is ready the array is allocated as before; a caller may ask for spares of the
 shape to be prepared ahead (a hash table, the small-batch index, asks for two: the
-window's first fill, and both streams' subwindows filling at once). Arrays that are
-never read before they are written (BI-Sort's main columns, a store's ids) come back
-uncleared (``clear=False``) and serve :meth:`Spares.empty` only: a large subwindow's
-create stalls nothing, but the merges that fill it paid for its fresh pages (the
-kernel zeroing them on first touch: 13% of a worker's CPU on an equi join with
-subwindows of 2M tuples). What is kept is bounded: at most :data:`KEEP` arrays of a
-shape, none larger than :data:`MAX_BYTES`, and spares not taken for :data:`IDLE_S`
-seconds are freed.
+window's first fill, and both streams' subwindows filling at once). What is kept is
+bounded: at most :data:`KEEP` arrays of a shape, none larger than :data:`MAX_BYTES`
+(a large subwindow's batches are large too, and its create is a small share of them),
+and spares not taken for :data:`IDLE_S` seconds are freed.
 
     >>> sp = Spares()
     >>> a = sp.zeros(1 << 16, np.int64); a[5] = 7; where = a.ctypes.data
@@ -35,12 +31,6 @@ seconds are freed.
     >>> view = b[:10]; sp.give_all([b])      # a view still holds it: not kept
     >>> sp.stats["given"], sp.stats["in use"]
     (1, 1)
-    >>> c = sp.empty(1 << 16, np.int64); c[5] = 7; where = c.ctypes.data
-    >>> arrays = [c]; del c
-    >>> sp.give_all(arrays, clear=False)    # kept as it is, for empty() only
-    >>> d = sp.empty(1 << 16, np.int64)
-    >>> d.ctypes.data == where, int(d[5])
-    (True, 7)
     >>> sp.close()
 """
 
@@ -55,9 +45,9 @@ import time
 
 import numpy as np
 
-#: spares kept per (length, dtype): a subwindow of each stream may need three of a shape
-#: (BI-Sort's key, ts and seq columns; a hash table's keys and its store's ids)
-KEEP = 6
+#: spares kept per (length, dtype): a subwindow of each stream may need two of a shape
+#: (a hash table's keys and its store's ids)
+KEEP = 4
 #: larger arrays are neither kept nor prepared
 MAX_BYTES = 64 << 20
 #: spares not taken for this long are freed
@@ -72,8 +62,8 @@ class Spares:
 
     def __init__(self):
         self._lock = threading.Lock()
-        # by (length, dtype): (when it became ready, array, cleared?); arrays queued
-        self._ready: dict[tuple, list[tuple[float, np.ndarray, bool]]] = {}
+        # by (length, dtype): cleared arrays with when they became ready; arrays queued
+        self._ready: dict[tuple, list[tuple[float, np.ndarray]]] = {}
         self._coming: dict[tuple, int] = {}
         self._jobs: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -89,35 +79,30 @@ class Spares:
         ``ahead`` as for :meth:`zeros`."""
         return self._take(int(n), np.dtype(dtype), False, ahead)
 
-    def give_all(self, arrays: list[np.ndarray], clear: bool = True) -> None:
+    def give_all(self, arrays: list[np.ndarray]) -> None:
         """Arrays of an expired subwindow (the list empties): each one that nothing else
-        refers to (no view of it either) is kept for the next subwindow of its shape,
-        cleared in the background (or, ``clear=False``, as it is, for :meth:`empty`);
-        the rest are let go."""
+        refers to (no view of it either) is kept, cleared in the background, for the next
+        subwindow of its shape; the rest are let go."""
         while arrays:
             arr = arrays.pop()
             # 2: ``arr`` here and getrefcount's argument; a view or a holder adds one
             if sys.getrefcount(arr) > 2:
                 self.stats["in use"] += 1
                 continue
-            self._give(arr, clear)
+            self._give(arr)
             del arr
 
-    def _give(self, arr: np.ndarray, clear: bool) -> None:
+    def _give(self, arr: np.ndarray) -> None:
         key = (arr.shape[0], arr.dtype)
         if arr.ndim != 1 or arr.base is not None or arr.nbytes > MAX_BYTES:
             return
         with self._lock:
-            now = time.monotonic()
-            self._evict(now)
+            self._evict(time.monotonic())
             if self._held(key) >= KEEP:
                 self.stats["dropped"] += 1
                 return
-            self.stats["given"] += 1
-            if not clear:
-                self._ready.setdefault(key, []).append((now, arr, False))
-                return
             self._coming[key] = self._coming.get(key, 0) + 1
+            self.stats["given"] += 1
         self._submit(arr)
 
     def drain(self) -> None:
@@ -145,13 +130,10 @@ class Spares:
         out = None
         with self._lock:
             self._evict(now)
-            got = self._ready.get(key)
-            # a cleared spare serves "empty" too, an uncleared one "empty" only
-            i = next((i for i in range(len(got) - 1, -1, -1) if got[i][2] or not zeroed),
-                     None) if got else None
-            if i is not None:
+            got = self._ready.get(key)  # every spare is cleared: it serves "empty" too
+            if got:
                 self.stats["taken"] += 1
-                out = got.pop(i)[1]
+                out = got.pop()[1]
             else:
                 self.stats["allocated"] += 1
             more = 0
@@ -167,7 +149,7 @@ class Spares:
 
     def _evict(self, now: float) -> None:
         for key in list(self._ready):
-            kept = [r for r in self._ready[key] if now - r[0] < IDLE_S]
+            kept = [(t, a) for t, a in self._ready[key] if now - t < IDLE_S]
             if kept:
                 self._ready[key] = kept
             else:
@@ -202,7 +184,7 @@ class Spares:
                 with self._lock:
                     if self._coming.get(key, 0):
                         self._coming[key] -= 1
-                    self._ready.setdefault(key, []).append((time.monotonic(), arr, True))
+                    self._ready.setdefault(key, []).append((time.monotonic(), arr))
             finally:
                 self._jobs.task_done()
 

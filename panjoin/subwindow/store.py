@@ -63,11 +63,13 @@ class SubwindowStore:
         if not backup:
             self.index = make_index(kind, capacity, key_dtype=key_dtype, partitions=partitions,
                                     threads=threads, predecessor=predecessor, **self.opts)
-        # an expired subwindow's ids array (panjoin.subwindow.spares): pages mapped
-        # already (a hash subwindow, the small-batch index, has spares prepared ahead)
+        # a hash subwindow (the small-batch index) takes an expired one's ids array
+        # (panjoin.subwindow.spares): pages mapped already; the others allocate as before
+        self._spares = kind == "hash" and not piece
         self.pieces = PieceIds(self.capacity) if piece else None
         self.ids = (np.empty(0, np.int64) if piece else
-                    SPARES.empty(self.capacity, np.int64, AHEAD_SPARES if kind == "hash" else 0))
+                    SPARES.empty(self.capacity, np.int64, AHEAD_SPARES) if self._spares
+                    else np.empty(self.capacity, np.int64))
         self.count = 0
         self.end = 0  # offset past the last seq held (count, unless a piece)
         self.seq_start = -1
@@ -192,7 +194,8 @@ class SubwindowStore:
         self.count = self.end = 0
         if self.log is not None:
             self.log, self._log_bytes = [], 0
-        SPARES.give_all(arrays, clear=False)  # ids are read only where inserts wrote
+        if self._spares:  # a large BI-Sort store's ids are not kept for 10 s
+            SPARES.give_all(arrays)
 
     def successor_splitters(self):
         """RaP-Table, once full: its successor's partition table (Algorithm 1)."""
