@@ -331,7 +331,9 @@ def saturating_add(a: np.ndarray, c: int) -> np.ndarray:
 def late_mask(ts: np.ndarray, maxts: int | None, lateness: int) -> tuple[np.ndarray, int | None]:
     """Which tuples of an arrival-ordered chunk are late (``ts`` below the largest ts of
     all earlier arrivals, ``maxts`` before the chunk, minus ``lateness``), and the
-    largest ts after it. Example, L = 2: ts [5, 9, 6, 7] -> late [F, F, T, F]."""
+    largest ts after it. Example, L = 2: ts [5, 9, 6, 7] -> late [F, F, T, F]. The
+    rule as it is written down (the sharded client routes by it); the engine runs it as
+    one kernel pass, :func:`panjoin.manager.kernels.late_rows`, tested against this."""
     ts = np.asarray(ts, dtype=np.int64)
     if ts.size == 0:
         return np.zeros(0, dtype=bool), maxts
