@@ -50,7 +50,6 @@ from panjoin.semantics import (
     Predicate,
     SpecError,
     Window,
-    late_mask,
     parse_predicate,
     parse_window,
     probe_bounds,
@@ -58,6 +57,8 @@ from panjoin.semantics import (
 
 #: keys a router samples for its boundaries (evenly spaced over what it is given)
 SAMPLE = 1 << 16
+#: shards a router routes to (its kernel keeps a row's shards as the bits of one word)
+MAX_SHARDS = 64
 
 COUNT_REFUSED = ("count windows do not shard over several managers: a count window is the "
                  "last W arrivals of all keys together, so every shard would need the global "
@@ -125,9 +126,12 @@ class Router:
         if self.window.kind != "time":
             raise SpecError(COUNT_REFUSED)
         self.pred = parse_predicate(pred)
-        self.bounds = np.asarray(bounds)
+        self.bounds = np.ascontiguousarray(bounds)
         if self.bounds.size and np.any(self.bounds[1:] < self.bounds[:-1]):
             raise ValueError("shard boundaries must be sorted")
+        if self.bounds.size + 1 > MAX_SHARDS:
+            raise ValueError(f"{self.bounds.size + 1} shards: a router routes to at most "
+                             f"{MAX_SHARDS}")
         self.maxts: int | None = None
 
     @property
@@ -135,20 +139,31 @@ class Router:
         return self.bounds.size + 1
 
     def route(self, stream, keys, ts) -> Routed:
-        """Route one chunk (``stream`` 0 = R, 1 = S; rows in arrival order)."""
+        """Route one chunk (``stream`` 0 = R, 1 = S; rows in arrival order): lateness and
+        the shards in kernel passes (:mod:`panjoin.sharding_kernels`; the rule is
+        :func:`shard_of`'s and :func:`s_targets`')."""
+        from panjoin.manager.kernels import late_rows
+        from panjoin.sharding_kernels import route_rows
+
         stream = np.asarray(stream, dtype=np.uint8)
-        keys = np.asarray(keys)
+        keys = np.ascontiguousarray(keys)
+        ts = np.ascontiguousarray(ts, dtype=np.int64)
         if keys.dtype != self.bounds.dtype:
             raise TypeError(f"keys are {keys.dtype} but the shard boundaries are "
                             f"{self.bounds.dtype}: sample the boundaries from this join's keys")
         watermark = I64_MIN if self.maxts is None else self.maxts
-        late, self.maxts = late_mask(ts, self.maxts, self.window.lateness)
-        is_r = stream == 0
-        owner = shard_of(self.bounds, keys)
-        s_rows = np.flatnonzero(~is_r & ~late)
-        to = np.zeros((self.shards, stream.size), dtype=bool)
-        to[:, s_rows] = s_targets(self.bounds, self.pred, keys[s_rows])
-        rows = [np.flatnonzero(to[j] | (is_r & ~late & (owner == j)))
-                for j in range(self.shards)]
-        return Routed(rows, {name: np.flatnonzero(late & (stream == x))
+        late = np.zeros(stream.size, dtype=bool)
+        n_late = 0
+        if stream.size:
+            n_late, top = late_rows(ts, 0 if self.maxts is None else self.maxts,
+                                    self.maxts is not None, self.window.lateness, late)
+            self.maxts = int(top)
+        primary = self.pred.primary
+        if not primary.negated and primary.bands == ((0, 0),):  # eq: r.key in [key, key]
+            lo = hi = keys[None, :]
+        else:
+            lo, hi = probe_bounds(primary, "S", keys)
+        rows = list(route_rows(stream, keys, late, self.bounds, lo, hi))
+        none = np.zeros(0, dtype=np.int64)
+        return Routed(rows, {name: np.flatnonzero(late & (stream == x)) if n_late else none
                              for x, name in enumerate(STREAMS)}, watermark)

@@ -1,11 +1,14 @@
 """The router of a sharded join (panjoin/sharding.py): every qualifying pair lands in
 exactly one shard, checked pair by pair against a brute-force predicate on small random
-data; lateness decided by the reference's rule; count windows refused."""
+data; the router's kernel passes against that rule written out in numpy; lateness decided
+by the reference's rule; count windows refused."""
 
 from fractions import Fraction
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from panjoin.semantics import I64_MAX, I64_MIN, SpecError, late_mask, parse_predicate, parse_window
 from panjoin.sharding import Router, boundaries, s_targets, shard_of
@@ -134,3 +137,66 @@ def test_keys_of_another_dtype_are_refused():
     r = Router(np.array([0]), "time:5,5", "eq")
     with pytest.raises(TypeError, match="sample the boundaries"):
         r.route([0], np.array([0.5]), np.array([1]))
+
+
+_EDGE_KEYS = [I64_MIN, I64_MIN + 1, -1, 0, 1, I64_MAX - 1, I64_MAX]
+
+
+@settings(max_examples=150, deadline=None)
+@given(spec=st.sampled_from([*PREDICATES, "bands:0.25,0.75"]), data=st.data())
+def test_route_sends_each_row_where_shard_of_and_s_targets_say(spec, data):
+    """The router's kernel passes against the rule written out in numpy: an R tuple to
+    :func:`shard_of`, an S tuple to every shard of :func:`s_targets`, a late one (by
+    ``late_mask``, carried across chunks) to none and into ``late``; rows in arrival
+    order. Int keys (small, and int64's ends) and float keys, one to five shards; a band
+    no integer difference falls in (int keys: every S interval empty, S goes nowhere)."""
+    pred = parse_predicate(spec)
+    n = data.draw(st.integers(0, 60))
+    floats = data.draw(st.booleans())
+    if floats:
+        keys = np.array(data.draw(st.lists(st.integers(-40, 40), min_size=n, max_size=n)),
+                        np.float64) / 4
+    else:
+        keys = np.array(data.draw(st.lists(st.integers(-20, 20) | st.sampled_from(_EDGE_KEYS),
+                                           min_size=n, max_size=n)), np.int64)
+    stream = np.array(data.draw(st.lists(st.integers(0, 1), min_size=n, max_size=n)), np.uint8)
+    ts = np.array(data.draw(st.lists(st.integers(0, 30), min_size=n, max_size=n)), np.int64)
+    k = data.draw(st.integers(1, 5))
+    pool = keys if n else np.zeros(1, keys.dtype)
+    bounds = np.sort(np.array(data.draw(st.lists(st.sampled_from(pool.tolist()),
+                                                 min_size=k - 1, max_size=k - 1)), keys.dtype))
+    lateness = data.draw(st.sampled_from([0, 3]))
+    cut = data.draw(st.integers(0, n))
+    router = Router(bounds, parse_window("time:5,5", lateness=lateness), pred)
+    top = None
+    for a, b in ((0, cut), (cut, n)):
+        got = router.route(stream[a:b], keys[a:b], ts[a:b])
+        late, top = late_mask(ts[a:b], top, lateness)
+        is_r = stream[a:b] == 0
+        to = np.zeros((k, b - a), dtype=bool)
+        s_rows = np.flatnonzero(~is_r & ~late)
+        to[:, s_rows] = s_targets(bounds, pred, keys[a:b][s_rows])
+        owner = shard_of(bounds, keys[a:b])
+        for j in range(k):
+            want = np.flatnonzero(to[j] | (is_r & ~late & (owner == j)))
+            np.testing.assert_array_equal(got.rows[j], want)
+        for x, name in enumerate(("R", "S")):
+            np.testing.assert_array_equal(got.late[name], np.flatnonzero(late & (stream[a:b] == x)))
+
+
+def test_a_router_refuses_more_shards_than_its_kernel_addresses():
+    with pytest.raises(ValueError, match="at most 64"):
+        Router(np.arange(64), "time:5,5", "eq")
+
+
+def test_the_routing_benchmark_runs_quick():
+    """``benchmarks/routing.py --quick``: the kernel and the numpy rule route every chunk
+    to the same rows (it asserts so), and it prints a row per predicate and K."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "benchmarks.routing", "--quick"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = [line for line in p.stdout.splitlines() if line.startswith(("| eq", "| band"))]
+    assert len(rows) == 4 and all(line.endswith("x |") for line in rows)
