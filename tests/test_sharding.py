@@ -200,3 +200,23 @@ def test_the_routing_benchmark_runs_quick():
     assert p.returncode == 0, p.stderr[-3000:]
     rows = [line for line in p.stdout.splitlines() if line.startswith(("| eq", "| band"))]
     assert len(rows) == 4 and all(line.endswith("x |") for line in rows)
+
+
+@pytest.mark.parametrize("dtype,spec", [("int64", "eq"), ("float64", "band:0.5")])
+def test_warm_up_router_loads_its_kernels_for_the_joins_keys(dtype, spec):
+    """In a fresh process (a sharded client loads no other kernel): after
+    ``warm_up_router`` the routing kernel has the signature the join's first chunk
+    needs, so that chunk does not load it (or set up Numba's typing) in the timed join."""
+    import subprocess
+    import sys
+
+    code = ("import numpy as np\nfrom panjoin.sharding import Router, warm_up_router\n"
+            "from panjoin.sharding_kernels import route_rows\n"
+            f"warm_up_router({dtype!r}, {spec!r})\nbefore = set(route_rows.signatures)\n"
+            f"r = Router(np.array([3], {dtype!r}), 'time:5,5', {spec!r})\n"
+            f"r.route(np.array([0, 1, 1], np.uint8), np.array([1, 4, 2], {dtype!r}), "
+            "np.arange(3))\nprint(len(before), set(route_rows.signatures) == before)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split() == ["1", "True"]

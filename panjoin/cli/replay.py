@@ -107,8 +107,10 @@ def _load_kernels_behind(args, window, pred) -> threading.Thread | None:
     loading, in LLVM): the ``--warm-up`` join on generated tuples of the file's key
     type (a Parquet schema says it; otherwise int64). A wrong guess only costs the
     join loading its kernels itself. The join waits for the thread first, so no two
-    joins run kernels at once; an input error leaves without waiting for it."""
-    if not _in_process(args) or args.warm_up:
+    joins run kernels at once; an input error leaves without waiting for it. A join
+    sharded over several managers loads its router's kernels so instead."""
+    sharded = bool(args.cluster) and len(managers(args.cluster)) > 1
+    if args.warm_up or not (_in_process(args) or sharded):
         return None
     float_keys = False
     with contextlib.suppress(Exception):  # unreadable: read_events says why, in order
@@ -122,9 +124,13 @@ def _load_kernels_behind(args, window, pred) -> threading.Thread | None:
     import panjoin.events  # noqa: F401 (the main thread's read)
     import panjoin.manager.engine  # noqa: F401 (the loader's join)
     from panjoin.generate import generate
+    from panjoin.sharding import warm_up_router
 
     def load():
         try:
+            if sharded:
+                warm_up_router("float64" if float_keys else "int64", pred)
+                return
             _warm_join(generate(WARM_UP_TUPLES, "uniform", key_max=_warm_key_max(pred), seed=1,
                                 float_keys=float_keys), pred, args.index, args.threads,
                        window.kind)
@@ -314,6 +320,10 @@ def _replay_on_manager(args, events, window, pred, ph) -> int:
     addresses = managers(args.cluster)
     if args.warm_up:  # a join of its own on each manager, closed before the timed one
         with ph.phase("load kernels"):
+            if len(addresses) > 1:  # and this process's router
+                from panjoin.sharding import warm_up_router
+
+                warm_up_router(events.key.dtype, pred)
             for a in addresses:
                 with Client(a) as c:
                     c.join(_warm_events(events), "count:4096,4096", str(pred), args.index,
