@@ -142,7 +142,7 @@ class Router:
         """Route one chunk (``stream`` 0 = R, 1 = S; rows in arrival order): lateness and
         the shards in kernel passes (:mod:`panjoin.sharding_kernels`; the rule is
         :func:`shard_of`'s and :func:`s_targets`')."""
-        from panjoin.manager.kernels import late_rows
+        from panjoin.manager.kernels import late_tuples
         from panjoin.sharding_kernels import route_rows
 
         stream = np.asarray(stream, dtype=np.uint8)
@@ -152,12 +152,7 @@ class Router:
             raise TypeError(f"keys are {keys.dtype} but the shard boundaries are "
                             f"{self.bounds.dtype}: sample the boundaries from this join's keys")
         watermark = I64_MIN if self.maxts is None else self.maxts
-        late = np.zeros(stream.size, dtype=bool)
-        n_late = 0
-        if stream.size:
-            n_late, top = late_rows(ts, 0 if self.maxts is None else self.maxts,
-                                    self.maxts is not None, self.window.lateness, late)
-            self.maxts = int(top)
+        late, n_late, self.maxts = late_tuples(ts, self.maxts, self.window.lateness)
         primary = self.pred.primary
         if not primary.negated and primary.bands == ((0, 0),):  # eq: r.key in [key, key]
             lo = hi = keys[None, :]

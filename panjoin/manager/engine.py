@@ -72,7 +72,7 @@ from panjoin.config import (
     tune_allocator,
 )
 from panjoin.manager.index_choice import IndexChooser
-from panjoin.manager.kernels import late_rows, pack_rows, split_streams, unpack_rows
+from panjoin.manager.kernels import late_tuples, pack_rows, split_streams, unpack_rows
 from panjoin.manager.latency import CAP_MAX, LatencyBound
 from panjoin.manager.ring import SubwindowRing
 from panjoin.ops.timings import Timings
@@ -458,10 +458,7 @@ class JoinEngine:
                 keep = ts >= low
         elif self.window.kind == "time":
             # late iff ts < (largest ts of all earlier arrivals) - L, in arrival order
-            late = np.empty(n, dtype=bool)
-            n_late, top = late_rows(ts, 0 if self.maxts is None else self.maxts,
-                                    self.maxts is not None, self.window.lateness, late)
-            self.maxts = int(top)
+            late, n_late, self.maxts = late_tuples(ts, self.maxts, self.window.lateness)
             keep = ~late if n_late else None
         if keep is not None and not keep.all():
             for x, name in enumerate(STREAM_NAMES):

@@ -114,6 +114,18 @@ def unpack_rows(packed, b, lo, ts, ids):
     return order, skey, sts, sid
 
 
+def late_tuples(ts: np.ndarray, maxts: int | None, lateness: int):
+    """``(late mask, how many, largest ts so far)`` of an arrival-ordered chunk after
+    ``maxts`` (None: nothing arrived before it): :func:`late_rows` for the engine and the
+    sharded client's router."""
+    late = np.empty(ts.shape[0], dtype=bool)
+    if ts.shape[0] == 0:
+        return late, 0, maxts
+    n_late, top = late_rows(ts, 0 if maxts is None else maxts, maxts is not None,
+                            lateness, late)
+    return late, int(n_late), int(top)
+
+
 @njit(**NJIT)
 def late_rows(ts, maxts, has_max, lateness, late):
     """:func:`panjoin.semantics.late_mask` in one pass: ``late[i]`` iff ``ts[i]`` is below
