@@ -8,6 +8,7 @@ the exact result pairs (and late tuples).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import threading
@@ -72,6 +73,13 @@ def add_parser(sub) -> None:
                         "(default: 80%% of what this process may use: the host's "
                         "MemAvailable, or its cgroup's memory limit less its usage where "
                         "that is less)")
+    p.add_argument("--shards", type=_shards, default="auto", metavar="K|auto",
+                   help="in-process, time windows: split the join by key over K engines on "
+                        "K threads (an R tuple joins in the shard that owns its key, an S "
+                        "tuple in every shard it can pair in; the pairs are the same). "
+                        "auto: one shard a CPU this process may use, when the file's keys "
+                        "spread over them (not for count windows, increasing or few keys, "
+                        "a band wider than a shard, or --max-latency) (default: auto)")
     add_topology(p)
     add_security(p, "client")
     add_common(p)
@@ -82,6 +90,18 @@ def add_parser(sub) -> None:
 WARM_UP_TUPLES = 20_000
 #: printed once the warm-up is done, right before the timed join
 WARMED = "warm-up: done, the timed join starts"
+
+
+def _shards(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        k = int(text)
+    except ValueError:
+        k = 0
+    if not 1 <= k <= 64:
+        raise argparse.ArgumentTypeError(f"{text!r}: give 'auto' or a number of shards, 1..64")
+    return k
 
 
 def _warm_events(events):
@@ -134,6 +154,8 @@ def _load_kernels_behind(args, window, pred) -> threading.Thread | None:
             _warm_join(generate(WARM_UP_TUPLES, "uniform", key_max=_warm_key_max(pred), seed=1,
                                 float_keys=float_keys), pred, args.index, args.threads,
                        window.kind)
+            if _may_shard(args, window):
+                warm_up_router("float64" if float_keys else "int64", pred)
         except Exception:  # the join itself will meet (and report) whatever this did
             log.debug("loading the kernels ahead failed", exc_info=True)
 
@@ -172,7 +194,8 @@ def _run(args, ph) -> int:
         from panjoin.sharding import COUNT_REFUSED
 
         raise SystemExit(f"panjoin replay: error: --cluster {args.cluster}: {COUNT_REFUSED}")
-    _fill_threads(args, pred)
+    _check_shards(args, window)
+    _fill_threads(args, pred, window)
     loader = _load_kernels_behind(args, window, pred)
     rc = _read_and_join(args, window, pred, ph, loader)
     if loader is not None:  # an error leaves without it: bad input is told at once, not
@@ -185,10 +208,36 @@ def _in_process(args) -> bool:
     return not (args.cluster or args.workers or args.topology == "handshake")
 
 
-def _fill_threads(args, pred) -> None:
+def _check_shards(args, window) -> None:
+    """``--shards K`` (K > 1) where the join cannot shard is an error that says why."""
+    if args.shards in ("auto", 1):
+        return
+    why = None
+    if not _in_process(args):
+        why = ("shards an in-process join; on managers give several --cluster addresses "
+               "(one key range each)")
+    elif window.kind != "time":
+        from panjoin.sharding import COUNT_REFUSED
+
+        why = COUNT_REFUSED.replace("several managers", "several shards")
+    elif args.max_latency is not None:
+        why = "is for a file's join at full speed: drop it or --max-latency"
+    if why:
+        raise SystemExit(f"panjoin replay: error: --shards {args.shards} {why}")
+
+
+def _may_shard(args, window) -> bool:
+    """The in-process join may run in shards (:mod:`panjoin.manager.sharded_engine`)."""
+    return (args.shards != 1 and _in_process(args) and window.kind == "time"
+            and args.max_latency is None)
+
+
+def _fill_threads(args, pred, window) -> None:
     """--threads left out of an in-process replay: every CPU the process may use but the
     pairs writer's (:func:`panjoin.manager.knobs.offline_threads`), before the kernels
-    load (one thread and two use different ones). ``PANJOIN_THREADS`` still decides."""
+    load (one thread and two use different ones); a join that may shard, one a shard
+    (its shards are then one a CPU, :func:`_plan_shards`). ``PANJOIN_THREADS`` still
+    decides."""
     import os
 
     if args.threads is not None or os.environ.get("PANJOIN_THREADS") or not _in_process(args):
@@ -197,6 +246,9 @@ def _fill_threads(args, pred) -> None:
     from panjoin.manager.knobs import offline_threads
 
     cpus, why = thread_budget()
+    if _may_shard(args, window) and cpus > 1:
+        args.threads, args.threads_filled = 1, offline_threads(pred, cpus)
+        return
     args.threads = offline_threads(pred, cpus)
     log.info("%d kernel thread%s for the file's join: of %s, %s", args.threads,
              "" if args.threads == 1 else "s", why,
@@ -244,7 +296,8 @@ def _read_and_join(args, window, pred, ph, loader) -> int:
             loader.join()
             waited = time.perf_counter() - waited
     if not args.workers:
-        return _replay_engine(args, events, window, pred, None, 1, ph, waited=waited)
+        return _replay_engine(args, events, window, pred, None, 1, ph, waited=waited,
+                              bounds=_plan_shards(args, events, window, pred))
     from panjoin.launch import start_cluster
     from panjoin.manager.grpc_backend import GrpcBackend
     from panjoin.manager.key_placement import KeyPlacedBackend
@@ -261,6 +314,30 @@ def _read_and_join(args, window, pred, ph, loader) -> int:
         with placed(cluster.addresses, deadline=args.worker_timeout,
                     result_format=args.result_format, replicas=args.replicas) as backend:
             return _replay_engine(args, events, window, pred, backend, args.workers, ph)
+
+
+def _plan_shards(args, events, window, pred):
+    """The shard boundaries of an in-process join (None: one engine), as ``--shards``
+    says: auto, one shard a CPU where the keys spread
+    (:func:`panjoin.manager.sharded_engine.plan_shards`); K, K shards."""
+    if not _may_shard(args, window):
+        return None
+    from panjoin.config import thread_budget
+    from panjoin.manager.sharded_engine import plan_shards
+    from panjoin.sharding import boundaries
+
+    if args.shards != "auto":
+        bounds = boundaries(events.key, args.shards)
+        log.info("%d shards by key (boundaries %s), --shards %d", args.shards,
+                 bounds.tolist(), args.shards)
+        return bounds
+    cpus, _ = thread_budget()
+    bounds, why = plan_shards(events.key, events.stream, window, pred, cpus, args.threads or 1)
+    log.info("%s%s", "" if bounds is not None else "one engine: ", why)
+    filled = getattr(args, "threads_filled", None)
+    if bounds is None and filled is not None:  # --threads as one engine would have it
+        args.threads = filled
+    return bounds
 
 
 def managers(cluster: str) -> list[str]:
@@ -401,27 +478,45 @@ def _held(window, events) -> int:
 
 
 def _replay_engine(args, events, window, pred, backend, n_workers, ph, engine=None,
-                   waited: float = 0.0) -> int:
+                   waited: float = 0.0, bounds=None) -> int:
     """The join on ``engine`` (default: a :class:`JoinEngine` in-process or over
-    ``backend``); ``waited``: seconds spent waiting for :func:`_load_kernels_behind`,
-    counted in the join's ``time:`` as kernel loading the join would otherwise pay."""
+    ``backend``, or in shards by key with ``bounds``); ``waited``: seconds spent waiting
+    for :func:`_load_kernels_behind`, counted in the join's ``time:`` as kernel loading
+    the join would otherwise pay."""
+    with contextlib.ExitStack() as stack:
+        return _join_file(args, events, window, pred, backend, n_workers, ph, engine, waited,
+                          bounds, stack)
+
+
+def _join_file(args, events, window, pred, backend, n_workers, ph, engine, waited, bounds,
+               stack) -> int:
     from panjoin.events import PairsWriter, write_ids
     from panjoin.manager.engine import JoinEngine
 
     engine_given = engine is not None  # a handshake chain: its nodes load their kernels
     if engine is None:
-        engine = JoinEngine(window, pred, index=args.index, subwindow_size=args.subwindow_size,
-                            partitions=args.partitions, batch_size=args.batch_size,
-                            max_lag=args.max_lag, threads=args.threads,
-                            max_latency_ms=args.max_latency,
-                            key_dtype=str(events.key.dtype), backend=backend,
-                            n_workers=n_workers, memory_limit=args.memory_limit,
-                            window_tuples=_held(window, events))
-        log.info("join %s on %s, index %s, NSub %d, P %d, NBat %d", window, pred, args.index,
-                 engine.nsub, engine.partitions, engine.batch_size)
+        settings = dict(index=args.index, subwindow_size=args.subwindow_size,
+                        partitions=args.partitions, batch_size=args.batch_size,
+                        max_lag=args.max_lag, threads=args.threads,
+                        max_latency_ms=args.max_latency, key_dtype=str(events.key.dtype),
+                        memory_limit=args.memory_limit, window_tuples=_held(window, events))
+        if bounds is not None:
+            from panjoin.manager.sharded_engine import ShardedEngine
+
+            engine = stack.enter_context(ShardedEngine(window, pred, bounds, **settings))
+        else:
+            engine = JoinEngine(window, pred, backend=backend, n_workers=n_workers, **settings)
+        log.info("join %s on %s, index %s, NSub %d, P %d, NBat %d%s", window, pred, args.index,
+                 engine.nsub, engine.partitions, engine.batch_size,
+                 "" if bounds is None else
+                 f", {len(bounds) + 1} shards by key of NSub {engine.shard_nsub}")
         if args.warm_up and backend is None:
             with ph.phase("load kernels"):
                 _warm_join(_warm_events(events), pred, args.index, args.threads, window.kind)
+                if bounds is not None:
+                    from panjoin.sharding import warm_up_router
+
+                    warm_up_router(events.key.dtype, pred)
             print(WARMED, flush=True)
     peak = 0
     t1 = time.perf_counter()
