@@ -73,8 +73,9 @@ import math
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+# pyarrow.compute is imported in the functions that use it: its import is 20 ms of
+# every start, and reading a Parquet file needs none of it
 from panjoin.events import EventTable
 from panjoin.semantics import I64_MAX, I64_MIN
 
@@ -231,6 +232,8 @@ def generate(
 
     pl = None
     if payload:
+        import pyarrow.compute as pc
+
         tags = pc.take(pa.array(["R", "S"]), pa.array(stream))
         pl = pc.binary_join_element_wise(tags, pc.cast(pa.array(ids), pa.string()), "")
     key2 = None if key2_max is None else key2_rng.random(n) * float(key2_max)

@@ -28,9 +28,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from panjoin.events.arrays import PAYLOAD_TYPE
 from panjoin.proto.panjoin.v1 import common_pb2
-
-PAYLOAD_TYPE = pa.large_binary()
 
 ALLOWED = {"<i8": np.int64, "<f8": np.float64, "|u1": np.uint8, "<u8": np.uint64,
            "|b1": np.bool_}

@@ -22,7 +22,8 @@ _PROBE = """
 import json, sys
 from panjoin.cli.main import main
 rc = main(sys.argv[1:])
-print(json.dumps({"rc": rc, "loaded": [m for m in ("pandas", "grpc") if m in sys.modules]}))
+print(json.dumps({"rc": rc, "loaded": [m for m in ("pandas", "grpc", "google.protobuf",
+                                                  "pyarrow.compute") if m in sys.modules]}))
 """
 
 
@@ -45,11 +46,22 @@ def test_replay_imports_no_pandas_nor_grpc_and_writes_the_reference(events, tmp_
     got = _replay_in_a_process(events, "--window", window, "--predicate", pred, "--out", out,
                                "--late-out", late)
     assert got["rc"] == 0
-    assert got["loaded"] == []  # neither pandas nor grpc: no channel in-process
+    # neither pandas nor grpc nor protobuf: no channel in-process; Arrow's compute
+    # functions only to write the late tuples' stream tags (--late-out)
+    assert got["loaded"] == ["pyarrow.compute"]
     t = read_events(events)
     ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window(window),
                          parse_predicate(pred))
     assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
+
+
+def test_a_parquet_files_join_imports_none_of_arrows_compute_functions(events, tmp_path):
+    """Reading, checking and joining a Parquet file, and writing its pairs, need none
+    of pyarrow.compute (20 ms of every start): its stream tags are mapped on the
+    dictionary's few values."""
+    got = _replay_in_a_process(events, "--window", "time:60,90", "--predicate", "eq",
+                               "--out", tmp_path / "pairs.parquet")
+    assert got["rc"] == 0 and got["loaded"] == []
 
 
 #: runs replay here, then prints on which threads Numba loaded (or compiled) kernels

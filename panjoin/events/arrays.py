@@ -24,6 +24,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+#: payloads as the engine keeps them and the wire carries them (strings are cast back)
+PAYLOAD_TYPE = pa.large_binary()
+
 
 def _first(mask: np.ndarray) -> int | None:
     """Index of the first True in a bool mask, or None: one vectorised pass."""

@@ -16,6 +16,9 @@ small failed int64 attempt, not a whole one. Writing CSV does the reverse
 shortest round-trip digits keep every double bit-exact.
 
     >>> import pyarrow as pa
+
+# pyarrow.compute is imported in the functions that use it: its import is 20 ms of
+# every start, and reading a Parquet file needs none of it
     >>> _csv_key(pa.array(["17", "17.5", "1e3"]), "events.csv").to_pylist()
     [17.0, 17.5, 1000.0]
     >>> _csv_text_key(pa.array([5.0, 0.1])).to_pylist()
@@ -28,7 +31,6 @@ import csv
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
 from panjoin.events.arrays import _np
@@ -83,6 +85,7 @@ _BLOCK_MIN, _BLOCK_MAX = 1 << 10, 1 << 20
 def _cast_exact(arr, to: pa.DataType) -> tuple[pa.ChunkedArray | None, int | None]:
     """``(arr cast to `to`, None)``, or ``(None, index of the first value it rejects)``.
     ``arr`` may be chunked (the CSV reader's ~1 MB blocks): no copy of the text."""
+    import pyarrow.compute as pc
     chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
     out, base, block = [], 0, _BLOCK_MIN
     for ch in chunks:
@@ -101,6 +104,7 @@ def _cast_exact(arr, to: pa.DataType) -> tuple[pa.ChunkedArray | None, int | Non
 
 def _tidy(arr: pa.Array) -> pa.Array:
     """Numbers as people write them: surrounding blanks and a leading '+' are fine."""
+    import pyarrow.compute as pc
     arr = pc.utf8_trim_whitespace(arr)
     return pc.replace_substring_regex(arr, r"^\+", "")
 
@@ -126,6 +130,7 @@ def _has_floaty(text: str) -> bool:
 
 def _csv_int(arr: pa.Array, name: str, source, tidied: bool = False) -> pa.Array:
     """id / ts text to int64, exactly; integral floats (``3.0``, ``1e3``) allowed."""
+    import pyarrow.compute as pc
     out, first = _cast_exact(arr, pa.int64())  # the usual case: plain integers
     if first is None:
         return out
@@ -165,6 +170,7 @@ def _csv_key(arr: pa.Array, source, tidied: bool = False) -> pa.Array:
     nan/inf word. Usually the first value that int64 rejects shows it; only if
     that one looks like an integer (out of range, or a typo) is the whole column
     searched, so ``9223372036854775808`` followed by ``2.5`` is a float column."""
+    import pyarrow.compute as pc
     out, bad = _cast_exact(arr, pa.int64())
     if bad is None:
         return out
@@ -243,6 +249,7 @@ def _read_csv_as(path: str, source, wanted: list[str], types: dict, strict: bool
 def _csv_text_key(key: pa.Array) -> pa.Array:
     """Float keys as text that reads back as the same float64: shortest
     round-trip digits, and '.0' added where arrow writes a bare integer."""
+    import pyarrow.compute as pc
     text = pc.cast(key, pa.string())
     needs_dot = pc.invert(pc.match_substring_regex(text, _FLOATY))
     return pc.if_else(needs_dot, pc.binary_join_element_wise(text, ".0", ""), text)

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+
+# pyarrow.compute is imported in the functions that use it: its import is 20 ms of
+# every start, and reading a Parquet file needs none of it
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
@@ -300,6 +302,7 @@ def _read_any(path, columns: tuple[str, ...], what: str) -> pa.Table:
 
 def read_pairs(path) -> np.ndarray:
     """The pairs of :func:`write_pairs` as an ``(n, 2)`` int64 array."""
+    import pyarrow.compute as pc
     table = _read_any(path, ("r_id", "s_id"), "pairs")
     out = np.empty((table.num_rows, 2), dtype=np.int64)
     for j, c in enumerate(("r_id", "s_id")):
@@ -314,6 +317,7 @@ def read_pairs(path) -> np.ndarray:
 def write_ids(path, stream_ids: dict) -> None:
     """Ids per stream (e.g. the late tuples) as columns ``stream``, ``id``: R's
     first, then S's, each in the given order. Keys are 'R'/'S' (or 0/1)."""
+    import pyarrow.compute as pc
     parts_tag, parts_id = [], []
     for k in stream_ids:
         if k not in ("R", "S", 0, 1):

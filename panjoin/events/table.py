@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+# pyarrow.compute is imported in the functions that use it: its import is 20 ms of
+# every start, and reading a Parquet file needs none of it
 from panjoin.events.arrays import _arrow, _combine, _first
 from panjoin.events.errors import _fail
 from panjoin.events.validate import (
@@ -201,6 +202,7 @@ class EventTable:
 
     def to_arrow(self) -> pa.Table:
         """Columns stream ('R'/'S' strings), id, key, ts[, payload]."""
+        import pyarrow.compute as pc
         tags = pc.take(TAG_ARRAY, _arrow(self.stream))
         cols = {
             "stream": tags,

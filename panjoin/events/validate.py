@@ -39,8 +39,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+# pyarrow.compute is imported in the functions that use it: its import is 20 ms of
+# every start, and reading a Parquet file needs none of it
 from panjoin.events.arrays import _combine, _first, _np
 from panjoin.events.errors import EventError, _fail, _show
 from panjoin.semantics import I64_MAX
@@ -53,6 +54,7 @@ STREAM_TAGS = ("R", "S")
 TAG_ARRAY = pa.StringArray.from_buffers(
     2, pa.py_buffer(np.array([0, 1, 2], dtype=np.int32)), pa.py_buffer(b"RS"))
 _R, _S = TAG_ARRAY[0], TAG_ARRAY[1]
+_CODES = {"R": 0, "S": 1}
 
 # 2**63 as a double: every finite float in [-2**63, 2**63) converts to int64 exactly
 _TWO63 = 9223372036854775808.0
@@ -85,6 +87,8 @@ def _check_nulls(cols: dict, source) -> None:
     for c in REQUIRED:
         arr = cols[c]
         if arr.null_count:
+            import pyarrow.compute as pc
+
             i = _first(_np(pc.is_null(arr)))
             if best is None or i < best[0]:
                 best = (i, c)
@@ -135,11 +139,12 @@ def _stream_codes(col, source) -> np.ndarray:
                 raise _type_error(
                     ch.dictionary_decode(), "stream", source, "the strings 'R' or 'S'"
                 )
-            lut = np.full(len(d), 2, dtype=np.uint8)  # 2 = neither R nor S
-            lut[_np(pc.equal(d, _R))] = 0
-            lut[_np(pc.equal(d, _S))] = 1
+            # 2 = neither R nor S; to_pylist: to_numpy of strings imports pandas
+            lut = np.array([_CODES.get(v, 2) for v in d.to_pylist()], dtype=np.uint8)
             codes = lut[_np(ch.indices)]
         elif pa.types.is_string(ch.type) or pa.types.is_large_string(ch.type):
+            import pyarrow.compute as pc
+
             codes = np.where(_np(pc.equal(ch, _R)), 0, 2).astype(np.uint8)
             codes[_np(pc.equal(ch, _S))] = 1
         else:
@@ -259,6 +264,7 @@ def _key_column(arr: pa.Array, source) -> np.ndarray:
 
 def _key2_column(arr, source) -> np.ndarray:
     """The optional key2 column as float64 (integers converted); nulls are an error."""
+    import pyarrow.compute as pc
     if arr.null_count:
         i = _first(_np(pc.is_null(arr)))
         raise _fail(source, "column 'key2' is empty (null)",

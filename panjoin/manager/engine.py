@@ -71,6 +71,7 @@ from panjoin.config import (
     thread_budget,
     tune_allocator,
 )
+from panjoin.events.arrays import PAYLOAD_TYPE
 from panjoin.manager.index_choice import IndexChooser
 from panjoin.manager.kernels import late_tuples, pack_rows, split_streams, unpack_rows
 from panjoin.manager.latency import CAP_MAX, LatencyBound
@@ -84,7 +85,6 @@ from panjoin.semantics import (
     parse_predicate,
     parse_window,
 )
-from panjoin.wire import PAYLOAD_TYPE
 
 log = logging.getLogger("panjoin.manager")
 _THREADS_LOGGED = False
