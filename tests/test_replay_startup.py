@@ -88,21 +88,37 @@ def float_events(gen_file):
                     "--seed", "6")
 
 
-@pytest.mark.parametrize("index,pred,floats", [("bisort", "band:3", False), ("rap", "eq", False),
-                                               ("auto", "eq", False), ("bisort", "band:3", True)])
-def test_the_join_finds_its_kernels_loaded(events, float_events, tmp_path, index, pred, floats):
+@pytest.fixture(scope="module")
+def key2_events(gen_file):
+    return gen_file("--n", "4000", "--key-max", "80", "--key2-max", "100", "--rate", "1000",
+                    "--seed", "7")
+
+
+@pytest.mark.parametrize("index,pred,floats,window", [
+    ("bisort", "band:3", False, "count:300,200"), ("rap", "eq", False, "count:300,200"),
+    ("auto", "eq", False, "count:300,200"), ("bisort", "band:3", True, "count:300,200"),
+    ("auto", "band:3&band2:20", False, "count:300,200"),
+    # in shards: the router's kernels, and the shards' on their own threads
+    ("auto", "eq", False, "time:300,200"), ("auto", "band:3&band2:20", False, "time:300,200"),
+])
+def test_the_join_finds_its_kernels_loaded(events, float_events, key2_events, tmp_path, index,
+                                           pred, floats, window):
     """In-process, the kernels load on the loader thread while the file is read (for
-    the file's key type): the join itself (the main thread) loads none."""
-    path = float_events if floats else events
+    the file's key type, and key2 where the predicate has a residual): the join itself
+    (the main thread, a shard's thread) loads none."""
+    path = key2_events if "&" in pred else float_events if floats else events
+    shards = ["--shards", "2"] if window.startswith("time") else []
     run = subprocess.run([sys.executable, "-c", _THREADS, "replay", str(path), "--window",
-                          "count:300,200", "--predicate", pred, "--index", index,
+                          window, "--predicate", pred, "--index", index,
                           "--threads", "1", "--out", str(tmp_path / "p.parquet"),
-                          "--no-progress"], capture_output=True, text=True, timeout=600)
+                          *shards, "--no-progress", "-v"],
+                         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
+    assert not shards or "2 shards by key" in run.stderr
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["rc"] == 0 and got["loaded"]
-    on_main = [k for thread, k in got["loaded"] if thread == "MainThread"]
-    assert on_main == [], f"the join loaded {on_main} itself"
+    elsewhere = [k for thread, k in got["loaded"] if thread != "panjoin-load-kernels"]
+    assert elsewhere == [], f"the join loaded {elsewhere} itself"
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.uint8, np.float64, np.int32])
