@@ -209,9 +209,10 @@ def run_in_process(wl: Workload, events: str, work: str, quota: float,
     with Hosts(quota, memory_mib) as hs:
         h = hs.new("in-process")
         # one thread, as on a host of Q cores (a join on --cluster has no --threads:
-        # its workers' is theirs)
+        # its workers' is theirs), and one engine: a time window on a host of Q >= 2
+        # would otherwise join in Q shards on Q threads
         t, cpu, net = _replay(wl, events, os.path.join(work, "local.parquet"), h,
-                              ["--threads", "1"], {"in-process": h})
+                              ["--threads", "1", "--shards", "1"], {"in-process": h})
         return {"n": 0, "time_s": t, "tuples_per_s": wl.tuples / t, "wire_b_per_tuple":
                 net / wl.tuples,
                 "hosts": _hosts_report({"in-process": h}, t, quota, {"in-process": cpu})}
