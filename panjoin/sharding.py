@@ -145,7 +145,9 @@ class Router:
         from panjoin.manager.kernels import late_tuples
         from panjoin.sharding_kernels import route_rows
 
-        stream = np.asarray(stream, dtype=np.uint8)
+        # contiguous, as the warm-up's: a strided column (a sample) would load another
+        # compiled version of the kernel inside the join
+        stream = np.ascontiguousarray(stream, dtype=np.uint8)
         keys = np.ascontiguousarray(keys)
         ts = np.ascontiguousarray(ts, dtype=np.int64)
         if keys.dtype != self.bounds.dtype:

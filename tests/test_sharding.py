@@ -206,7 +206,8 @@ def test_the_routing_benchmark_runs_quick():
 def test_warm_up_router_loads_its_kernels_for_the_joins_keys(dtype, spec):
     """In a fresh process (a sharded client loads no other kernel): after
     ``warm_up_router`` the routing kernel has the signature the join's first chunk
-    needs, so that chunk does not load it (or set up Numba's typing) in the timed join."""
+    needs, so that chunk does not load it (or set up Numba's typing) in the timed join;
+    strided columns too (in-process shards plan on a sample, ``keys[::step]``)."""
     import subprocess
     import sys
 
@@ -215,7 +216,10 @@ def test_warm_up_router_loads_its_kernels_for_the_joins_keys(dtype, spec):
             f"warm_up_router({dtype!r}, {spec!r})\nbefore = set(route_rows.signatures)\n"
             f"r = Router(np.array([3], {dtype!r}), 'time:5,5', {spec!r})\n"
             f"r.route(np.array([0, 1, 1], np.uint8), np.array([1, 4, 2], {dtype!r}), "
-            "np.arange(3))\nprint(len(before), set(route_rows.signatures) == before)")
+            "np.arange(3))\n"
+            f"r.route(np.array([0, 0, 1, 1], np.uint8)[::2], np.array([1, 4, 2, 5], "
+            f"{dtype!r})[::2], np.arange(4)[::2])\n"
+            "print(len(before), set(route_rows.signatures) == before)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
