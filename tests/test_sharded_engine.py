@@ -267,3 +267,28 @@ def test_every_shard_expires_by_the_global_watermark(monkeypatch):
     assert wm_own is None
     assert held < held_own, "the watermark did not reach shard 0"
     run(t, "time:100,100", "eq", [100], lateness=50)
+
+
+def test_no_shards_where_numbas_threading_layer_cannot_run_kernels_side_by_side(monkeypatch):
+    """Numba's workqueue layer (no libgomp, no tbb) aborts the process when two threads
+    run parallel kernels at once: auto plans one engine and says why, K shards are
+    refused with how to fix it, and this machine's layer allows shards."""
+    assert sharded_mod.kernels_run_side_by_side() == (True, "")
+    code = ("from panjoin.manager.sharded_engine import kernels_run_side_by_side as k\n"
+            "ok, why = k(); print(ok, 'libgomp' in why)")
+    import os
+
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, NUMBA_THREADING_LAYER="workqueue"))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["False", "True"]
+    monkeypatch.setattr(sharded_mod, "kernels_run_side_by_side",
+                        lambda: (False, "the layer is workqueue"))
+    t = events("uniform", n=4000)
+    b, why = plan_shards(t.key, t.stream, parse_window("time:9,9"), parse_predicate("eq"), 2)
+    assert b is None and why == "the layer is workqueue"
+    with pytest.raises(ValueError, match="2 shards: the layer is workqueue.*--shards 1"):
+        ShardedEngine("time:9,9", "eq", np.array([3]))
+    with ShardedEngine("time:9,9", "eq", np.zeros(0, np.int64)) as one:  # one shard runs
+        one.push(t)
+        one.flush()

@@ -49,12 +49,43 @@ MAX_SKEW = 1.5
 MAX_FANOUT = 1.5
 
 
+def kernels_run_side_by_side() -> tuple[bool, str]:
+    """Whether two threads may run Numba's parallel kernels at once, and why not. The
+    tbb and omp threading layers allow it; workqueue, Numba's fallback where neither
+    library is installed (a slim container without libgomp), aborts the process when
+    they do, and some kernels are parallel ones whatever a shard's thread count (the
+    residual probe, RaP-Table's, the WiB+-tree's). The layer is picked at the first
+    parallel kernel: tbb, else omp, else workqueue, unless NUMBA_THREADING_LAYER
+    says."""
+    import importlib
+
+    import numba
+
+    try:
+        layer = numba.threading_layer()  # the one in use, once a kernel chose it
+    except ValueError:
+        layer = numba.config.THREADING_LAYER
+    if layer in ("tbb", "omp", "threadsafe", "safe"):
+        return True, ""
+    if layer in ("default", "forksafe"):
+        for pool in ("tbbpool", "omppool"):
+            try:
+                importlib.import_module(f"numba.np.ufunc.{pool}")
+                return True, ""
+            except ImportError:
+                pass
+    return False, ("Numba's threading layer here is workqueue, which aborts when two "
+                   "threads run parallel kernels at once: install libgomp (Debian: apt "
+                   "install libgomp1) or tbb (pip install tbb) to shard")
+
+
 def plan_shards(keys: np.ndarray, stream: np.ndarray, window: Window, pred: Predicate,
                 cpus: int, threads: int = 1) -> tuple[np.ndarray | None, str]:
     """The shard boundaries for a file's join on ``cpus`` CPUs with ``threads`` kernel
     threads a shard, and why; None: one engine (a count window, one CPU, keys that put
-    most tuples in one shard: increasing or few distinct keys, or a band so wide that S
-    tuples would be copied to most shards).
+    most tuples in one shard: increasing or few distinct keys, a band so wide that S
+    tuples would be copied to most shards, or Numba's workqueue threading layer,
+    :func:`kernels_run_side_by_side`).
 
         >>> from panjoin.semantics import parse_predicate, parse_window
         >>> k = np.arange(1000); s = (k % 2).astype(np.uint8)
@@ -70,6 +101,9 @@ def plan_shards(keys: np.ndarray, stream: np.ndarray, window: Window, pred: Pred
     k = max(1, cpus // max(1, threads))
     if k < 2:
         return None, f"{cpus} CPU{'s' if cpus != 1 else ''} for {threads} kernel thread(s)"
+    ok, why = kernels_run_side_by_side()
+    if not ok:
+        return None, why
     keys = np.asarray(keys)
     if keys.size < 2:
         return None, "too few tuples"
@@ -105,6 +139,10 @@ class ShardedEngine:
     def __init__(self, window: Window | str, predicate: Predicate | str, bounds: np.ndarray,
                  threads: int | None = 1, subwindow_size: int | None = None, **engine_kw):
         threads = max(1, int(threads or 1))
+        ok, why = kernels_run_side_by_side()
+        if not ok and np.asarray(bounds).size:
+            raise ValueError(f"{np.asarray(bounds).size + 1} shards: {why}, or join on "
+                             "one engine (--shards 1)")
         self.window = parse_window(window) if isinstance(window, str) else window
         self.pred = parse_predicate(predicate)
         self.router = Router(bounds, self.window, self.pred)
