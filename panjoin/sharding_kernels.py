@@ -14,9 +14,9 @@ order. Example, boundary ``[10]``, ``band:2``: R key 9 -> shard 0 (mask 1), S ke
 """
 
 import numpy as np
-from numba import njit
 
 from panjoin.config import NJIT
+from panjoin.jit import njit
 
 
 @njit(**NJIT)

@@ -23,9 +23,9 @@ the buffers the job keeps (:class:`spark_conn.record_window.RecordWindow`).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from panjoin.config import NJIT
+from panjoin.jit import njit
 
 _HEAD = np.frombuffer(b'{"r_id":', np.uint8)
 _MID = np.frombuffer(b',"s_id":', np.uint8)

@@ -16,6 +16,8 @@ Fixtures for the Kafka and Spark tests (any test module may ask for them):
   tests/test_streaming_cluster.py).
 
 - ``gen_file``: makes an event file with ``panjoin gen`` (the CLI tests' inputs).
+- ``aot_built``: the kernels compiled ahead of time (``make aot``) are current, or the
+  test fails saying how to build them (``make test`` builds them first).
 
 Topics get unique names (``kafka_helpers.topic``), so tests share a broker.
 """
@@ -31,6 +33,15 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 # would otherwise fix the pool at one thread per core, before any test's run_peers
 # could set the variable, and every later polars peer would fail.
 os.environ.setdefault("POLARS_MAX_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def aot_built():
+    from panjoin.jit import ahead
+
+    if ahead.module() is None:
+        pytest.fail("the kernels compiled ahead of time are missing or stale: run `make aot` "
+                    "(python -m panjoin.jit.build); `make test` builds them first")
 
 
 @pytest.fixture(scope="module")

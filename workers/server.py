@@ -40,9 +40,8 @@ import threading
 import time
 
 import grpc
-import numba
 
-from panjoin import codec
+from panjoin import codec, jit
 from panjoin.backend import LocalBackend, NullBackend, SortedBatch
 from panjoin.config import tune_allocator
 from panjoin.limits import (
@@ -130,7 +129,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         try:
             # Numba's thread count is per calling thread: without this a session's parallel
             # kernels would use every core, and idle team threads spin
-            numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
+            jit.set_threads(self.threads)
             sess.backend = (NullBackend if self.null else LocalBackend)(self.threads)
             token = self._results_channel(sess, context)
             context.send_initial_metadata((

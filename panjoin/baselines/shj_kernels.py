@@ -15,7 +15,8 @@ The join filter is lowered to rows ``coefB . build_cols + pconst >= 0``
 """
 
 import numpy as np
-from numba import njit
+
+from panjoin.jit import njit
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 

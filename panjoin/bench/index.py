@@ -25,9 +25,9 @@ import statistics
 import time
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
+from panjoin import jit
 from panjoin.semantics import parse_predicate, probe_bounds
 from panjoin.subwindow import WindowFilter, make_index
 
@@ -91,7 +91,7 @@ def _fill(point: IndexPoint, rng, batch: int):
 
 
 def run_point(point: IndexPoint, progress: bool = False) -> IndexResult:
-    numba.set_num_threads(min(point.threads, numba.config.NUMBA_NUM_THREADS))
+    jit.set_threads(point.threads)
     rng = np.random.default_rng(point.seed)
     # warm-up: compile every kernel on a small instance of the same shape
     small = IndexPoint(**{**point.__dict__, "nsub": min(point.nsub, 4096),

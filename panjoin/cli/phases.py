@@ -39,16 +39,26 @@ class Phases:
         self._listener = None
 
     def __enter__(self) -> Phases:
-        from numba.core import event
+        from panjoin import jit
 
-        self._listener = _ThreadTimer(event.Listener)()
-        event.register("numba:compiler_lock", self._listener)
+        self._thread = threading.get_ident()
+        jit.on_numba(self._listen)  # no Numba loaded: the kernels ahead of time load none
         return self
 
-    def __exit__(self, *exc) -> None:
+    def _listen(self, numba) -> None:
         from numba.core import event
 
-        event.unregister("numba:compiler_lock", self._listener)
+        self._listener = _ThreadTimer(event.Listener)(self._thread)
+        event.register("numba:compiler_lock", self._listener)
+
+    def __exit__(self, *exc) -> None:
+        from panjoin import jit
+
+        jit.forget_on_numba(self._listen)
+        if self._listener is not None:
+            from numba.core import event
+
+            event.unregister("numba:compiler_lock", self._listener)
 
     def _kernel_s(self) -> float:
         lis = self._listener
@@ -89,13 +99,13 @@ class Phases:
 
 def _ThreadTimer(base):
     """A Numba event listener (``base``: ``numba.core.event.Listener``, imported late)
-    that adds up the time the events of one thread last, the thread that made it:
+    that adds up the time the events of one thread last (the :class:`Phases`' thread):
     kernels loaded on another thread (replay's loader, while this one reads the file)
     are not taken out of this thread's phases."""
 
     class ThreadTimer(base):
-        def __init__(self):
-            self.thread = threading.get_ident()
+        def __init__(self, thread: int):
+            self.thread = thread
             self.duration = 0.0
             self._depth = 0
             self._t0 = 0.0

@@ -22,9 +22,9 @@ probe_idx [0, 0], pos [0, 2].
 """
 
 import numpy as np
-from numba import njit
 
 from panjoin.config import NJIT
+from panjoin.jit import njit
 from panjoin.subwindow.kernels.scan import scan_bands  # window bounds closed: see window.py
 
 

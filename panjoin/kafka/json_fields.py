@@ -40,9 +40,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-from numba import njit
 
 from panjoin.config import NJIT
+from panjoin.jit import njit
 from panjoin.kafka.record_batch import gather
 
 #: field kinds for :func:`read_fields`

@@ -27,7 +27,8 @@ the caller reads such ranges with librdkafka instead.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from panjoin.jit import njit
 
 HEADER = 61
 #: ``flags`` bits from :func:`scan`

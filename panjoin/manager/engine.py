@@ -56,10 +56,10 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-import numba
 import numpy as np
 import pyarrow as pa
 
+from panjoin import jit
 from panjoin.backend import CreateSpec, IdPairs, LocalBackend, PairsRef, SortedBatch
 from panjoin.config import (
     DEFAULT_BATCH,
@@ -324,7 +324,7 @@ class JoinEngine:
             _log_threads(why)
         tune_allocator()
         advise_heap_hugepages()
-        numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
+        jit.set_threads(self.threads)
         self.backend = backend if backend is not None else LocalBackend(self.threads)
         self.index_opts = dict(index_opts or {})
         if backend is None:  # workers check their own budgets

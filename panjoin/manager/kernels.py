@@ -26,9 +26,9 @@ pack (b = 2) as 8, 1, 10, sort to 1, 8, 10: order 1, 0, 2, keys 3, 5, 5.
 """
 
 import numpy as np
-from numba import njit
 
 from panjoin.config import NJIT
+from panjoin.jit import njit
 
 
 def split_streams(stream, keys, ts, ids, total_r, total_s):

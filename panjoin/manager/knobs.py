@@ -137,7 +137,10 @@ def pairs_per_tuple(key: np.ndarray, stream: np.ndarray, pred: Predicate, w: int
         return float(w)
     found = [f for e in sample_ends(stream.shape[0], w, probes, points)
              if (f := pairs_at(key[:e], stream[:e], pred, w, probes, sample)) is not None]
-    return float(np.median(found)) if found else 0.0
+    if not found:
+        return 0.0
+    found.sort()  # the median of a few (numpy's would import numpy.ma: 6 ms of a start)
+    return (found[(len(found) - 1) // 2] + found[len(found) // 2]) / 2
 
 
 def sample_ends(n: int, w: int, probes: int = 256, points: int = 4) -> list[int]:

@@ -25,6 +25,7 @@ which no shard sees. Example, two shards over keys 0..99 (boundary 50)::
 from __future__ import annotations
 
 import logging
+import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -57,26 +58,44 @@ def kernels_run_side_by_side() -> tuple[bool, str]:
     residual probe, RaP-Table's, the WiB+-tree's). The layer is picked at the first
     parallel kernel: tbb, else omp, else workqueue, unless NUMBA_THREADING_LAYER
     says."""
-    import importlib
+    from panjoin import jit
 
-    import numba
-
-    try:
-        layer = numba.threading_layer()  # the one in use, once a kernel chose it
-    except ValueError:
-        layer = numba.config.THREADING_LAYER
+    if jit.loaded():
+        numba = jit.numba()
+        try:
+            layer = numba.threading_layer()  # the one in use, once a kernel chose it
+        except ValueError:
+            layer = numba.config.THREADING_LAYER
+    else:  # Numba's own default, without loading Numba for it
+        layer = os.environ.get("NUMBA_THREADING_LAYER", "default").lower()
     if layer in ("tbb", "omp", "threadsafe", "safe"):
         return True, ""
-    if layer in ("default", "forksafe"):
-        for pool in ("tbbpool", "omppool"):
-            try:
-                importlib.import_module(f"numba.np.ufunc.{pool}")
-                return True, ""
-            except ImportError:
-                pass
+    if layer in ("default", "forksafe") and any(_pool_loads(p) for p in ("tbbpool", "omppool")):
+        return True, ""
     return False, ("Numba's threading layer here is workqueue, which aborts when two "
                    "threads run parallel kernels at once: install libgomp (Debian: apt "
                    "install libgomp1) or tbb (pip install tbb) to shard")
+
+
+def _pool_loads(pool: str) -> bool:
+    """Numba's threading-layer library ``pool`` loads here (its own library, libgomp or
+    tbb, found), checked without importing Numba: the layer a first parallel kernel
+    would pick."""
+    import ctypes
+    import glob
+    import importlib.util
+
+    spec = importlib.util.find_spec("numba")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    for path in glob.glob(os.path.join(spec.submodule_search_locations[0], "np", "ufunc",
+                                       f"{pool}*.so")):
+        try:
+            ctypes.CDLL(path)
+            return True
+        except OSError:
+            pass
+    return False
 
 
 def plan_shards(keys: np.ndarray, stream: np.ndarray, window: Window, pred: Predicate,
@@ -264,9 +283,9 @@ class ShardedEngine:
 
 
 def _kernel_threads(threads: int) -> None:
-    import numba
+    from panjoin import jit
 
-    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    jit.set_threads(threads)
 
 
 def _push(eng: JoinEngine, piece: EventTable, rows: np.ndarray, watermark: int):

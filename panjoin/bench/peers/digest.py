@@ -26,9 +26,9 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from numba import njit
 
 from panjoin.config import NJIT
+from panjoin.jit import njit
 
 _MASK = (1 << 64) - 1
 

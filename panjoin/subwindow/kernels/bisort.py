@@ -68,9 +68,9 @@ loop over the buffer cost a probe tuple B key tests, ten times the whole probe o
 """
 
 import numpy as np
-from numba import njit, prange
 
 from panjoin.config import NJIT, NJIT_PAR
+from panjoin.jit import njit, prange
 from panjoin.subwindow.kernels.primitives import prefetch_read
 from panjoin.subwindow.kernels.search import (
     chunk_bounds,

@@ -29,9 +29,9 @@ Keys are compared as 64-bit patterns: int64 keys as they are, float64 keys with
 """
 
 import numpy as np
-from numba import njit
 
 from panjoin.config import NJIT
+from panjoin.jit import njit
 from panjoin.subwindow.kernels.primitives import prefetch_read, prefetch_write
 from panjoin.subwindow.kernels.window import in_window
 

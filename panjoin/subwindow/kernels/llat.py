@@ -22,9 +22,8 @@ entry 0 = [5, 6] full, next[0] = 2, entry 2 = [7], PtrG = 3. Release the chain o
 entry 0 -> free = [0, 2]; the next allocation takes entry 2, then 0, then PtrG's 3.
 """
 
-from numba import njit
-
 from panjoin.config import NJIT
+from panjoin.jit import njit
 
 
 @njit(**NJIT)

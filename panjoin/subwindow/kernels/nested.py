@@ -8,9 +8,9 @@ share an output slot. The scan itself is the shared unsorted-band scan
 """
 
 import numpy as np
-from numba import njit, prange
 
 from panjoin.config import NJIT_PAR
+from panjoin.jit import njit, prange
 from panjoin.subwindow.kernels.scan import scan_bands  # window bounds closed: see window.py
 
 

@@ -11,7 +11,8 @@ LLVM turns into one ``ctpop`` instruction. Example::
 """
 
 import numpy as np
-from numba import njit
+
+from panjoin.jit import njit
 
 NJIT = {"cache": True, "nogil": True}
 

@@ -19,10 +19,8 @@ float64 ones; ``key_after(7)`` is ``(True, 8)``, ``key_after(I64_MAX)`` is
 """
 
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic, overload
+
+from panjoin.jit import later
 
 I64_MIN = int(np.iinfo(np.int64).min)
 I64_MAX = int(np.iinfo(np.int64).max)
@@ -42,32 +40,41 @@ def key_after(x):
     raise NotImplementedError("key_after runs inside Numba kernels only")
 
 
-@overload(lowest)
-def _lowest_impl(arr):
-    if isinstance(arr.dtype, types.Integer):
-        return lambda arr: I64_MIN
-    return lambda arr: -np.inf
+@later  # Numba's typing of the two, registered when Numba loads (panjoin.jit)
+def _typed_keys():
+    from numba import types
+    from numba.extending import overload
 
+    @overload(lowest)
+    def _lowest_impl(arr):
+        if isinstance(arr.dtype, types.Integer):
+            return lambda arr: I64_MIN
+        return lambda arr: -np.inf
 
-@overload(key_after)
-def _key_after_impl(x):
-    if isinstance(x, types.Float):
-        def impl(x):
-            y = np.nextafter(x, np.inf)
-            return y < np.inf, y  # keys are finite: nothing can follow the largest double
-        return impl
+    @overload(key_after)
+    def _key_after_impl(x):
+        if isinstance(x, types.Float):
+            def impl(x):
+                y = np.nextafter(x, np.inf)
+                return y < np.inf, y  # keys are finite: nothing can follow the largest double
+            return impl
 
-    def impl_int(x):
-        if x == I64_MAX:
-            return False, x
-        return True, x + 1
-    return impl_int
+        def impl_int(x):
+            if x == I64_MAX:
+                return False, x
+            return True, x + 1
+        return impl_int
 
 
 # --------------------------------------------------------------------------- prefetch
 
 
 def _prefetch_intrinsic(rw):
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
     def prefetch(typingctx, arr, idx):
         sig = types.void(arr, idx)
 
@@ -91,6 +98,6 @@ def _prefetch_intrinsic(rw):
 
 
 #: ``prefetch_read(arr, i)``: ask for the cache line of 1-d ``arr[i]`` (a hint only)
-prefetch_read = _prefetch_intrinsic(0)
+prefetch_read = later(lambda: _prefetch_intrinsic(0))
 #: ``prefetch_write(arr, i)``: the same, for a line about to be written
-prefetch_write = _prefetch_intrinsic(1)
+prefetch_write = later(lambda: _prefetch_intrinsic(1))

@@ -30,10 +30,9 @@ Algorithm 1 on the paper's Figure 3 shape (N = 16, P = 4, so bal_j = 4 j)::
 """
 
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import overload
 
 from panjoin.config import NJIT, NJIT_PAR
+from panjoin.jit import later, njit, prange
 from panjoin.subwindow.kernels.llat import llat_push_run
 from panjoin.subwindow.kernels.primitives import I64_MAX, I64_MIN, lowest, prefetch_read
 from panjoin.subwindow.kernels.search import (
@@ -56,50 +55,55 @@ def interp_splitter(a, b, frac):
     raise NotImplementedError("interp_splitter runs inside Numba kernels only")
 
 
-@overload(interp_splitter)
-def _interp_ov(a, b, frac):
-    if isinstance(a, types.Integer):
+@later  # Numba's typing of it, registered when Numba loads (panjoin.jit)
+def _interp_typed():
+    from numba import types
+    from numba.extending import overload
 
-        def impl_int(a, b, frac):
-            if a < 0 and b > I64_MAX + a:
-                # b - a does not fit in int64 (range above 2**63): interpolate in float,
-                # whose 2**-53 relative error is far below one partition's width here
-                v = float(a) + frac * (float(b) - float(a))
-                if v <= float(a):
+    @overload(interp_splitter)
+    def _interp_ov(a, b, frac):
+        if isinstance(a, types.Integer):
+
+            def impl_int(a, b, frac):
+                if a < 0 and b > I64_MAX + a:
+                    # b - a does not fit in int64 (range above 2**63): interpolate in float,
+                    # whose 2**-53 relative error is far below one partition's width here
+                    v = float(a) + frac * (float(b) - float(a))
+                    if v <= float(a):
+                        return a
+                    if v >= float(b):
+                        return b
+                    r = np.int64(v)  # safe: float(a) < v < float(b) <= 2**63
+                    if r < a:
+                        return a
+                    if r > b:
+                        return b
+                    return r
+                rng = b - a
+                off = frac * float(rng)
+                if off <= 0.0:
                     return a
-                if v >= float(b):
+                if off >= float(rng):
                     return b
-                r = np.int64(v)  # safe: float(a) < v < float(b) <= 2**63
-                if r < a:
-                    return a
-                if r > b:
-                    return b
-                return r
-            rng = b - a
-            off = frac * float(rng)
-            if off <= 0.0:
+                return a + np.int64(off)  # off < float(rng), so the offset stays within rng
+
+            return impl_int
+
+        def impl_float(a, b, frac):
+            d = b - a
+            if d == np.inf:  # both extremes of float64: the difference overflows
+                v = a * (1.0 - frac) + b * frac
+            else:
+                v = a + frac * d
+            if v != v:  # an infinite min or max: no point inside, take the nearer end
+                return a if frac < 0.5 else b
+            if v < a:
                 return a
-            if off >= float(rng):
+            if v > b:
                 return b
-            return a + np.int64(off)  # off < float(rng), so the offset stays within rng
+            return v
 
-        return impl_int
-
-    def impl_float(a, b, frac):
-        d = b - a
-        if d == np.inf:  # both extremes of float64: the difference overflows
-            v = a * (1.0 - frac) + b * frac
-        else:
-            v = a + frac * d
-        if v != v:  # an infinite min or max: no point inside, take the nearer end
-            return a if frac < 0.5 else b
-        if v < a:
-            return a
-        if v > b:
-            return b
-        return v
-
-    return impl_float
+        return impl_float
 
 
 @njit(inline="always", **NJIT)

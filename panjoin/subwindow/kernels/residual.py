@@ -24,9 +24,9 @@ dropped in the kernel.
 """
 
 import numpy as np
-from numba import njit, prange
 
 from panjoin.config import NJIT, NJIT_PAR
+from panjoin.jit import njit, prange
 from panjoin.subwindow.kernels.bisort import locate
 from panjoin.subwindow.kernels.scan import BLOCK, res_ok, scan_band
 from panjoin.subwindow.kernels.search import chunk_bounds

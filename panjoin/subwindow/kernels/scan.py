@@ -41,9 +41,8 @@ counting from ``pos = 0`` returns 2; writing from ``out[0]`` with ``stop = 2``:
 ``out = [10, 12]`` (rows ``[0, 2]`` with ``emit_pos``), returns 2.
 """
 
-from numba import njit
-
 from panjoin.config import NJIT
+from panjoin.jit import njit
 from panjoin.subwindow.kernels.window import NONE, TIME, in_window
 
 #: rows per block of the branch-free candidate pass

@@ -12,9 +12,9 @@ bracket. Cost O(log d) for a jump of d, instead of O(log n).
 """
 
 import numpy as np
-from numba import njit
 
 from panjoin.config import NJIT
+from panjoin.jit import njit
 
 
 @njit(**NJIT)

@@ -27,7 +27,7 @@ s#8 qualifies, s#6 does not (it left the window), s#11 qualifies if at most
 10 R tuples had arrived before it. time:5,5, probe r at ts 100 -> c0, c1 = 96, 104.
 """
 
-from numba import njit
+from panjoin.jit import njit
 
 NONE = 0
 TIME = 1

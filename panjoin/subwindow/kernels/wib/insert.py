@@ -4,9 +4,9 @@ Array layout: :mod:`.layout`; traversal: :mod:`.tree`; splits: :mod:`.split`.
 """
 
 import numpy as np
-from numba import njit
 
 from panjoin.config import NJIT
+from panjoin.jit import njit
 from panjoin.subwindow.kernels.llat import llat_push_run
 from panjoin.subwindow.kernels.primitives import prefetch_read, prefetch_write
 from panjoin.subwindow.kernels.search import gallop_left

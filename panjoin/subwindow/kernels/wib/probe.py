@@ -4,9 +4,9 @@ Array layout: :mod:`.layout`; traversal: :mod:`.tree`.
 """
 
 import numpy as np
-from numba import njit, prange
 
 from panjoin.config import NJIT, NJIT_PAR
+from panjoin.jit import njit, prange
 from panjoin.subwindow.kernels.primitives import prefetch_read
 from panjoin.subwindow.kernels.search import chunk_bounds
 from panjoin.subwindow.kernels.wib.layout import (

@@ -10,9 +10,9 @@ The old chain's LLAT entries are released first and taken back by the pieces
 """
 
 import numpy as np
-from numba import njit
 
 from panjoin.config import NJIT
+from panjoin.jit import njit
 from panjoin.subwindow.kernels.llat import llat_push_run, llat_release
 from panjoin.subwindow.kernels.primitives import key_after
 from panjoin.subwindow.kernels.search import gallop_left_range

@@ -20,9 +20,9 @@ reaches F + 1 keys splits, its middle key moving up, up to a new root. Array lay
 """
 
 import numpy as np
-from numba import njit
 
 from panjoin.config import NJIT
+from panjoin.jit import njit
 from panjoin.subwindow.kernels.search import gallop_right_range
 from panjoin.subwindow.kernels.wib.layout import HEIGHT, MAXH, NINODES, ROOT
 
