@@ -266,6 +266,26 @@ def test_every_command_has_a_runner():
     assert runners["pipeline"].__module__ == "spark_conn.cli"
 
 
+def test_a_command_line_builds_its_commands_parser_only():
+    """``COMMANDS`` lists every command the modules register, in their order; a command
+    line that names one builds that module's parsers only (the others stay unimported
+    in a replay, tests/test_replay_startup.py), and the same options parse."""
+    import argparse
+
+    from panjoin.cli.main import COMMANDS, build_parser
+
+    def commands(ap):
+        return list([a for a in ap._actions
+                     if isinstance(a, argparse._SubParsersAction)][0].choices)
+
+    assert commands(build_parser()) == list(COMMANDS)
+    for cmd, module in COMMANDS.items():
+        assert commands(build_parser(["-v", cmd, "replay"])) == \
+            [c for c, m in COMMANDS.items() if m == module]
+    argv = ["replay", "x.parquet", "--window", "count:4,4", "--predicate", "eq", "--out", "o"]
+    assert vars(build_parser(argv).parse_args(argv)) == vars(build_parser().parse_args(argv))
+
+
 def test_the_installed_panjoin_command_runs():
     """The console script that pyproject's [project.scripts] installs (what the README
     tells users to type), not ``python -m``: its entry point must name a callable."""

@@ -208,3 +208,17 @@ def test_a_kernel_keeps_its_python_function_and_hands_the_rest_to_numba():
     assert first_moved.__name__ == "first_moved" and "first_moved" in repr(first_moved)
     first_moved(np.arange(8, dtype=np.float64), 8, 2.0)  # Numba's, for floats
     assert any("float64" in str(s) for s in first_moved.signatures)
+
+
+def test_a_kernel_pickles_by_name():
+    """Spark's cloudpickle and multiprocessing carry a kernel as they carry a function:
+    by its module and name (its compiled function and guard are not picklable)."""
+    import pickle
+
+    import cloudpickle
+
+    from panjoin.subwindow.kernels.bisort import first_moved
+
+    assert pickle.loads(pickle.dumps(first_moved)) is first_moved
+    call = cloudpickle.loads(cloudpickle.dumps(lambda a: first_moved(a, a.size, 2)))
+    assert call(np.arange(5, dtype=np.int64)) == 3

@@ -24,7 +24,9 @@ import json, sys
 from panjoin.cli.main import main
 rc = main(sys.argv[1:])
 print(json.dumps({"rc": rc, "loaded": [m for m in ("pandas", "grpc", "google.protobuf",
-                                                  "pyarrow.compute") if m in sys.modules]}))
+                                                  "pyarrow.compute", "spark_conn.cli",
+                                                  "panjoin.cli.bench", "tomllib")
+                                        if m in sys.modules]}))
 """
 
 

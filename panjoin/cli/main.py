@@ -13,21 +13,28 @@ flags given on the command line win over the file. Sizes accept K/M/G suffixes
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
-import tomllib
-from pathlib import Path
 
 from panjoin import __version__
-from panjoin.cli import bench, ctl, demo, gen, replay, serve, status
 from panjoin.cli.options import rpc_error
-from panjoin.kafka import cli as kafka_cli
 from panjoin.security import Security, use
 from panjoin.semantics import SpecError
-from spark_conn import cli as pipeline_cli
+
+#: each command and the module that registers its subparser (``add_parser``), in the
+#: order ``--help`` lists them: a command line that names one imports that module only
+#: (the others' options, Kafka's and Spark's settings cost a replay's start 15 ms)
+COMMANDS = {"replay": "panjoin.cli.replay", "gen": "panjoin.cli.gen",
+            "bench": "panjoin.cli.bench", "cluster": "panjoin.cli.serve",
+            "manager": "panjoin.cli.serve", "worker": "panjoin.cli.serve",
+            "handshake-node": "panjoin.cli.serve", "status": "panjoin.cli.status",
+            "demo": "panjoin.cli.demo", "ctl": "panjoin.cli.ctl", "kafka": "panjoin.kafka.cli",
+            "pipeline": "spark_conn.cli"}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv=None) -> argparse.ArgumentParser:
+    """The parser of every command, or of the one ``argv`` names."""
     ap = argparse.ArgumentParser(
         prog="panjoin",
         description="PanJoin: a sliding-window stream join with RaP-Table, WiB+-Tree and "
@@ -35,8 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--version", action="version", version=f"panjoin {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    for command in (replay, gen, bench, serve, status, demo, ctl, kafka_cli, pipeline_cli):
-        command.add_parser(sub)  # each sets its subparsers' ``run``
+    named = next((COMMANDS[a] for a in argv or () if a in COMMANDS), None)
+    for module in [named] if named else dict.fromkeys(COMMANDS.values()):
+        importlib.import_module(module).add_parser(sub)  # each sets its subparsers' ``run``
     return ap
 
 
@@ -57,8 +65,11 @@ def parse(argv) -> argparse.Namespace:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
-    ap = build_parser()
+    ap = build_parser(sys.argv[1:] if argv is None else list(argv))
     if known.config:
+        import tomllib
+        from pathlib import Path
+
         path = Path(known.config)
         try:
             conf = tomllib.loads(path.read_text())

@@ -106,8 +106,15 @@ class Kernel:
     def dispatcher(self):
         """Numba's dispatcher of this kernel (loads Numba, once for every kernel)."""
         if self._disp is None:
-            numba()
+            nb = numba()
+            with _LOCK:  # made while another thread loaded Numba: missed by the round
+                if self._disp is None:
+                    _to_numba(sys.modules.get(self.__module__), nb)
+                    self._disp = nb.njit(**self.opts)(self.py_func)
         return self._disp
+
+    def __reduce__(self):  # pickled by name, as a function is
+        return _by_name, (self.__module__, self.__name__)
 
     def __getattr__(self, name):  # signatures, overloads, compile, ...: the dispatcher's
         if name.startswith("__") or name in ("_disp", "_ahead", "py_func", "opts"):
@@ -186,24 +193,35 @@ def numba():
         for k in _KERNELS:
             k._disp = nb.njit(**k.opts)(k.py_func)
         for name in _MODULES:
-            mod = sys.modules.get(name)
-            if mod is None:
-                continue
-            glob = vars(mod)
-            for key, val in list(glob.items()):
-                if isinstance(val, Kernel):
-                    if val._ahead is None and not val.parallel:
-                        glob[key] = val._disp
-                elif isinstance(val, Later):
-                    glob[key] = val.value
-                elif val is range and key == "prange":
-                    glob[key] = nb.prange
+            _to_numba(sys.modules.get(name), nb)
         _NUMBA = nb
         _apply_threads(nb)
         callbacks, _ON_LOAD[:] = list(_ON_LOAD), []
     for cb in callbacks:
         cb(nb)
     return nb
+
+
+def _to_numba(mod, nb) -> None:
+    """A kernel module's globals as Numba compiles them (see the module's docstring)."""
+    if mod is None:
+        return
+    glob = vars(mod)
+    for key, val in list(glob.items()):
+        if isinstance(val, Kernel):
+            if val._ahead is None and not val.parallel and val._disp is not None:
+                glob[key] = val._disp
+        elif isinstance(val, Later):
+            if val.value is not None:
+                glob[key] = val.value
+        elif val is range and key == "prange":
+            glob[key] = nb.prange
+
+
+def _by_name(module: str, name: str):
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
 
 
 def set_threads(n: int) -> None:
