@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo demo-kafka test lint bench-quick clean clean-numba aot
 
-# the kernels of an in-process join of int64 keys compiled ahead of time (numba.pycc
+# the kernels of an in-process join compiled ahead of time (numba.pycc
 # and gcc): a `panjoin` process then runs them without loading Numba (panjoin/jit/ahead.py);
 # rebuilt when a kernel's source changes (a stale build is not used)
 AOT := panjoin/jit/_ahead.json

@@ -56,7 +56,8 @@ def test_every_export_is_in_the_build_and_its_kernel_holds_it():
     for qual in ahead.EXPORTS:
         mod, name = qual.rsplit(".", 1)
         found = ahead.entry(mod, name)
-        assert found is not None, f"{qual} is not in the build"
+        assert found is not None and len(found) == len(ahead.specs(qual)), \
+            f"{qual} is not in the build"
         kernel = getattr(__import__(mod, fromlist=[name]), name)
         assert isinstance(kernel, jit.Kernel) and kernel._ahead is not None, qual
 
@@ -74,11 +75,13 @@ from panjoin import jit
 
 EXTREMES = np.array([I64_MIN, I64_MIN + 1, -2, 0, 3, I64_MAX - 1, I64_MAX], dtype=np.int64)
 out = {}
-for dist in ("uniform", "zipf", "increasing", "equal", "extreme"):
-    t = generate(3000, "uniform" if dist == "extreme" else dist, key_min=-20, key_max=60,
-                 seed=4, rate=1000, disorder_ms=25)
+for dist in ("uniform", "zipf", "increasing", "equal", "extreme", "float"):
+    t = generate(3000, dist if dist in ("zipf", "increasing", "equal") else "uniform",
+                 key_min=-20, key_max=60, seed=4, rate=1000, disorder_ms=25)
     if dist == "extreme":
         t.key = EXTREMES[np.abs(t.key) % len(EXTREMES)]
+    if dist == "float":
+        t.key = t.key * 0.25 + 0.1  # equal keys, band edges hit exactly
     for window in ("count:400,300", "time:300,200"):
         for pred in ("eq", "band:3", "bands:-9,-6;2,4"):
             w = parse_window(window, 10 if window.startswith("time") else 0)
@@ -88,7 +91,7 @@ for dist in ("uniform", "zipf", "increasing", "equal", "extreme"):
                     eng = JoinEngine(w, p, index="bisort", batch_size=64, subwindow_size=150,
                                      threads=1)
                 elif window.startswith("time"):
-                    eng = ShardedEngine(w, p, np.array([np.median(t.key)], np.int64),
+                    eng = ShardedEngine(w, p, np.array([np.median(t.key)], t.key.dtype),
                                         index="bisort", batch_size=64, subwindow_size=150)
                 else:
                     continue
@@ -120,13 +123,13 @@ def _joins(aot: bool) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def test_a_join_of_int64_keys_runs_without_numba_and_as_the_jit_does():
-    """Every distribution (extreme int64 keys included), count and time windows, equi
-    and band predicates, one engine and two shards: the reference's pairs (checked in
-    the process), the same with the build as with Numba's JIT, and Numba never
-    imported with the build."""
+def test_a_join_of_int64_or_float64_keys_runs_without_numba_and_as_the_jit_does():
+    """Every distribution (extreme int64 keys and float keys included), count and time
+    windows, equi and band predicates, one engine and two shards: the reference's pairs
+    (checked in the process), the same with the build as with Numba's JIT, and Numba
+    never imported with the build."""
     compiled, jitted = _joins(True), _joins(False)
-    assert compiled["pairs"] == jitted["pairs"] and len(compiled["pairs"]) == 45
+    assert compiled["pairs"] == jitted["pairs"] and len(compiled["pairs"]) == 54
     assert not compiled["numba"] and not compiled["jit"], "the join loaded Numba"
     assert jitted["jit"]
 
@@ -136,8 +139,9 @@ import json, sys
 import numpy as np
 from panjoin.subwindow.kernels.bisort import first_moved
 a = first_moved(np.arange(10, dtype=np.int64), 10, 5)
+a += first_moved(np.arange(10, dtype=np.float64), 10, 5.0)
 before = "numba" in sys.modules
-b = first_moved(np.arange(10, dtype=np.float64), 10, 5.0)
+b = first_moved(np.arange(10, dtype=np.float32), 10, np.float32(5.0))
 c = first_moved(np.arange(20, dtype=np.int64)[::2], 10, 5)
 print(json.dumps({"a": int(a), "b": int(b), "c": int(c), "before": before,
                   "after": "numba" in sys.modules}))
@@ -152,8 +156,9 @@ def test_a_call_the_build_lacks_loads_numba_and_gets_its_result():
     from panjoin.subwindow.kernels.bisort import first_moved
 
     py = first_moved.py_func
-    assert got["a"] == py(np.arange(10, dtype=np.int64), 10, 5)
-    assert got["b"] == py(np.arange(10, dtype=np.float64), 10, 5.0)
+    assert got["a"] == py(np.arange(10, dtype=np.int64), 10, 5) + \
+        py(np.arange(10, dtype=np.float64), 10, 5.0)
+    assert got["b"] == py(np.arange(10, dtype=np.float32), 10, np.float32(5.0))
     assert got["c"] == py(np.arange(20, dtype=np.int64)[::2], 10, 5)
     assert not got["before"] and got["after"]
 
@@ -162,7 +167,7 @@ def test_the_compiled_kernels_let_go_of_the_gil():
     """While a compiled merge of 8M rows runs on a thread, this thread runs Python
     (held, the GIL would stop it from the merge's start to its end)."""
     n = 1 << 22
-    fn = ahead.entry("panjoin.subwindow.kernels.bisort", "merge_back")[1]
+    fn = ahead.entry("panjoin.subwindow.kernels.bisort", "merge_back")[0][1]
     mk = np.zeros(2 * n, np.int64)
     mk[:n] = np.arange(0, 2 * n, 2)
     mt, ms = np.zeros(2 * n, np.int64), np.zeros(2 * n, np.int64)
@@ -206,8 +211,8 @@ def test_a_kernel_keeps_its_python_function_and_hands_the_rest_to_numba():
 
     assert first_moved.py_func.__name__ == "first_moved"
     assert first_moved.__name__ == "first_moved" and "first_moved" in repr(first_moved)
-    first_moved(np.arange(8, dtype=np.float64), 8, 2.0)  # Numba's, for floats
-    assert any("float64" in str(s) for s in first_moved.signatures)
+    first_moved(np.arange(8, dtype=np.float32), 8, np.float32(2.0))  # Numba's: not built
+    assert any("float32" in str(s) for s in first_moved.signatures)
 
 
 def test_a_kernel_pickles_by_name():

@@ -4,8 +4,9 @@ Every kernel is written once, as a Numba function, decorated with this package's
 :func:`njit` instead of Numba's. A call of the kernel then runs:
 
 1. the ahead-of-time build's machine code (:mod:`panjoin.jit.ahead`, ``make aot``),
-   where the build compiled the kernel for exactly these argument types (the int64,
-   C-contiguous, writable arrays of an in-process join's one-thread path): a guard
+   where the build compiled the kernel for exactly these argument types (the int64 or
+   float64 keys in C-contiguous, writable arrays of an in-process join's one-thread
+   path): a guard
    compares the arguments with the build's signature, and Numba is never imported;
 2. otherwise Numba's JIT dispatcher, made for every kernel of the process at once the
    first time one is needed (:func:`numba`): compiled, or loaded from Numba's disk
@@ -13,9 +14,10 @@ Every kernel is written once, as a Numba function, decorated with this package's
 
 Why: a ``panjoin replay`` of a 2M-tuple file spent a third of its 0.7 s importing
 Numba (0.1 s) and setting up its CPU target at the first cached kernel (0.12 s), all of
-it holding the GIL beside the file's read. The build covers what a file join of int64
-keys calls; anything else (float keys, strided or read-only arrays, parallel kernels,
-an index the build left out) loads Numba and runs as before, with the same results.
+it holding the GIL beside the file's read. The build covers what a BI-Sort file join
+of int64 or float64 keys calls; anything else (strided or read-only arrays, parallel
+kernels, an index the build left out) loads Numba and runs as before, with the same
+results.
 
 Until Numba is loaded a kernel module holds :class:`Kernel` objects, ``prange`` is
 Python's ``range``, and Numba-only helpers (overloads, intrinsics) wait in
@@ -84,7 +86,7 @@ class Kernel:
         self._disp = None
         from panjoin.jit import ahead
 
-        self._ahead = ahead.entry(fn.__module__, fn.__name__)  # (guard, compiled) or None
+        self._ahead = ahead.entry(fn.__module__, fn.__name__)  # [(guard, compiled)] or None
         self.__name__ = fn.__name__
         self.__qualname__ = fn.__qualname__
         self.__module__ = fn.__module__
@@ -95,9 +97,10 @@ class Kernel:
             _MODULES.add(fn.__module__)
 
     def __call__(self, *args, **kwargs):
-        ahead = self._ahead
-        if ahead is not None and not kwargs and ahead[0](args):
-            return ahead[1](*args)
+        if self._ahead is not None and not kwargs:
+            for ok, compiled in self._ahead:
+                if ok(args):
+                    return compiled(*args)
         disp = self._disp or self.dispatcher()
         if self.parallel:
             _apply_threads(_NUMBA)

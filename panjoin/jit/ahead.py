@@ -1,4 +1,5 @@
-"""Kernels compiled ahead of time: the one-thread path of an in-process join of int64 keys.
+"""Kernels compiled ahead of time: the one-thread path of an in-process join of int64 or
+float64 keys.
 
 ``python -m panjoin.jit.build`` (``make aot``, which ``make test`` and ``make demo``
 run) compiles each kernel of :data:`EXPORTS` for the argument types listed, with
@@ -9,8 +10,8 @@ side). ``_ahead.json`` records what the build was made from (:func:`stamp`: the
 kernels' sources, Python's and NumPy's versions); a build that no longer
 matches is not used (a warning says to run ``make aot``), since it would run old code.
 
-:func:`entry` hands :class:`panjoin.jit.Kernel` the compiled function with a guard that
-admits exactly the build's argument types (numpy arrays of the dtype, dimensions and
+:func:`entry` hands :class:`panjoin.jit.Kernel` the compiled functions, each with a guard
+that admits exactly its argument types (numpy arrays of the dtype, dimensions and
 layout, C-contiguous, aligned and writable; ``int`` or ``np.int64``; ``bool`` or
 ``np.bool_``); any other call goes to Numba. The signature ``"i8[::1], i8, b1"``
 admits ``(np.zeros(3, np.int64), 2, True)``; a float64 array, a strided view or a
@@ -42,26 +43,37 @@ PACKAGE = os.path.dirname(HERE)
 MODULE = "_ahead"
 STAMP_FILE = os.path.join(HERE, MODULE + ".json")
 
-# the argument types a file join of int64 keys calls each kernel with (BI-Sort, the
-# manager's steps 1-2, the shards' router): what ``replay`` of such a file loaded from
-# Numba's cache, equi and band, time and count windows, one engine and shards
-_A = "i8[::1]"
-_A2 = "i8[:, ::1]"
+# the argument types a file join calls each kernel with (BI-Sort, the manager's steps
+# 1-2, the shards' router): what ``replay`` of such a file loaded from Numba's cache
+# (equi and band, time and count windows, one engine and shards); ``K`` is the key
+# type, built for each of :data:`KEY_TYPES`
 EXPORTS = {
-    "panjoin.manager.kernels.late_rows": f"{_A}, i8, b1, i8, b1[::1]",
-    "panjoin.manager.kernels.pack_rows": _A,
+    "panjoin.manager.kernels.late_rows": "i8[::1], i8, b1, i8, b1[::1]",
+    "panjoin.manager.kernels.pack_rows": "i8[::1]",
     "panjoin.manager.kernels.split_into":
-        f"u1[::1], {_A}, {_A}, {_A}, i8, i8, {_A2}, {_A2}, {_A2}, {_A2}, {_A2}, {_A}",
-    "panjoin.manager.kernels.unpack_rows": f"{_A}, i8, i8, {_A}, {_A}",
-    "panjoin.sharding_kernels.route_rows": f"u1[::1], {_A}, b1[::1], {_A}, {_A2}, {_A2}",
-    "panjoin.subwindow.kernels.bisort.build_index": f"{_A}, i8, i8, {_A}, i8",
-    "panjoin.subwindow.kernels.bisort.build_levels": f"{_A}, i8, {_A}, {_A}, i8, i8",
-    "panjoin.subwindow.kernels.bisort.first_moved": f"{_A}, i8, i8",
-    "panjoin.subwindow.kernels.bisort.merge_back": f"{_A}, {_A}, {_A}, i8, {_A}, {_A}, {_A}, i8",
+        "u1[::1], K[::1], i8[::1], i8[::1], i8, i8, K[:, ::1], i8[:, ::1], i8[:, ::1], "
+        "i8[:, ::1], i8[:, ::1], i8[::1]",
+    "panjoin.manager.kernels.unpack_rows": "i8[::1], i8, i8, i8[::1], i8[::1]",
+    "panjoin.sharding_kernels.route_rows": "u1[::1], K[::1], b1[::1], K[::1], K[:, ::1], K[:, ::1]",
+    "panjoin.subwindow.kernels.bisort.build_index": "K[::1], i8, i8, K[::1], i8",
+    "panjoin.subwindow.kernels.bisort.build_levels": "K[::1], i8, K[::1], i8[::1], K, i8",
+    "panjoin.subwindow.kernels.bisort.first_moved": "K[::1], i8, K",
+    "panjoin.subwindow.kernels.bisort.merge_back":
+        "K[::1], i8[::1], i8[::1], i8, K[::1], i8[::1], i8[::1], i8",
     "panjoin.subwindow.kernels.bisort.probe_pairs":
-        f"{_A}, {_A}, {_A}, i8, {_A}, i8, i8, {_A}, {_A}, i8, {_A}, {_A}, {_A}, i8, {_A2}, "
-        f"{_A2}, i8, {_A}, {_A}, {_A}",
+        "K[::1], i8[::1], i8[::1], i8, K[::1], i8, i8, K[::1], i8[::1], i8, K[::1], i8[::1], "
+        "i8[::1], i8, K[:, ::1], K[:, ::1], i8, i8[::1], i8[::1], i8[::1]",
 }
+#: the key types a kernel with ``K`` in its arguments is built for (int64 first: a
+#: call's guards are tried in this order)
+KEY_TYPES = ("i8", "f8")
+
+
+def specs(qualname: str) -> list[str]:
+    """The argument types the build compiles a kernel for, one signature each."""
+    template = EXPORTS[qualname]
+    return [template.replace("K", t) for t in KEY_TYPES] if "K" in template else [template]
+
 
 #: sources whose change makes a build stale: the kernels', the helpers they inline,
 #: the Numba options, this list
@@ -107,9 +119,10 @@ def guard(spec: str):
     return env["guard"]
 
 
-def symbol(qualname: str) -> str:
-    """The compiled module's name for a kernel: its dotted name with ``__`` for dots."""
-    return qualname.replace(".", "__")
+def symbol(qualname: str, i: int = 0) -> str:
+    """The compiled module's name for a kernel's ``i``-th signature: its dotted name
+    with ``__`` for dots, and the signature's number."""
+    return f"{qualname.replace('.', '__')}__{i}"
 
 
 def _source_files() -> list[str]:
@@ -174,11 +187,14 @@ def module():
 
 
 def entry(module_name: str, name: str):
-    """``(guard, compiled function)`` for a kernel the build has, else None."""
+    """``[(guard, compiled function)]`` for a kernel the build has, one a signature;
+    else None."""
     qual = f"{module_name}.{name}"
-    spec = EXPORTS.get(qual)
-    if spec is None:
+    if qual not in EXPORTS:
         return None
     mod = module()
-    fn = getattr(mod, symbol(qual), None) if mod is not None else None
-    return None if fn is None else (guard(spec), fn)
+    if mod is None:
+        return None
+    found = [(guard(spec), getattr(mod, symbol(qual, i), None))
+             for i, spec in enumerate(specs(qual))]
+    return [f for f in found if f[1] is not None] or None

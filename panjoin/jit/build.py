@@ -17,7 +17,7 @@ import os
 import sys
 
 from panjoin import jit
-from panjoin.jit.ahead import EXPORTS, HERE, MODULE, module, stamp, symbol
+from panjoin.jit.ahead import EXPORTS, HERE, MODULE, module, specs, stamp, symbol
 
 log = logging.getLogger("panjoin.jit")
 
@@ -37,14 +37,15 @@ def build(out_dir: str = HERE) -> str:
         os.remove(stamp_file)  # a failed build leaves no stamp: the old module is unused
     cc = CC(MODULE)
     cc.output_dir = out_dir
-    for qual, spec in EXPORTS.items():
+    for qual in EXPORTS:
         mod_name, name = qual.rsplit(".", 1)
         kernel = getattr(importlib.import_module(mod_name), name)
         disp = kernel.dispatcher() if isinstance(kernel, jit.Kernel) else kernel
-        args, _ = sigutils.normalize_signature(f"({spec},)")
-        disp.compile(args)  # the return type, as the JIT types it
-        cc.export(symbol(qual), disp.overloads[args].signature)(disp.py_func)
-        log.info("%s(%s)", qual, spec)
+        for i, spec in enumerate(specs(qual)):
+            args, _ = sigutils.normalize_signature(f"({spec},)")
+            disp.compile(args)  # the return type, as the JIT types it
+            cc.export(symbol(qual, i), disp.overloads[args].signature)(disp.py_func)
+            log.info("%s(%s)", qual, spec)
 
     flags = pycc_compiler.Flags
 
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(
         prog="python -m panjoin.jit.build",
-        description="Compile the kernels of an in-process join of int64 keys ahead of "
+        description="Compile the kernels of an in-process BI-Sort join ahead of "
                     "time (needs a C compiler), so that a process runs them without "
                     "loading Numba.")
     ap.add_argument("--out-dir", default=HERE, help="where the module goes (default: the "
@@ -83,8 +84,8 @@ def main(argv=None) -> int:
         return 0 if ok else 1
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     t0 = time.perf_counter()
-    log.info("compiling %d kernels ahead of time (Numba's pycc and the C compiler)",
-             len(EXPORTS))
+    log.info("compiling %d kernels ahead of time, %d signatures (Numba's pycc and the C "
+             "compiler)", len(EXPORTS), sum(len(specs(q)) for q in EXPORTS))
     path = build(args.out_dir)
     print(f"built {path} in {time.perf_counter() - t0:.1f} s")  # (pycc silences logging)
     return 0
