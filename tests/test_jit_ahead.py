@@ -227,3 +227,22 @@ def test_a_kernel_pickles_by_name():
     assert pickle.loads(pickle.dumps(first_moved)) is first_moved
     call = cloudpickle.loads(cloudpickle.dumps(lambda a: first_moved(a, a.size, 2)))
     assert call(np.arange(5, dtype=np.int64)) == 3
+
+
+def test_modules_imported_after_numba_loaded_keep_the_build_and_numbas_prange():
+    """A kernel module imported once Numba is loaded (an index made later in a process
+    whose other kernels loaded it): its kernels in the build stay :class:`Kernel`
+    objects (the build still runs them), its parallel kernels use Numba's ``prange``
+    (Python's ``range`` would run them on one thread), the rest are Numba's."""
+    code = ("from panjoin import jit\njit.numba()\n"
+            "from panjoin.subwindow.kernels.wib import probe\n"
+            "from panjoin.manager import kernels\n"
+            "from panjoin.subwindow.kernels import search\n"
+            "print(probe.prange.__module__, type(kernels.late_rows).__name__,\n"
+            "      kernels.late_rows._ahead is not None, type(probe.wib_probe).__name__,\n"
+            "      type(search.gallop_left).__name__)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["numba.misc.special", "Kernel", "True", "Kernel",
+                                  "CPUDispatcher"]

@@ -63,14 +63,16 @@ _LOCAL = threading.local()  # a thread's kernel thread count (``set_threads``)
 def njit(*args, **opts):
     """``numba.njit``'s decorator with its options (``@njit(**NJIT)``), for a kernel
     that runs ahead-of-time compiled where it can (a :class:`Kernel`); once Numba is
-    loaded, Numba's own dispatcher."""
+    loaded, Numba's own dispatcher for a kernel that is neither in the build nor
+    parallel."""
     if args and callable(args[0]):
         return njit(**opts)(args[0])
 
     def wrap(fn):
-        if _NUMBA is not None:
-            return _NUMBA.njit(**opts)(fn)
-        return Kernel(fn, opts)
+        kernel = Kernel(fn, opts)
+        if _NUMBA is not None and kernel._ahead is None and not kernel.parallel:
+            return kernel.dispatcher()  # a module imported after Numba loaded
+        return kernel
 
     return wrap
 
@@ -95,6 +97,8 @@ class Kernel:
         with _LOCK:
             _KERNELS.append(self)
             _MODULES.add(fn.__module__)
+            if _NUMBA is not None:
+                self._disp = _NUMBA.njit(**opts)(fn)
 
     def __call__(self, *args, **kwargs):
         if self._ahead is not None and not kwargs:
@@ -177,7 +181,7 @@ def loaded() -> bool:
 def numba():
     """The ``numba`` module, loaded once; every kernel made so far gets its dispatcher,
     and every module of kernels its Numba objects, before any of them compiles."""
-    global _NUMBA
+    global _NUMBA, prange
     if _NUMBA is not None:
         return _NUMBA
     with _LOCK:
@@ -197,6 +201,7 @@ def numba():
             k._disp = nb.njit(**k.opts)(k.py_func)
         for name in _MODULES:
             _to_numba(sys.modules.get(name), nb)
+        prange = nb.prange  # for the modules imported from now on
         _NUMBA = nb
         _apply_threads(nb)
         callbacks, _ON_LOAD[:] = list(_ON_LOAD), []
