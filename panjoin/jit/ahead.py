@@ -7,7 +7,8 @@ Numba's ahead-of-time compiler (``numba.pycc``; it needs a C compiler and Python
 headers), into one extension module beside this file, ``_ahead*.so``, whose functions
 let go of the GIL as the kernels' ``nogil`` dispatchers do (two shards join side by
 side). ``_ahead.json`` records what the build was made from (:func:`stamp`: the
-kernels' sources, Python's and NumPy's versions); a build that no longer
+kernels' sources, Python's and NumPy's versions, the CPU it was compiled for: the
+host's, as the JIT compiles); a build that no longer
 matches is not used (a warning says to run ``make aot``), since it would run old code.
 
 :func:`entry` hands :class:`panjoin.jit.Kernel` the compiled functions, each with a guard
@@ -140,7 +141,7 @@ def _source_files() -> list[str]:
 
 def stamp() -> dict:
     """What a build is made from: a hash of :data:`SOURCES`, Python's and NumPy's
-    versions (the module's ABI; it does not need Numba to run)."""
+    versions (the module's ABI; it does not need Numba to run), the CPU."""
     import numpy as np
 
     h = hashlib.sha256()
@@ -150,7 +151,22 @@ def stamp() -> dict:
         with open(path, "rb") as f:
             h.update(f.read())
     return {"sources": h.hexdigest(), "python": sys.version.split()[0],
-            "numpy": np.__version__}
+            "numpy": np.__version__, "cpu": _cpu()}
+
+
+def _cpu() -> str:
+    """This CPU's model and instruction set (the build is compiled for the host's, as
+    the JIT is): a hash of the first processor's model and flags in /proc/cpuinfo."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            first = f.read().split("\n\n", 1)[0]
+    except OSError:
+        first = platform.processor()
+    keep = [ln for ln in first.splitlines()
+            if ln.split(":")[0].strip() in ("vendor_id", "model name", "flags", "Features")]
+    return platform.machine() + "-" + hashlib.sha256("\n".join(keep).encode()).hexdigest()[:16]
 
 
 _UNSET = object()
