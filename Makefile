@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # and gcc): a `panjoin` process then runs them without loading Numba (panjoin/jit/ahead.py);
 # rebuilt when a kernel's source changes (a stale build is not used)
 AOT := panjoin/jit/_ahead.json
-AOT_SRC := $(shell find panjoin/subwindow/kernels -name '*.py') panjoin/config.py \
+AOT_SRC := $(shell find panjoin/subwindow/kernels -name '*.py') \
 	panjoin/jit/ahead.py panjoin/jit/build.py panjoin/manager/kernels.py panjoin/sharding_kernels.py
 
 $(STAMP): pyproject.toml

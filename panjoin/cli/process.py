@@ -10,7 +10,8 @@ process to 0.94x. The collector is back on before the command runs, so a server 
 runs for days collects its cycles as any Python process does. OpenBLAS gets one thread
 unless the user chose (``OPENBLAS_NUM_THREADS``): nothing here calls BLAS, and the
 thread numpy's import starts spins for about 0.1 s of CPU, which a host under a CPU
-quota pays from its share.
+quota pays from its share. A file's in-process replay makes its threads share one
+malloc arena (:func:`panjoin.config.prefault_heap`), before any thread allocates.
 
 After: :func:`panjoin.cli.main.main`, then what the interpreter's exit does that anyone
 sees (threads that are not daemons joined, with the hooks of ``concurrent.futures``;
@@ -34,6 +35,11 @@ def entry() -> None:
     import contextlib
     import sys
     import threading
+
+    if sys.argv[1:2] == ["replay"] and not {"--cluster", "--workers"} & set(sys.argv):
+        from panjoin.config import one_malloc_arena
+
+        one_malloc_arena()  # a file's join: see panjoin.config.prefault_heap
 
     from panjoin.config import numba_without_cffi
 

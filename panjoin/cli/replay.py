@@ -198,11 +198,35 @@ def _run(args, ph) -> int:
         raise SystemExit(f"panjoin replay: error: --cluster {args.cluster}: {COUNT_REFUSED}")
     _check_shards(args, window)
     _fill_threads(args, pred, window)
+    args.prefault = _prefault_behind(args)
     loader = _load_kernels_behind(args, window, pred)
     rc = _read_and_join(args, window, pred, ph, loader)
     if loader is not None:  # an error leaves without it: bad input is told at once, not
         loader.join()  # after a cold compile (the thread is a daemon; Numba's lock keeps
     return rc  # a later join in this process safe beside it)
+
+
+def _prefault_behind(args):
+    """An in-process file join's heap, faulted in on a thread while this one reads the
+    file (:func:`panjoin.config.prefault_heap`): a chunk's rows (the file's, from its
+    Parquet footer, at most a chunk) at ``PREFAULT_BYTES_PER_ROW``, at most an eighth of
+    what the process may use. The thread, or None (a cluster, a latency bound)."""
+    if not _in_process(args) or args.max_latency is not None:
+        return None
+    import os
+
+    from panjoin.config import PREFAULT_BYTES_PER_ROW, prefault_heap
+    from panjoin.manager.knobs import CHUNK_MAX
+    from panjoin.memory import memory_budget
+
+    try:
+        import pyarrow.parquet as pq
+
+        rows = pq.ParquetFile(args.events).metadata.num_rows
+    except Exception:  # not Parquet (CSV), or unreadable (the read says why)
+        rows = os.path.getsize(args.events) // 16 if os.path.isfile(args.events) else 0
+    rows = min(rows, args.chunk or CHUNK_MAX)
+    return prefault_heap(min(rows * PREFAULT_BYTES_PER_ROW, memory_budget().left // 8))
 
 
 def _in_process(args) -> bool:
@@ -291,6 +315,9 @@ def _read_and_join(args, window, pred, ph, loader) -> int:
         return _replay_on_manager(args, events, window, pred, ph)
     if args.topology == "handshake":
         return _replay_handshake(args, events, window, pred, ph)
+    if args.prefault is not None:
+        with ph.phase("prefault"):  # the heap the read did not hide
+            args.prefault.release()
     waited = 0.0
     if loader is not None:
         with ph.phase("load kernels"):  # what the read did not hide

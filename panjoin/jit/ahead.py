@@ -77,9 +77,9 @@ def specs(qualname: str) -> list[str]:
 
 
 #: sources whose change makes a build stale: the kernels', the helpers they inline,
-#: the Numba options, this list
-SOURCES = ("panjoin/config.py", "panjoin/jit/ahead.py", "panjoin/jit/build.py",
-           "panjoin/manager/kernels.py",
+#: this list and the build (not panjoin/config.py: of it the kernels take only NJIT's
+#: caching and GIL options, which a build does not use)
+SOURCES = ("panjoin/jit/ahead.py", "panjoin/jit/build.py", "panjoin/manager/kernels.py",
            "panjoin/sharding_kernels.py", "panjoin/subwindow/kernels")
 
 _DTYPES = {"i8": "int64", "u1": "uint8", "b1": "bool", "f8": "float64"}

@@ -1,0 +1,68 @@
+"""A file join's heap faulted in ahead (panjoin.config.prefault_heap): once released,
+its pages serve another thread's arrays without page faults (one malloc arena), and a
+replay that prefaults finds the reference's pairs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+
+from panjoin.events import read_events, read_pairs
+from panjoin.reference import reference_join, sort_pairs
+from panjoin.semantics import parse_predicate, parse_window
+
+#: in a fresh process: page faults of a new thread that makes and fills 48 MiB of
+#: arrays, after a prefault of 64 MiB (argv[1] == "1") or without one
+_FAULTS = """
+import json, sys, threading
+from panjoin.config import one_malloc_arena, prefault_heap
+import numpy as np
+one_malloc_arena()
+if sys.argv[1] == "1":
+    prefault_heap(64 << 20).release()
+out = {}
+def work():
+    def faults():
+        return int(open("/proc/thread-self/stat").read().rsplit(")", 1)[1].split()[7])
+    f0 = faults()
+    arrays = [np.ones(1 << 17) for _ in range(48)]
+    out["faults"] = faults() - f0
+threading.Thread(target=work).start()
+import time
+while "faults" not in out:
+    time.sleep(0.01)
+print(json.dumps(out))
+"""
+
+
+def _faults(prefault: bool) -> int:
+    run = subprocess.run([sys.executable, "-c", _FAULTS, "1" if prefault else "0"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)["faults"]
+
+
+def test_prefaulted_pages_serve_another_threads_arrays():
+    pages = (48 << 20) // 4096
+    cold, warm = _faults(False), _faults(True)
+    assert cold > pages // 2, f"{cold} faults for {pages} pages: the control faulted nothing"
+    assert warm < pages // 10, f"{warm} faults for {pages} pages after the prefault"
+
+
+def test_a_replay_that_prefaults_finds_the_reference(gen_file, tmp_path):
+    events = gen_file("--n", "30000", "--key-max", "3000", "--rate", "1000",
+                      "--disorder-ms", "20", "--seed", "11")
+    out = tmp_path / "pairs.parquet"
+    run = subprocess.run([sys.executable, "-m", "panjoin.cli", "replay", str(events),
+                          "--window", "time:2000,3000", "--predicate", "band:2", "--out",
+                          str(out), "--no-progress"], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "prefault" in run.stdout  # the wall line's phase
+    t = read_events(events)
+    ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("time:2000,3000"),
+                         parse_predicate("band:2"))
+    assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
