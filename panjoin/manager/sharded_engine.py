@@ -290,7 +290,8 @@ def _kernel_threads(threads: int) -> None:
 
 def _push(eng: JoinEngine, piece: EventTable, rows: np.ndarray, watermark: int):
     """On the shard's thread: gather its rows (numpy lets go of the GIL) and push them."""
-    eng.push_arrays(piece.stream[rows], piece.id[rows], piece.key[rows], piece.ts[rows],
+    eng.push_arrays(piece.stream.take(rows), piece.id.take(rows), piece.key.take(rows),
+                    piece.ts.take(rows),
                     None if piece.payload is None else piece.payload.take(rows),
                     None if piece.key2 is None else piece.key2[rows], watermark=watermark)
     return eng.take_result_pieces(payloads=True, wait=False), eng.memory_bytes()
