@@ -22,7 +22,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 $(AOT): $(STAMP) $(AOT_SRC)
-	$(BIN)/python -m panjoin.jit.build
+	$(BIN)/python -m panjoin.jit.build || echo "note: no kernels compiled ahead of time (they \
+	need a C compiler and Python's headers: apt install gcc python3-dev); Numba's JIT runs \
+	every kernel, and the tests of the build fail saying so"
 
 aot: $(AOT)
 
