@@ -210,7 +210,8 @@ def _prefault_behind(args):
     """An in-process file join's heap, faulted in on a thread while this one reads the
     file (:func:`panjoin.config.prefault_heap`): a chunk's rows (the file's, from its
     Parquet footer, at most a chunk) at ``PREFAULT_BYTES_PER_ROW``, at most an eighth of
-    what the process may use. The thread, or None (a cluster, a latency bound)."""
+    what the process may use. The prefault (``release()`` it before the join), or None
+    (a cluster, a latency bound, ``PANJOIN_TUNE_MALLOC=0``, not glibc)."""
     if not _in_process(args) or args.max_latency is not None:
         return None
     import os
