@@ -177,19 +177,24 @@ def tune_allocator() -> None:
     if _ALLOCATOR_TUNED or os.environ.get("PANJOIN_TUNE_MALLOC") == "0":
         return
     _ALLOCATOR_TUNED = True
+    _mallopt(_M_MMAP_THRESHOLD, 16 << 20)
+    _mallopt(_M_TRIM_THRESHOLD, 128 << 20)
+    _mallopt(_M_TOP_PAD, 16 << 20)
+
+
+#: glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -2, -3, -8
+
+
+def _mallopt(param: int, value: int) -> bool:
+    """glibc's ``mallopt(param, value)``: True where it took it (False elsewhere)."""
     import ctypes
     import ctypes.util
 
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+        return bool(ctypes.CDLL(ctypes.util.find_library("c")).mallopt(param, value))
     except (OSError, AttributeError, TypeError):
-        return
-    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-    mallopt(m_mmap_threshold, 16 << 20)
-    mallopt(m_trim_threshold, 128 << 20)
-    mallopt(m_top_pad, 16 << 20)
+        return False
 
 
 #: heap a file join's chunk row uses while it is joined (batches, the split's and the
@@ -212,10 +217,7 @@ def prefault_heap(nbytes: int):
     if os.environ.get("PANJOIN_TUNE_MALLOC") == "0" or nbytes <= 0 or not one_malloc_arena():
         return None
     tune_allocator()
-    import ctypes
-
-    m_trim_threshold = -1
-    ctypes.CDLL(None).mallopt(m_trim_threshold, max(128 << 20, 2 * nbytes))
+    _mallopt(_M_TRIM_THRESHOLD, max(128 << 20, 2 * nbytes))
     return _Prefault(nbytes)
 
 
@@ -224,14 +226,7 @@ def one_malloc_arena() -> bool:
     with ``PANJOIN_TUNE_MALLOC=0``). Effective for the threads that have not yet
     allocated: a ``panjoin replay`` of a file sets it as its process starts
     (:mod:`panjoin.cli.process`), before numpy's and pyarrow's imports start theirs."""
-    if os.environ.get("PANJOIN_TUNE_MALLOC") == "0":
-        return False
-    import ctypes
-
-    try:
-        return bool(ctypes.CDLL(None).mallopt(-8, 1))  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        return False
+    return os.environ.get("PANJOIN_TUNE_MALLOC") != "0" and _mallopt(_M_ARENA_MAX, 1)
 
 
 class _Prefault:
