@@ -52,6 +52,75 @@ def test_the_guard_refuses_read_only_non_contiguous_and_byte_swapped_arrays():
     assert not g((good, 1, np.zeros(3, np.uint8)))  # an int for a bool
 
 
+def test_the_guard_admits_read_only_arrays_where_the_kernel_only_reads():
+    ro = np.frombuffer(bytes(24), np.int64)  # as a message's column is decoded
+    w = np.zeros(3, np.int64)
+    g = ahead.guard("i8[::1], i8, i8[::1]", read_only=(0,))
+    assert g((ro, 2, w)) and g((w, 2, w))
+    assert not g((w, 2, ro)), "a read-only array where the kernel may write"
+    assert not g((np.zeros(6, np.int64)[::2], 2, w)), "read-only admits, strided does not"
+
+
+_READ_ONLY = r"""
+import numpy as np
+from panjoin import jit
+from panjoin.jit import ahead
+nb = jit.numba()
+failed = []
+for qual, positions in ahead.READ_ONLY.items():
+    mod, name = qual.rsplit(".", 1)
+    kernel = getattr(__import__(mod, fromlist=[name]), name)
+    for spec in ahead.specs(qual):
+        args = [nb.types.float64 if t == "f8" else nb.types.int64 if t == "i8" else
+                nb.types.boolean if t == "b1" else None for t in ahead._args(spec)]
+        sig = []
+        for i, tok in enumerate(ahead._args(spec)):
+            if "[" in tok:
+                dt, dims = tok.split("[", 1)
+                ty = nb.types.Array(nb.from_dtype(np.dtype(ahead._DTYPES[dt])),
+                                    dims.count(",") + 1, "C", readonly=i in positions)
+            else:
+                ty = args[i]
+            sig.append(ty)
+        try:
+            disp = kernel.dispatcher() if isinstance(kernel, jit.Kernel) else kernel
+            disp.compile(tuple(sig))
+        except Exception as e:  # a write to a read-only argument: a typing error
+            failed.append(f"{qual} {spec}: {type(e).__name__}: {str(e)[:300]}")
+print("\n".join(failed) or "ok")
+"""
+
+
+def test_the_read_only_arguments_are_never_written():
+    """Numba compiles every kernel of ``READ_ONLY`` with those arguments typed
+    read-only: one that writes to such an argument fails to type."""
+    run = subprocess.run([sys.executable, "-c", _READ_ONLY], capture_output=True, text=True,
+                         timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip() == "ok", run.stdout
+
+
+def test_the_manager_decodes_a_message_into_the_builds_kernels():
+    """The manager's JoinInput columns are views of the message's bytes (read-only):
+    its step 1 still runs the build's kernels, without loading Numba mid-join."""
+    code = ("import sys, numpy as np\n"
+            "from panjoin.wire import from_array, to_array\n"
+            "from panjoin.manager.engine import JoinEngine\n"
+            "from panjoin.backend import NullBackend\n"
+            "stream = from_array(to_array((np.arange(4000) % 2).astype(np.uint8)), '|u1')\n"
+            "assert not stream.flags.writeable\n"
+            "for w in ('count:1K,1K', 'time:500,500'):\n"
+            "    e = JoinEngine(w, 'eq', index='nested', batch_size=512, subwindow_size=256,\n"
+            "                   backend=NullBackend())\n"
+            "    e.push_arrays(stream, np.arange(4000), np.arange(4000) % 97, np.arange(4000))\n"
+            "    e.flush()\n"
+            "print('numba' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["False"]
+
+
 def test_every_export_is_in_the_build_and_its_kernel_holds_it():
     for qual in ahead.EXPORTS:
         mod, name = qual.rsplit(".", 1)

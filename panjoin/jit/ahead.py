@@ -16,7 +16,8 @@ that admits exactly its argument types (numpy arrays of the dtype, dimensions an
 layout, C-contiguous, aligned and writable; ``int`` or ``np.int64``; ``bool`` or
 ``np.bool_``); any other call goes to Numba. The signature ``"i8[::1], i8, b1"``
 admits ``(np.zeros(3, np.int64), 2, True)``; a float64 array, a strided view or a
-read-only array does not:
+read-only array does not (a read-only one where :data:`READ_ONLY` says the kernel only
+reads it does):
 
     >>> import numpy as np
     >>> ok = guard("i8[::1], i8, b1")
@@ -65,6 +66,18 @@ EXPORTS = {
         "K[::1], i8[::1], i8[::1], i8, K[::1], i8, i8, K[::1], i8[::1], i8, K[::1], i8[::1], "
         "i8[::1], i8, K[:, ::1], K[:, ::1], i8, i8[::1], i8[::1], i8[::1]",
 }
+#: arguments a kernel only reads, by position: there the guard also admits a read-only
+#: array (numpy.frombuffer of a message's bytes: the manager's stream column), which the
+#: build's function reads as it would a writable one; elsewhere a read-only array goes
+#: to Numba, which refuses a write to it (tests/test_jit_ahead.py has Numba compile each
+#: kernel with these arguments typed read-only: one that writes them fails there)
+READ_ONLY = {
+    "panjoin.manager.kernels.late_rows": (0,),
+    "panjoin.manager.kernels.pack_rows": (0,),
+    "panjoin.manager.kernels.split_into": (0, 1, 2, 3),
+    "panjoin.manager.kernels.unpack_rows": (0, 3, 4),
+    "panjoin.sharding_kernels.route_rows": (0, 1, 2, 3, 4, 5),
+}
 #: the key types a kernel with ``K`` in its arguments is built for (int64 first: a
 #: call's guards are tried in this order)
 KEY_TYPES = ("i8", "f8")
@@ -99,9 +112,16 @@ def _args(spec: str) -> list[str]:
     return out + [cur.strip()] if cur.strip() else out
 
 
-def guard(spec: str):
+def guard(spec: str, read_only: tuple[int, ...] = ()):
     """A function of an argument tuple: True where the build's function for ``spec``
-    may run it (see the module's docstring)."""
+    may run it (see the module's docstring); at the positions ``read_only`` an array may
+    also be read-only (:data:`READ_ONLY`).
+
+        >>> import numpy as np
+        >>> ro = np.frombuffer(bytes(8), np.int64)
+        >>> guard("i8[::1]")((ro,)), guard("i8[::1]", (0,))((ro,))
+        (False, True)
+    """
     import numpy as np
 
     env = {"nd": np.ndarray, "INT": (int, np.int64), "BOOL": (bool, np.bool_),
@@ -111,8 +131,11 @@ def guard(spec: str):
         if "[" in tok:
             dt, dims = tok.split("[", 1)
             env[f"d{i}"] = np.dtype(_DTYPES[dt])
+            # carray: C-contiguous, aligned and writable; behaved: aligned and writable
+            flags = (f"a[{i}].flags.c_contiguous and a[{i}].flags.aligned" if i in read_only
+                     else f"a[{i}].flags.carray")
             conds.append(f"type(a[{i}]) is nd and a[{i}].ndim == {dims.count(',') + 1} and "
-                         f"(a[{i}].dtype is d{i} or a[{i}].dtype == d{i}) and a[{i}].flags.carray")
+                         f"(a[{i}].dtype is d{i} or a[{i}].dtype == d{i}) and {flags}")
         else:
             conds.append(f"type(a[{i}]) in {_SCALARS[tok]}")
     src = f"def guard(a):\n    return len(a) == {len(conds)} and " + " and ".join(conds)
@@ -211,6 +234,6 @@ def entry(module_name: str, name: str):
     mod = module()
     if mod is None:
         return None
-    found = [(guard(spec), getattr(mod, symbol(qual, i), None))
+    found = [(guard(spec, READ_ONLY.get(qual, ())), getattr(mod, symbol(qual, i), None))
              for i, spec in enumerate(specs(qual))]
     return [f for f in found if f[1] is not None] or None
