@@ -143,7 +143,7 @@ class Router:
         the shards in kernel passes (:mod:`panjoin.sharding_kernels`; the rule is
         :func:`shard_of`'s and :func:`s_targets`')."""
         from panjoin.manager.kernels import late_tuples
-        from panjoin.sharding_kernels import route_rows
+        from panjoin.sharding_kernels import route_eq_rows, route_rows
 
         # contiguous, as the warm-up's: a strided column (a sample) would load another
         # compiled version of the kernel inside the join
@@ -157,10 +157,10 @@ class Router:
         late, n_late, self.maxts = late_tuples(ts, self.maxts, self.window.lateness)
         primary = self.pred.primary
         if not primary.negated and primary.bands == ((0, 0),):  # eq: r.key in [key, key]
-            lo = hi = keys[None, :]
+            rows = list(route_eq_rows(stream, keys, late, self.bounds))
         else:
             lo, hi = probe_bounds(primary, "S", keys)
-        rows = list(route_rows(stream, keys, late, self.bounds, lo, hi))
+            rows = list(route_rows(stream, keys, late, self.bounds, lo, hi))
         none = np.zeros(0, dtype=np.int64)
         return Routed(rows, {name: np.flatnonzero(late & (stream == x)) if n_late else none
                              for x, name in enumerate(STREAMS)}, watermark)

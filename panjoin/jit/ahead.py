@@ -57,6 +57,7 @@ EXPORTS = {
         "i8[:, ::1], i8[:, ::1], i8[::1]",
     "panjoin.manager.kernels.unpack_rows": "i8[::1], i8, i8, i8[::1], i8[::1]",
     "panjoin.sharding_kernels.route_rows": "u1[::1], K[::1], b1[::1], K[::1], K[:, ::1], K[:, ::1]",
+    "panjoin.sharding_kernels.route_eq_rows": "u1[::1], K[::1], b1[::1], K[::1]",
     "panjoin.subwindow.kernels.bisort.build_index": "K[::1], i8, i8, K[::1], i8",
     "panjoin.subwindow.kernels.bisort.build_levels": "K[::1], i8, K[::1], i8[::1], K, i8",
     "panjoin.subwindow.kernels.bisort.first_moved": "K[::1], i8, K",
@@ -77,6 +78,7 @@ READ_ONLY = {
     "panjoin.manager.kernels.split_into": (0, 1, 2, 3),
     "panjoin.manager.kernels.unpack_rows": (0, 3, 4),
     "panjoin.sharding_kernels.route_rows": (0, 1, 2, 3, 4, 5),
+    "panjoin.sharding_kernels.route_eq_rows": (0, 1, 2, 3),
 }
 #: the key types a kernel with ``K`` in its arguments is built for (int64 first: a
 #: call's guards are tried in this order)
