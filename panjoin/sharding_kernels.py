@@ -61,11 +61,19 @@ def route_rows(stream, keys, late, bounds, s_lo, s_hi):
         masks[i] = m
         for j in range(k):
             counts[j] += np.int64((m >> np.uint64(j)) & one)
+    return _rows_of(masks, counts, k)
+
+
+@njit(**NJIT)
+def _rows_of(masks, counts, k):
+    """Shard j's rows (those whose mask has bit j, ``counts[j]`` of them), in order: a
+    pass a shard, each row written and kept by moving the end past it (no branch)."""
+    one = np.uint64(1)
     rows = []
     for j in range(k):
         out = np.empty(counts[j] + 1, np.int64)  # + 1: the last row's write, not kept
         p = 0
-        for i in range(n):
+        for i in range(masks.shape[0]):
             out[p] = i
             p += np.int64((masks[i] >> np.uint64(j)) & one)
         rows.append(out[:counts[j]])
@@ -75,25 +83,17 @@ def route_rows(stream, keys, late, bounds, s_lo, s_hi):
 @njit(**NJIT)
 def route_eq_rows(stream, keys, late, bounds):
     """``route_rows`` for an equi join, where an S tuple goes, as an R tuple does, to
-    the one shard that owns its key: each row's shard (``k`` for a late one) and the
-    shards' counts in one pass, then a pass per shard over those shard numbers, an
-    eighth of the bytes of a row's mask and its intervals (3.5 against 17 ns a tuple
-    over two shards). ``stream`` is not read: both streams route alike."""
+    the one shard that owns its key: a row's mask is the one bit of that shard (none
+    for a late row), counted as it is made, without intervals or a loop over the shards
+    (3.5 against 17 ns a tuple over two shards). ``stream`` is not read: both streams
+    route alike."""
     n = keys.shape[0]
     k = bounds.shape[0] + 1
-    sh = np.empty(n, np.int64)
-    counts = np.zeros(k + 1, np.int64)
+    masks = np.empty(n, np.uint64)
+    counts = np.zeros(k, np.int64)
     for i in range(n):
         s = _shard(bounds, keys[i])
-        s += (k - s) * np.int64(late[i])
-        sh[i] = s
-        counts[s] += 1
-    rows = []
-    for j in range(k):
-        out = np.empty(counts[j] + 1, np.int64)  # + 1: the last row's write, not kept
-        p = 0
-        for i in range(n):
-            out[p] = i
-            p += sh[i] == j
-        rows.append(out[:counts[j]])
-    return rows
+        live = np.uint64(late[i]) - np.uint64(1)  # all ones, or none for a late row
+        masks[i] = (np.uint64(1) << np.uint64(s)) & live
+        counts[s] += np.int64(live & np.uint64(1))
+    return _rows_of(masks, counts, k)

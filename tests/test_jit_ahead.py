@@ -21,6 +21,17 @@ from panjoin.jit import ahead
 pytestmark = pytest.mark.usefixtures("aot_built")
 
 
+def _python(code: str, aot: bool = True, timeout: int = 900) -> str:
+    """``code``'s output, run in a fresh interpreter (with the build unless ``aot`` is
+    False); the test fails with its stderr if it fails."""
+    import os
+
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=timeout, env={**os.environ, "PANJOIN_AOT": "1" if aot else "0"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
+
+
 @pytest.mark.parametrize("args,ok", [
     ((np.zeros(3, np.int64), 2, np.zeros(2, np.int64)), True),
     ((np.zeros(3, np.int64), np.int64(2), np.zeros(2, np.int64)), True),
@@ -94,10 +105,8 @@ print("\n".join(failed) or "ok")
 def test_the_read_only_arguments_are_never_written():
     """Numba compiles every kernel of ``READ_ONLY`` with those arguments typed
     read-only: one that writes to such an argument fails to type."""
-    run = subprocess.run([sys.executable, "-c", _READ_ONLY], capture_output=True, text=True,
-                         timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.strip() == "ok", run.stdout
+    out = _python(_READ_ONLY)
+    assert out.strip() == "ok", out
 
 
 def test_the_manager_decodes_a_message_into_the_builds_kernels():
@@ -115,10 +124,7 @@ def test_the_manager_decodes_a_message_into_the_builds_kernels():
             "    e.push_arrays(stream, np.arange(4000), np.arange(4000) % 97, np.arange(4000))\n"
             "    e.flush()\n"
             "print('numba' in sys.modules)")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split() == ["False"]
+    assert _python(code).split() == ["False"]
 
 
 def test_every_export_is_in_the_build_and_its_kernel_holds_it():
@@ -184,12 +190,7 @@ print(json.dumps({"numba": "numba" in sys.modules, "jit": jit.loaded(), "pairs":
 
 
 def _joins(aot: bool) -> dict:
-    import os
-
-    run = subprocess.run([sys.executable, "-c", _JOINS], capture_output=True, text=True,
-                         timeout=900, env={**os.environ, "PANJOIN_AOT": "1" if aot else "0"})
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    return json.loads(_python(_JOINS, aot).strip().splitlines()[-1])
 
 
 def test_a_join_of_int64_or_float64_keys_runs_without_numba_and_as_the_jit_does():
@@ -218,10 +219,7 @@ print(json.dumps({"a": int(a), "b": int(b), "c": int(c), "before": before,
 
 
 def test_a_call_the_build_lacks_loads_numba_and_gets_its_result():
-    run = subprocess.run([sys.executable, "-c", _FALLBACK], capture_output=True, text=True,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout)
+    got = json.loads(_python(_FALLBACK))
     from panjoin.subwindow.kernels.bisort import first_moved
 
     py = first_moved.py_func
@@ -310,8 +308,5 @@ def test_modules_imported_after_numba_loaded_keep_the_build_and_numbas_prange():
             "print(probe.prange.__module__, type(kernels.late_rows).__name__,\n"
             "      kernels.late_rows._ahead is not None, type(probe.wib_probe).__name__,\n"
             "      type(search.gallop_left).__name__)")
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split() == ["numba.misc.special", "Kernel", "True", "Kernel",
+    assert _python(code).split() == ["numba.misc.special", "Kernel", "True", "Kernel",
                                   "CPUDispatcher"]
