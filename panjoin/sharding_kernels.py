@@ -10,7 +10,9 @@ shard whose key range meets one of its intervals of ``r.key``
 late tuple none; and counts them. A pass per shard then writes its rows, in arrival
 order. Example, boundary ``[10]``, ``band:2``: R key 9 -> shard 0 (mask 1), S key 11 ->
 ``r.key`` in [9, 13] -> shards 0 and 1 (mask 3), S key 5 -> [3, 7] -> shard 0 (mask
-1); rows ``[0, 1, 2]`` and ``[1]``.
+1); rows ``[0, 1, 2]`` and ``[1]``. An equi join's S tuple has one shard, as an R
+tuple has: :func:`route_eq_rows` makes its mask from its key alone (a fifth of the
+time over two shards).
 """
 
 import numpy as np
