@@ -77,22 +77,20 @@ import numpy as np
 from panjoin import jit
 from panjoin.jit import ahead
 nb = jit.numba()
+SCALARS = {"f8": nb.types.float64, "i8": nb.types.int64, "b1": nb.types.boolean}
 failed = []
 for qual, positions in ahead.READ_ONLY.items():
     mod, name = qual.rsplit(".", 1)
     kernel = getattr(__import__(mod, fromlist=[name]), name)
     for spec in ahead.specs(qual):
-        args = [nb.types.float64 if t == "f8" else nb.types.int64 if t == "i8" else
-                nb.types.boolean if t == "b1" else None for t in ahead._args(spec)]
         sig = []
         for i, tok in enumerate(ahead._args(spec)):
             if "[" in tok:
                 dt, dims = tok.split("[", 1)
-                ty = nb.types.Array(nb.from_dtype(np.dtype(ahead._DTYPES[dt])),
-                                    dims.count(",") + 1, "C", readonly=i in positions)
+                sig.append(nb.types.Array(nb.from_dtype(np.dtype(ahead._DTYPES[dt])),
+                                          dims.count(",") + 1, "C", readonly=i in positions))
             else:
-                ty = args[i]
-            sig.append(ty)
+                sig.append(SCALARS[tok])
         try:
             disp = kernel.dispatcher() if isinstance(kernel, jit.Kernel) else kernel
             disp.compile(tuple(sig))
