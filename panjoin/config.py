@@ -187,12 +187,14 @@ _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -2, -3, -8
 
 
 def _mallopt(param: int, value: int) -> bool:
-    """glibc's ``mallopt(param, value)``: True where it took it (False elsewhere)."""
+    """glibc's ``mallopt(param, value)``: True where it took it (False elsewhere). Looked
+    up among the symbols the process has loaded (libc's among them), not by
+    ``ctypes.util.find_library``, which runs ``ldconfig -p`` a call: 25-40 ms of a
+    replay's start."""
     import ctypes
-    import ctypes.util
 
     try:
-        return bool(ctypes.CDLL(ctypes.util.find_library("c")).mallopt(param, value))
+        return bool(ctypes.CDLL(None).mallopt(param, value))
     except (OSError, AttributeError, TypeError):
         return False
 

@@ -66,3 +66,28 @@ def test_a_replay_that_prefaults_finds_the_reference(gen_file, tmp_path):
     ref = reference_join(t.stream, t.id, t.key, t.ts, parse_window("time:2000,3000"),
                          parse_predicate("band:2"))
     assert np.array_equal(sort_pairs(read_pairs(out)), ref.pairs)
+
+
+def test_mallopt_takes_settings_without_a_library_search():
+    """glibc's mallopt is found among the process's own symbols: it takes a setting
+    (returns True) and runs no ``ldconfig`` (ctypes.util.find_library's, 25-40 ms a
+    call at a replay's start)."""
+    import platform
+
+    import pytest
+
+    from panjoin import config
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("mallopt is glibc's")
+    code = ("import subprocess, sys\n"
+            "def refuse(*a, **k):\n"
+            "    raise AssertionError('a subprocess was started')\n"
+            "subprocess.Popen = refuse\n"
+            "from panjoin import config\n"
+            "print(config._mallopt(config._M_TOP_PAD, 16 << 20))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True"
+    assert config._mallopt(config._M_TOP_PAD, 16 << 20)
