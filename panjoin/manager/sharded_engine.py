@@ -24,6 +24,7 @@ which no shard sees. Example, two shards over keys 0..99 (boundary 50)::
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections import deque
@@ -77,6 +78,7 @@ def kernels_run_side_by_side() -> tuple[bool, str]:
                    "install libgomp1) or tbb (pip install tbb) to shard")
 
 
+@functools.lru_cache(maxsize=None)  # asked by the plan and again by the engine
 def _pool_loads(pool: str) -> bool:
     """Numba's threading-layer library ``pool`` loads here (its own library, libgomp or
     tbb, found), checked without importing Numba: the layer a first parallel kernel
