@@ -78,7 +78,7 @@ def kernels_run_side_by_side() -> tuple[bool, str]:
                    "install libgomp1) or tbb (pip install tbb) to shard")
 
 
-@functools.lru_cache(maxsize=None)  # asked by the plan and again by the engine
+@functools.cache  # asked by the plan and again by the engine
 def _pool_loads(pool: str) -> bool:
     """Numba's threading-layer library ``pool`` loads here (its own library, libgomp or
     tbb, found), checked without importing Numba: the layer a first parallel kernel
