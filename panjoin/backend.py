@@ -30,6 +30,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from panjoin.manager.kernels import pack_rows, unpack_rows
 from panjoin.semantics import (
     Predicate,
     Window,
@@ -67,6 +68,22 @@ class PairsRef(NamedTuple):
 Answer = tuple[np.ndarray, np.ndarray, np.ndarray] | IdPairs | PairsRef
 
 
+def key_order(key: np.ndarray, ts: np.ndarray, ids: np.ndarray):
+    """``(order, key, ts, ids)`` in key order, ties in arrival order: ``order`` is the
+    permutation that sorts the batch, the columns are gathered by it.
+
+    int64 keys whose span leaves room for the row number below them are sorted as one
+    packed int64 each (:func:`panjoin.manager.kernels.pack_rows`); other keys (floats,
+    spans near int64's) are argsorted (stable)."""
+    if key.dtype == np.int64 and key.shape[0] > 1:
+        b, lo, packed = pack_rows(key)
+        if b:
+            packed.sort()
+            return unpack_rows(packed, b, lo, ts, ids)
+    order = np.argsort(key, kind="stable")
+    return order, key[order], ts[order], ids[order]
+
+
 @dataclass(eq=False)
 class SortedBatch:
     """One collect batch of one stream in key order (step 2 of the paper): what its
@@ -76,7 +93,12 @@ class SortedBatch:
     columns a holder derives each probe tuple's key intervals and window bounds
     (:meth:`probe_inputs`), so they never cross the wire. An insert takes the
     tuples of a seq range (:meth:`columns`): a batch that fills one subwindow
-    and starts the next is inserted in two parts, each still in key order."""
+    and starts the next is inserted in two parts, each still in key order.
+
+    Under key placement the manager leaves the sort to the workers: its batch is in
+    arrival order (``in_key_order`` False), each worker gets its rows so
+    (:meth:`take`) and sorts them (:meth:`sorted_by_key`), keeping where each row was
+    as sent (``sent``)."""
 
     batch_id: int
     stream: str
@@ -88,6 +110,11 @@ class SortedBatch:
     predicate: Predicate
     window: Window
     _inputs: tuple | None = None
+    #: False: the rows are in arrival order (a key placement's batch on the manager)
+    in_key_order: bool = True
+    #: for a batch sorted where it arrived (:meth:`sorted_by_key`): each row's place
+    #: in the batch as sent
+    sent: np.ndarray | None = None
 
     @classmethod
     def of(cls, batch_id: int, stream: str, key, ts, seq, ids, key2=None, *,
@@ -118,6 +145,24 @@ class SortedBatch:
                            self.ts[start:stop], self.seq[start:stop], self.ids[start:stop],
                            None if self.key2 is None else self.key2[start:stop],
                            self.predicate, self.window)
+
+    def take(self, rows: np.ndarray) -> SortedBatch:
+        """The rows at ``rows`` (ascending positions of a batch in arrival order: still
+        in arrival order), gathered."""
+        return SortedBatch(self.batch_id, self.stream, self.key.take(rows),
+                           self.ts.take(rows), self.seq.take(rows), self.ids.take(rows),
+                           None if self.key2 is None else self.key2.take(rows),
+                           self.predicate, self.window, in_key_order=False)
+
+    def sorted_by_key(self) -> SortedBatch:
+        """This batch (in arrival order) in key order, ties in arrival order, as the
+        manager's step 2 sorts (:func:`key_order`); ``sent`` keeps where each row was."""
+        if self.in_key_order:
+            return self
+        order, key, ts, ids = key_order(self.key, self.ts, self.ids)
+        return SortedBatch(self.batch_id, self.stream, key, ts, self.seq.take(order), ids,
+                           None if self.key2 is None else self.key2.take(order),
+                           self.predicate, self.window, sent=order)
 
     def known_seqs(self, first: int) -> SortedBatch:
         """Say the batch's seqs are ``first .. first + len - 1`` (a stream's arrivals are

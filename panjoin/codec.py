@@ -84,8 +84,9 @@ def encode_batch(batch: SortedBatch) -> Encoded:
     as uint32 offsets from a base (:func:`panjoin.wire.narrow`): 16 bytes a tuple
     instead of 32 on an equi join of integer keys, to every worker the batch goes to."""
     n = batch.key.shape[0]
+    ends = n and batch.key.dtype == np.int64 and batch.in_key_order
     keys, keys_base = narrow(batch.key, *((int(batch.key[0]), int(batch.key[-1]))
-                                          if n and batch.key.dtype == np.int64 else ()))
+                                          if ends else ()))
     ts, ts_base = narrow(batch.ts)
     seq, seq_base = narrow(batch.seq)
     ids, ids_base = narrow(batch.ids)
@@ -97,7 +98,8 @@ def encode_batch(batch: SortedBatch) -> Encoded:
     return enc.message(worker_pb2.Batch(predicate=str(batch.predicate),
                                         window=str(batch.window), keys_base=keys_base,
                                         ts_base=ts_base, seq_base=seq_base,
-                                        ids_base=ids_base))
+                                        ids_base=ids_base,
+                                        arrival_order=not batch.in_key_order))
 
 
 @lru_cache(maxsize=64)
@@ -110,7 +112,9 @@ def _join_spec(predicate: str, window: str):
 
 def decode_batch(c: worker_pb2.Batch) -> SortedBatch:
     """The batch, checked: an id > 0, one length, keys sorted, a known predicate and
-    window, key2 iff the predicate has a residual. Narrowed columns come back int64."""
+    window, key2 iff the predicate has a residual. Narrowed columns come back int64.
+    Rows sent in arrival order (``arrival_order``, key placement) come back sorted by
+    key, ties by seq (:meth:`SortedBatch.sorted_by_key`), seqs ascending as sent."""
     if c.batch_id <= 0:
         raise ValueError(f"batch id {c.batch_id} must be > 0")
     if c.stream not in STREAM_NAME:
@@ -136,6 +140,11 @@ def decode_batch(c: worker_pb2.Batch) -> SortedBatch:
     if (key2 is None) != (pred.residual is None):
         raise ValueError(f"predicate {pred} " + ("needs key2 on every batch" if key2 is None
                                                   else "has no residual: send no key2"))
+    if c.arrival_order:
+        if seq.size > 1 and np.any(seq[1:] <= seq[:-1]):
+            raise ValueError("batch in arrival order: its seqs must be ascending")
+        return SortedBatch(c.batch_id, STREAM_NAME[c.stream], keys, ts, seq, ids, key2, pred,
+                           window, in_key_order=False).sorted_by_key()
     if keys.size > 1 and np.any(keys[1:] < keys[:-1]):
         raise ValueError("batch is not sorted by key")
     return SortedBatch(c.batch_id, STREAM_NAME[c.stream], keys, ts, seq, ids, key2, pred,

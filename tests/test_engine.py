@@ -365,7 +365,7 @@ def test_client_watermark_on_a_count_window_or_after_the_own_rule_is_rejected():
 def test_key_order_is_a_stable_sort(kind):
     """The batch sort: packed (key, row) int64s when the span allows, else an argsort;
     either way the stable order (ties in arrival order) and the sorted keys."""
-    from panjoin.manager.engine import key_order
+    from panjoin.backend import key_order
     from panjoin.manager.kernels import pack_rows
 
     rng = np.random.default_rng(len(kind))

@@ -1,7 +1,8 @@
 """Key placement (``--placement key``): every subwindow cut by key over all the workers.
 
-The cut of a sorted batch is checked against brute force on generated keys (int64
-extremes and floats, every predicate shape); a piece's ids by rank against a dict;
+The routing of a batch in arrival order (which rows each worker gets, and which of
+them it inserts once it has sorted them) is checked against brute force on generated
+keys (int64 extremes and floats, every predicate shape); a piece's ids by rank against a dict;
 and whole joins through real worker processes and a real manager against the
 reference: every index, predicate (a residual and ``ne`` included), key type and
 window, the pairs sent past the manager or through it, payloads kept at the
@@ -18,11 +19,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from panjoin import codec
+from panjoin.backend import SortedBatch
 from panjoin.client import Client, rows_of
 from panjoin.generate import generate
 from panjoin.launch import start_cluster, start_workers
 from panjoin.manager.engine import JoinEngine
-from panjoin.manager.key_placement import KeyPlacedBackend, cut_rows
+from panjoin.manager.key_placement import KeyPlacedBackend, route_batch
 from panjoin.proto.panjoin.v1 import manager_pb2, worker_pb2
 from panjoin.reference import reference_join, sort_pairs
 from panjoin.semantics import parse_predicate, parse_window, probe_bounds
@@ -39,30 +42,29 @@ def _cut_case(draw):
     floats = draw(st.booleans())
     if floats:
         keys = draw(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=0, max_size=60))
-        keys = np.sort(np.array(keys, np.float64))
+        keys = np.array(keys, np.float64)
         bounds = np.sort(np.array(draw(st.lists(st.floats(-1e6, 1e6), min_size=0,
                                                 max_size=4)), np.float64))
     else:
         edge = st.sampled_from([int(I64.min), int(I64.min) + 2, -3, 0, 5, int(I64.max) - 1,
                                 int(I64.max)])
         ints = st.one_of(st.integers(-50, 50), edge)
-        keys = np.sort(np.array(draw(st.lists(ints, min_size=0, max_size=60)), np.int64))
+        keys = np.array(draw(st.lists(ints, min_size=0, max_size=60)), np.int64)
         bounds = np.sort(np.array(draw(st.lists(ints, min_size=0, max_size=4)), np.int64))
     return keys, bounds, draw(st.sampled_from(PREDICATES)), draw(st.sampled_from("RS"))
 
 
 @settings(max_examples=300, deadline=None)
 @given(_cut_case())
-def test_a_batch_is_cut_where_its_inserts_and_probes_belong(case):
-    keys, bounds, pred, stream = case
+def test_a_batch_is_routed_where_its_inserts_and_probes_belong(case):
+    keys, bounds, pred, stream = case  # keys in arrival order (any order)
     p = parse_predicate(pred)
-    own, probe = cut_rows(keys, bounds, p, stream)
+    rows, own = route_batch(keys, bounds, p, stream)
     shard = shard_of(bounds, keys)
     lo, hi = probe_bounds(p.primary, stream, keys)
     for k in range(bounds.size + 1):
-        a, b = own[k]
-        # the rows a worker inserts: exactly the keys of its range, one run
-        assert np.array_equal(np.flatnonzero(shard == k), np.arange(a, b))
+        r = rows[k]
+        assert np.all(np.diff(r) > 0)  # ascending positions: still in arrival order
         # the rows it probes with: at least every row whose interval meets its range
         klo = bounds[k - 1] if k else None
         khi = bounds[k] if k < bounds.size else None
@@ -74,8 +76,13 @@ def test_a_batch_is_cut_where_its_inserts_and_probes_belong(case):
             if klo is not None:
                 m &= hi_b >= klo
             meets |= m
-        pa_, pb_ = probe[k]
-        assert all(pa_ <= i < pb_ for i in np.flatnonzero(meets)), (k, probe[k])
+        assert set(np.flatnonzero(meets | (shard == k))) <= set(r.tolist()), k
+        # the rows it inserts once sorted (stable, by key): exactly its own keys, in
+        # arrival order among equal keys
+        mine = r[np.argsort(keys[r], kind="stable")]
+        a, b = own[k]
+        assert np.array_equal(mine[a:b], r[shard[r] == k][np.argsort(keys[r][shard[r] == k],
+                                                                      kind="stable")])
 
 
 @settings(max_examples=150, deadline=None)
@@ -317,3 +324,45 @@ def test_every_piece_of_a_complete_subwindow_is_sealed(monkeypatch):
     assert len(full) >= created - 4  # all but the last ones of each stream (and spares)
     assert sealed == {(w, sub) for w in range(3) for sub in full}
     assert any(bid == 0 for _, _, seal, bid in sent if seal)  # zipf: some have no rows
+
+
+def test_a_worker_sorts_rows_sent_in_arrival_order_and_answers_by_them():
+    """A worker's own sort: it inserts its key range's rows of a batch sent in arrival
+    order (row_from/row_to count them in key order), answers PAIRS probes with indexes
+    of the rows as sent, and refuses BI-Sort ranges for such a batch."""
+    from panjoin.backend import LocalBackend
+    from panjoin.proto.panjoin.v1 import common_pb2
+    from workers.server import WorkerServicer
+
+    def batch(bid, stream, keys):
+        n = len(keys)
+        b = SortedBatch.of(bid, stream, np.array(keys), np.zeros(n), np.arange(n),
+                           np.arange(n) + 10 * bid, predicate="eq", window="count:99,99")
+        b.in_key_order = False
+        return worker_pb2.Batch.FromString(codec.encode_batch(b).tobytes())
+
+    servicer, backend, batches = WorkerServicer(1), LocalBackend(1), {}
+
+    def run(i, **cmd):
+        fb = servicer.handle(backend, worker_pb2.Command(command_id=i, **cmd), batches)
+        assert not fb.error, fb.error
+        return fb
+
+    run(1, create=worker_pb2.Create(sub_id=0, stream=common_pb2.STREAM_S, index="bisort",
+                                    capacity=8, key_dtype="int64", partitions=2, piece=True))
+    # S keys as sent [9, 3, 5, 3]; the worker's key range is [3, 9): in key order
+    # [3, 3, 5, 9] it inserts rows [0, 3), ids 11, 13, 12 (id 10, key 9, only probes)
+    run(2, batch=batch(1, "S", [9, 3, 5, 3]))
+    fb = run(3, insert=worker_pb2.Insert(sub_id=0, batch_id=1, seq_from=0, seq_to=4,
+                                         row_from=0, row_to=3))
+    assert fb.status.count == 3
+    run(4, batch=batch(2, "R", [5, 7, 3]))
+    fb = run(5, probe=worker_pb2.Probe(batch_id=2, sub_ids=[0], filtered=[False],
+                                       seq_limit=[4], format=worker_pb2.RESULT_FORMAT_PAIRS))
+    pidx, ids, _ = codec.decode_answer(fb.results[0])
+    # R rows as sent: 0 (key 5) finds S id 12, 2 (key 3) finds 11 and 13
+    assert sorted(zip(pidx.tolist(), ids.tolist(), strict=True)) == [(0, 12), (2, 11), (2, 13)]
+    fb = servicer.handle(backend, worker_pb2.Command(command_id=6, probe=worker_pb2.Probe(
+        batch_id=2, sub_ids=[0], filtered=[False], seq_limit=[4],
+        format=worker_pb2.RESULT_FORMAT_RANGES)), batches)
+    assert fb.code == "INVALID_ARGUMENT" and "arrival order" in fb.error

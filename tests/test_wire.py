@@ -111,6 +111,33 @@ def test_a_batch_part_is_its_seq_range_in_key_order():
     assert b.columns(20, 30)[0].size == 0
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(-3, 3), min_size=0, max_size=40), st.booleans())
+def test_a_batch_sent_in_arrival_order_arrives_sorted_and_remembers_its_rows(keys, floats):
+    """Key placement: the manager sends a worker its rows in arrival order, the worker
+    sorts them by key (ties in arrival order) and keeps where each row was as sent."""
+    n = len(keys)
+    key = np.array(keys, np.float64 if floats else np.int64)
+    sent = SortedBatch(4, "S", key, np.arange(n) * 10, np.arange(100, 100 + n),
+                       np.arange(n) + 7, None, *codec._join_spec("band:1", "time:9,9"),
+                       in_key_order=False)
+    raw = codec.encode_batch(sent).tobytes()
+    got = codec.decode_batch(worker_pb2.Batch.FromString(raw))
+    order = np.argsort(key, kind="stable")
+    assert got.in_key_order and np.array_equal(got.sent, order)
+    assert np.array_equal(got.key, key[order]) and np.array_equal(got.ids, order + 7)
+    assert np.array_equal(got.seq, order + 100) and np.array_equal(got.ts, order * 10)
+
+
+def test_a_batch_in_arrival_order_must_have_ascending_seqs():
+    b = SortedBatch.of(1, "R", np.array([2, 1]), np.zeros(2), np.array([5, 4]), np.arange(2),
+                       predicate="eq", window="count:9,9")
+    b.in_key_order = False
+    raw = codec.encode_batch(b).tobytes()
+    with pytest.raises(ValueError, match="ascending"):
+        codec.decode_batch(worker_pb2.Batch.FromString(raw))
+
+
 @pytest.mark.parametrize("mode", [W.COUNT, W.TIME])
 def test_a_probe_names_its_batch_and_each_target_gets_its_filter(mode):
     window = "count:5,7" if mode == W.COUNT else "time:5,7"

@@ -410,6 +410,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if req.direct and (sess is None or sess.results is None):
             raise ValueError("RESULT_FORMAT_DIRECT needs a session opened with "
                              f"{codec.RESULTS_TOKEN_KEY}: its pairs have nowhere to go")
+        if req.ranges and batch.sent is not None:
+            raise ValueError(f"batch {batch.batch_id} came in arrival order: its probes "
+                             "answer with pairs, not BI-Sort ranges")
         lo, hi, _, res = batch.probe_inputs()
         for sub_id, flt, limit in req.targets:
             if req.ranges:
@@ -427,6 +430,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     continue
                 fb.results.extend(codec.encode_id_pairs(sub_id, r_id, s_id))
                 continue
+            if batch.sent is not None:  # the probe indexes of the rows as they were sent
+                pidx = batch.sent.take(pidx)
             fb.results.append(codec.encode_answer(sub_id, pidx, ids,
                                                   seq if req.want_seq else None))
 

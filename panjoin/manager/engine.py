@@ -60,7 +60,14 @@ import numpy as np
 import pyarrow as pa
 
 from panjoin import jit
-from panjoin.backend import CreateSpec, IdPairs, LocalBackend, PairsRef, SortedBatch
+from panjoin.backend import (
+    CreateSpec,
+    IdPairs,
+    LocalBackend,
+    PairsRef,
+    SortedBatch,
+    key_order,
+)
 from panjoin.config import (
     DEFAULT_BATCH,
     DEFAULT_INDEX,
@@ -73,7 +80,7 @@ from panjoin.config import (
 )
 from panjoin.events.arrays import PAYLOAD_TYPE
 from panjoin.manager.index_choice import IndexChooser
-from panjoin.manager.kernels import late_tuples, pack_rows, split_streams, unpack_rows
+from panjoin.manager.kernels import late_tuples, split_streams
 from panjoin.manager.latency import CAP_MAX, LatencyBound
 from panjoin.manager.ring import SubwindowRing
 from panjoin.ops.timings import Timings
@@ -152,22 +159,6 @@ def default_partitions(subwindow_size: int, index: str = "bisort") -> int:
     return int(min(1 << 16, max(1, subwindow_size // 128)))
 
 
-def key_order(key: np.ndarray, ts: np.ndarray, ids: np.ndarray):
-    """``(order, key, ts, ids)`` in key order, ties in arrival order: ``order`` is the
-    permutation that sorts the batch, the columns are gathered by it.
-
-    int64 keys whose span leaves room for the row number below them are sorted as one
-    packed int64 each (:func:`panjoin.manager.kernels.pack_rows`); other keys (floats,
-    spans near int64's) are argsorted (stable)."""
-    if key.dtype == np.int64 and key.shape[0] > 1:
-        b, lo, packed = pack_rows(key)
-        if b:
-            packed.sort()
-            return unpack_rows(packed, b, lo, ts, ids)
-    order = np.argsort(key, kind="stable")
-    return order, key[order], ts[order], ids[order]
-
-
 class _Buffer:
     """The collect buffer of one stream (step 1): runs of rows in arrival order, each a
     range ``[lo, hi)`` of one pushed piece's columns for this stream. A cut of the other
@@ -236,7 +227,9 @@ class _InFlight:
     x: str
     ids: np.ndarray  # the probe batch's ids in key order
     payload: pa.Array | None  # the probe batch's payloads in arrival order
-    order: np.ndarray  # key order -> arrival order (payloads are gathered once, per pair)
+    #: key order -> arrival order (payloads are gathered once, per pair); None: the
+    #: batch is in arrival order (its workers sort it)
+    order: np.ndarray | None
     stores: list  # per target: (seq_start, payloads in seq order or None)
     #: under a latency bound, (when the batch's processing began, its tuples, the
     #: engine's own seconds on it): the round is the batch's end when its answers come
@@ -654,15 +647,22 @@ class JoinEngine:
         y = "S" if x == "R" else "R"
         tscol = opp if self.window.kind == "count" else ev
         # step 2: one sort serves probe and insert (ties in arrival order, see key_order);
-        # each column is gathered into key order once, for both
+        # each column is gathered into key order once, for both. A backend whose
+        # workers sort their own rows (key placement) gets the batch in arrival order.
         t0 = time.perf_counter()
-        order, skey, sts, sids = key_order(key, tscol, ids)
         n = seq.shape[0]
         # a stream's arrivals are numbered consecutively, so a batch's seqs are seq[0] + row
         consecutive = n and int(seq[-1]) - int(seq[0]) == n - 1
-        sseq = seq[0] + order if consecutive else seq[order]
-        batch = SortedBatch(self.stats.batches, x, skey, sts, sseq, sids,
-                            key2[order] if key2 is not None else None, self.pred, self.window)
+        if getattr(self.backend, "sorts_on_workers", False):
+            order = None
+            batch = SortedBatch(self.stats.batches, x, key, tscol, seq, ids, key2, self.pred,
+                                self.window, in_key_order=False)
+        else:
+            order, skey, sts, sids = key_order(key, tscol, ids)
+            sseq = seq[0] + order if consecutive else seq[order]
+            batch = SortedBatch(self.stats.batches, x, skey, sts, sseq, sids,
+                                key2[order] if key2 is not None else None, self.pred,
+                                self.window)
         if consecutive:
             batch.known_seqs(int(seq[0]))
         self.stats.preprocess_s += time.perf_counter() - t0
@@ -752,7 +752,7 @@ class JoinEngine:
             xs = f.ids.take(pidx)  # take: a third faster than indexing with an array
             xp = yp = None
             if f.payload is not None:
-                xp = f.payload.take(pa.array(f.order[pidx]))
+                xp = f.payload.take(pa.array(pidx if f.order is None else f.order[pidx]))
                 yp = pays.take(pa.array(sseq - start))
             self._results.append((xs, ys, xp, yp) if f.x == "R" else (ys, xs, yp, xp))
             self.stats.results += int(pidx.size)

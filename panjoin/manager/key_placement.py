@@ -7,17 +7,21 @@ subwindows work. Key placement cuts each subwindow into one *piece* per worker b
 as the paper's partitions cut a subwindow by splitters: worker k holds the keys in
 ``[b_k-1, b_k)`` of every subwindow (``b`` the quantiles of the first batch's keys, as
 :func:`panjoin.sharding.boundaries` draws them for a sharded join, kept distinct:
-:func:`piece_boundaries`). A sorted batch is
-cut at the same keys (binary searches, no pass over its rows): worker k gets its rows
-once, inserts those of its key range and probes its pieces of every subwindow of the
-other stream with those whose key interval meets its range (a band reaches over the
-edges: :func:`panjoin.semantics.probe_bounds`). A pair ``(r, s)`` is found on the one
-worker holding the stored tuple's key, so none is lost or found twice, and a tuple
-crosses the wire about once, whatever the number of workers::
+:func:`piece_boundaries`). A batch, in arrival order (the manager does not sort
+it), is routed by the same keys in kernel passes (:func:`route_batch`): worker k gets
+its rows once, in arrival order, sorts them by key itself, inserts those of its key
+range and probes its pieces of every subwindow of the other stream with those whose
+key interval meets its range (a band reaches over the edges:
+:func:`panjoin.semantics.probe_bounds`). A pair ``(r, s)`` is found on the one worker
+holding the stored tuple's key, so none is lost or found twice, and a tuple crosses
+the wire about once, whatever the number of workers::
 
-    boundaries [5] (worker 0: keys < 5), band:1, a batch of keys [1, 4, 6, 9]
+    boundaries [5] (worker 0: keys < 5), band:1, a batch of keys [6, 1, 9, 4]
     inserts: worker 0 the rows of keys [1, 4], worker 1 those of [6, 9]
-    probes:  worker 0 [1, 4], worker 1 [4, 6, 9] (4 probes [3, 5], which reaches 5)
+    probes:  worker 0 [1, 4], worker 1 [6, 9, 4] (4 probes [3, 5], which reaches 5)
+
+The manager's step 2 is then a routing pass and a gather a worker (no sort, no gather
+into key order), and the workers sort a batch's pieces side by side.
 
 Subwindows keep their seq ranges and life cycle (the engine cannot tell); a piece's
 seqs have gaps (:class:`panjoin.subwindow.store.SubwindowStore`, ``piece``). The
@@ -30,8 +34,10 @@ steadily end up on the last worker (still exact, no longer parallel).
 
     >>> import numpy as np
     >>> from panjoin.semantics import parse_predicate
-    >>> cut_rows(np.array([1, 4, 6, 9]), np.array([5]), parse_predicate("band:1"), "S")
-    ([(0, 2), (2, 4)], [(0, 2), (1, 4)])
+    >>> rows, own = route_batch(np.array([6, 1, 9, 4]), np.array([5]),
+    ...                         parse_predicate("band:1"), "S")
+    >>> [r.tolist() for r in rows], own  # worker 1 sorts [6, 9, 4]: inserts [4, 6, 9][1:3]
+    ([[1, 3], [0, 2, 3]], [(0, 2), (1, 3)])
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from panjoin.manager.grpc_backend import (
 )
 from panjoin.proto.panjoin.v1 import worker_pb2
 from panjoin.semantics import Predicate, probe_bounds, stored_bands
-from panjoin.sharding import SAMPLE, boundaries, shard_of
+from panjoin.sharding import SAMPLE, boundaries
 
 PLACEMENTS = ("time", "key")
 
@@ -74,57 +80,45 @@ def piece_boundaries(keys: np.ndarray, k: int) -> np.ndarray:
     return distinct[np.minimum(at, distinct.size - 1)] if distinct.size else b
 
 
-def cut_rows(keys: np.ndarray, bounds: np.ndarray, pred: Predicate, stream: str):
-    """``(own, probe)``: per worker, the row range ``(start, stop)`` of sorted ``keys``
-    in its key range, and one that holds every row whose probe interval meets it."""
+def route_batch(keys: np.ndarray, bounds: np.ndarray, pred: Predicate, stream: str):
+    """``(rows, own)`` of a batch in arrival order: per worker the positions of its rows
+    (ascending: still in arrival order), and the range of them it inserts once it has
+    sorted them by key (``(below, upto)``: its rows below its key range, which only
+    probe, come first). A row goes to the worker that owns its key and to every worker
+    its probe intervals reach, in kernel passes (:mod:`panjoin.sharding_kernels`); an
+    equi join's rows to their owner alone."""
+    from panjoin.sharding_kernels import route_eq_rows, route_rows
+
+    keys = np.ascontiguousarray(keys)
     n = keys.shape[0]
-    k = bounds.shape[0] + 1
-    edges = [0, *np.searchsorted(keys, bounds, side="left").tolist(), n]
-    own = [(edges[j], edges[j + 1]) for j in range(k)]
-    if not pred.negated and stored_bands(pred.primary, stream) == [(0, 0)]:
-        return own, own  # equi: a tuple probes its own key range only
-    lo, hi = probe_bounds(pred.primary, stream, keys)
-    start, stop = np.full(k, n), np.zeros(k, np.int64)
-    workers = np.arange(k)
-    for lo_b, hi_b in zip(lo, hi, strict=True):
-        live = lo_b <= hi_b  # an empty interval has lo > hi
-        first = np.where(live, shard_of(bounds, lo_b), k)
-        last = np.where(live, shard_of(bounds, hi_b), -1)
-        # monotone envelopes (the live intervals of sorted keys are sorted already): a
-        # range taken from them holds every row that meets the worker, perhaps more
-        last = np.maximum.accumulate(last)
-        first = np.minimum.accumulate(first[::-1])[::-1]
-        start = np.minimum(start, np.searchsorted(last, workers, side="left"))
-        stop = np.maximum(stop, np.searchsorted(first, workers, side="right"))
-    probe = [(int(a), int(b)) if a < b else (n, n) for a, b in zip(start, stop, strict=True)]
-    return own, probe
-
-
-class _Cut:
-    """A batch cut for the workers: per worker the rows it gets (``rows``, one run: its
-    own and its probing rows) and, within them, the rows it inserts (``own``)."""
-
-    def __init__(self, batch: SortedBatch, bounds: np.ndarray):
-        own, probe = cut_rows(batch.key, bounds, batch.predicate, batch.stream)
-        self.own = own
-        self.rows = []
-        for (a, b), (pa, pb) in zip(own, probe, strict=True):
-            if a == b:
-                self.rows.append((pa, pb))
-            elif pa == pb:
-                self.rows.append((a, b))
-            else:
-                self.rows.append((min(a, pa), max(b, pb)))
+    pred = pred.primary
+    keep = np.zeros(n, bool)  # no late rows here: the engine dropped them in step 1
+    if not pred.negated and stored_bands(pred, stream) == [(0, 0)]:
+        # (its stream argument is not read: both streams route alike)
+        rows = list(route_eq_rows(np.zeros(n, np.uint8), keys, keep, bounds))
+        return rows, [(0, int(r.size)) for r in rows]
+    lo, hi = probe_bounds(pred, stream, keys)
+    # the owner's own key as one more interval: it inserts the row even where no band
+    # holds the key itself (bands:2,5 probes keys 2-5 away only)
+    lo, hi = np.vstack([lo, keys[None, :]]), np.vstack([hi, keys[None, :]])
+    rows = list(route_rows(np.ones(n, np.uint8), keys, keep, bounds, lo, hi))
+    own = []
+    for w, r in enumerate(rows):
+        k = keys.take(r)
+        below = int(np.count_nonzero(k < bounds[w - 1])) if w else 0
+        upto = int(np.count_nonzero(k < bounds[w])) if w < bounds.size else int(k.size)
+        own.append((below, upto))
+    return rows, own
 
 
 class KeyRound(ProbeRound):
     """A probe round over key pieces: every worker's answer to every target, merged per
-    target (probe indexes shifted by where the worker's rows start in the batch)."""
+    target (a worker's probe indexes, of its rows as sent, mapped to the batch's)."""
 
     def result(self):
         if self._out is None:
             merged: list = [[] for _ in self.targets]
-            for idxs, call, start in self.parts:
+            for idxs, call, rows in self.parts:
                 try:
                     fb = _check(call)
                 except _Down as e:
@@ -137,7 +131,7 @@ class KeyRound(ProbeRound):
                     if self.backend.direct:
                         merged[i].append(PairsRef(call.session.source, fb.command_id, r.pairs))
                     else:
-                        merged[i].append((start, self.backend._answer(
+                        merged[i].append((rows, self.backend._answer(
                             r, self.targets[i][1], self.batch, results)))
             self._out = [self._merge(m) for m in merged]
             self.backend.rounds_in_flight -= 1
@@ -151,7 +145,8 @@ class KeyRound(ProbeRound):
         if not answers:
             empty = np.zeros(0, np.int64)
             return empty, empty, empty
-        pidx = np.concatenate([a[0] + start for start, a in answers])
+        # a worker's probe indexes count its rows as sent: ``rows`` holds their places
+        pidx = np.concatenate([rows.take(a[0]) for rows, a in answers])
         seqs = [a[2] for _, a in answers]  # None: not asked for, or no pair there
         seq = None if all(q is None for q in seqs) else np.concatenate(
             [np.zeros(0, np.int64) if q is None else q for q in seqs])
@@ -179,13 +174,22 @@ class KeyPlacedBackend(GrpcBackend):
         self.bounds: np.ndarray | None = None  # the workers' key boundaries (first batch)
         self.capacity: dict[int, int] = {}  # sub_id -> its NSub
         self._first: dict[int, int] = {}  # sub_id -> its first seq (its first insert's)
-        self._last_cut: tuple[SortedBatch, _Cut] | None = None
+        self._last_cut: tuple[SortedBatch, tuple] | None = None
 
-    def _cut(self, batch: SortedBatch) -> _Cut:
+    #: the engine hands this backend its batches in arrival order: each worker sorts
+    #: its own rows (the manager neither sorts nor gathers a batch in key order)
+    sorts_on_workers = True
+
+    def _cut(self, batch: SortedBatch) -> tuple[list, list]:
+        """:func:`route_batch` of the batch (once: its insert and probe share it)."""
+        if batch.in_key_order:
+            raise ValueError("key placement routes a batch in arrival order: its workers "
+                             "sort their rows (the engine sends it so: sorts_on_workers)")
         if self._last_cut is None or self._last_cut[0] is not batch:
             if self.bounds is None:
                 self.bounds = piece_boundaries(batch.key, self.n_workers)
-            self._last_cut = (batch, _Cut(batch, self.bounds))
+            self._last_cut = (batch, route_batch(batch.key, self.bounds, batch.predicate,
+                                                 batch.stream))
         return self._last_cut[1]
 
     def lost(self, e: Exception) -> WorkerError:
@@ -234,12 +238,12 @@ class KeyPlacedBackend(GrpcBackend):
         self._every(spec.sub_id, "create", codec.encode_create(spec))
         self.stats.creates += 1
 
-    def _send_rows(self, w: int, batch: SortedBatch, cut: _Cut, order: int) -> None:
-        """Worker ``w``'s rows of ``batch``, once (its insert and probe name them)."""
+    def _send_rows(self, w: int, batch: SortedBatch, rows: np.ndarray, order: int) -> None:
+        """Worker ``w``'s ``rows`` of ``batch``, once (its insert and probe name them)."""
         s = self.sessions[w]
         if s.batch_id == batch.batch_id:
             return
-        msg = codec.encode_batch(batch.rows(*cut.rows[w])).message(
+        msg = codec.encode_batch(batch.take(rows)).message(
             worker_pb2.Batch(release_below=batch.batch_id))
         try:
             self.unchecked.append((-1, s.send(order, "batch", msg)))
@@ -249,22 +253,21 @@ class KeyPlacedBackend(GrpcBackend):
 
     def insert(self, sub_id: int, batch: SortedBatch, seq_from: int, seq_to: int) -> None:
         order = next(self.order)
-        cut = self._cut(batch)
+        rows, own = self._cut(batch)
         # the insert that completes the subwindow seals every piece (a piece's count
         # never reaches the capacity that makes a whole BI-Sort subwindow merge its
         # insertion buffer, which every later probe would search)
         first = self._first.setdefault(sub_id, seq_from)
         seal = seq_to - first >= self.capacity[sub_id]
-        for w, (a, b) in enumerate(cut.own):
+        for w, (a, b) in enumerate(own):
             if a == b:
                 if seal:
                     self._send_insert(w, worker_pb2.Insert(sub_id=sub_id, seal=True), order)
                 continue
-            self._send_rows(w, batch, cut, order)
-            start = cut.rows[w][0]
+            self._send_rows(w, batch, rows[w], order)
             self._send_insert(w, worker_pb2.Insert(
                 sub_id=sub_id, batch_id=batch.batch_id, seq_from=seq_from, seq_to=seq_to,
-                row_from=a - start, row_to=b - start, seal=seal), order)
+                row_from=a, row_to=b, seal=seal), order)
         self.flush()
         self._collect()
         self.stats.inserts += 1
@@ -278,22 +281,22 @@ class KeyPlacedBackend(GrpcBackend):
     def probe_many(self, targets, batch: SortedBatch) -> KeyRound:
         self._collect()
         order = next(self.order)
-        cut = self._cut(batch)
+        rows_of, _ = self._cut(batch)
         idxs = list(range(len(targets)))
         parts: list = []
         fmt = (worker_pb2.RESULT_FORMAT_DIRECT if self.direct else
                worker_pb2.RESULT_FORMAT_PAIRS if self.want_seq else
                worker_pb2.RESULT_FORMAT_ID_PAIRS)
-        for w, (a, b) in enumerate(cut.rows):
-            if a == b or not targets:
+        for w, rows in enumerate(rows_of):
+            if not targets or rows.size == 0:
                 continue
-            self._send_rows(w, batch, cut, order)
+            self._send_rows(w, batch, rows, order)
             msg = worker_pb2.Probe(batch_id=batch.batch_id, want_seq=self.want_seq,
                                    sub_ids=[t[0] for t in targets],
                                    filtered=[bool(t[1]) for t in targets],
                                    seq_limit=[int(t[2]) for t in targets], format=fmt)
             try:
-                parts.append((idxs, self.sessions[w].send(order, "probe", msg), a))
+                parts.append((idxs, self.sessions[w].send(order, "probe", msg), rows))
             except _Down:
                 self._failover(w)
         self.stats.probes += len(targets)

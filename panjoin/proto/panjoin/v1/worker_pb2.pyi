@@ -67,7 +67,7 @@ class Command(_message.Message):
     def __init__(self, command_id: _Optional[int] = ..., create: _Optional[_Union[Create, _Mapping]] = ..., insert: _Optional[_Union[Insert, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., expire: _Optional[_Union[Expire, _Mapping]] = ..., promote: _Optional[_Union[Promote, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("batch_id", "stream", "keys", "ts", "seq", "ids", "key2", "predicate", "window", "release_below", "keys_base", "ts_base", "seq_base", "ids_base")
+    __slots__ = ("batch_id", "stream", "keys", "ts", "seq", "ids", "key2", "predicate", "window", "release_below", "keys_base", "ts_base", "seq_base", "ids_base", "arrival_order")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +82,7 @@ class Batch(_message.Message):
     TS_BASE_FIELD_NUMBER: _ClassVar[int]
     SEQ_BASE_FIELD_NUMBER: _ClassVar[int]
     IDS_BASE_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_ORDER_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     stream: _common_pb2.Stream
     keys: _common_pb2.Array
@@ -96,7 +97,8 @@ class Batch(_message.Message):
     ts_base: int
     seq_base: int
     ids_base: int
-    def __init__(self, batch_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Stream, str]] = ..., keys: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ids: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., predicate: _Optional[str] = ..., window: _Optional[str] = ..., release_below: _Optional[int] = ..., keys_base: _Optional[int] = ..., ts_base: _Optional[int] = ..., seq_base: _Optional[int] = ..., ids_base: _Optional[int] = ...) -> None: ...
+    arrival_order: bool
+    def __init__(self, batch_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Stream, str]] = ..., keys: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ids: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., predicate: _Optional[str] = ..., window: _Optional[str] = ..., release_below: _Optional[int] = ..., keys_base: _Optional[int] = ..., ts_base: _Optional[int] = ..., seq_base: _Optional[int] = ..., ids_base: _Optional[int] = ..., arrival_order: _Optional[bool] = ...) -> None: ...
 
 class Create(_message.Message):
     __slots__ = ("sub_id", "stream", "index", "capacity", "key_dtype", "partitions", "splitters", "options", "backup", "piece")
