@@ -97,8 +97,8 @@ class SortedBatch:
 
     Under key placement the manager leaves the sort to the workers: its batch is in
     arrival order (``in_key_order`` False), each worker gets its rows so
-    (:meth:`take`) and sorts them (:meth:`sorted_by_key`), keeping where each row was
-    as sent (``sent``)."""
+    (:func:`panjoin.codec.encode_rows`) and sorts them (:meth:`sorted_by_key`), keeping
+    where each row was as sent (``sent``)."""
 
     batch_id: int
     stream: str
@@ -145,14 +145,6 @@ class SortedBatch:
                            self.ts[start:stop], self.seq[start:stop], self.ids[start:stop],
                            None if self.key2 is None else self.key2[start:stop],
                            self.predicate, self.window)
-
-    def take(self, rows: np.ndarray) -> SortedBatch:
-        """The rows at ``rows`` (ascending positions of a batch in arrival order: still
-        in arrival order), gathered."""
-        return SortedBatch(self.batch_id, self.stream, self.key.take(rows),
-                           self.ts.take(rows), self.seq.take(rows), self.ids.take(rows),
-                           None if self.key2 is None else self.key2.take(rows),
-                           self.predicate, self.window, in_key_order=False)
 
     def sorted_by_key(self) -> SortedBatch:
         """This batch (in arrival order) in key order, ties in arrival order, as the

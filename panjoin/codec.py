@@ -85,20 +85,29 @@ def encode_batch(batch: SortedBatch) -> Encoded:
     instead of 32 on an equi join of integer keys, to every worker the batch goes to."""
     n = batch.key.shape[0]
     ends = n and batch.key.dtype == np.int64 and batch.in_key_order
-    keys, keys_base = narrow(batch.key, *((int(batch.key[0]), int(batch.key[-1]))
-                                          if ends else ()))
-    ts, ts_base = narrow(batch.ts)
-    seq, seq_base = narrow(batch.seq)
-    ids, ids_base = narrow(batch.ids)
+    keys = narrow(batch.key, *((int(batch.key[0]), int(batch.key[-1])) if ends else ()))
+    return _encode_batch(batch, keys, narrow(batch.ts), narrow(batch.seq), narrow(batch.ids),
+                         batch.key2)
+
+
+def encode_rows(batch: SortedBatch, rows: np.ndarray) -> Encoded:
+    """The Batch of the rows at ``rows`` (ascending) of a batch in arrival order: a
+    key-placement worker's rows, each column gathered, then narrowed."""
+    return _encode_batch(batch, *(narrow(c.take(rows)) for c in (batch.key, batch.ts,
+                                                                  batch.seq, batch.ids)),
+                         None if batch.key2 is None else batch.key2.take(rows))
+
+
+def _encode_batch(batch: SortedBatch, keys, ts, seq, ids, key2) -> Encoded:
+    """The Batch of ``batch`` with these columns, each ``(array, base)``."""
     enc = (Encoded(worker_pb2.Batch).scalar("batch_id", batch.batch_id)
-           .scalar("stream", STREAM[batch.stream]).array("keys", keys)
-           .array("ts", ts).array("seq", seq).array("ids", ids))
-    if batch.key2 is not None:  # for a residual condition, checked by the worker's probe
-        enc.array("key2", np.asarray(batch.key2, dtype=np.float64))
+           .scalar("stream", STREAM[batch.stream]).array("keys", keys[0])
+           .array("ts", ts[0]).array("seq", seq[0]).array("ids", ids[0]))
+    if key2 is not None:  # for a residual condition, checked by the worker's probe
+        enc.array("key2", np.asarray(key2, dtype=np.float64))
     return enc.message(worker_pb2.Batch(predicate=str(batch.predicate),
-                                        window=str(batch.window), keys_base=keys_base,
-                                        ts_base=ts_base, seq_base=seq_base,
-                                        ids_base=ids_base,
+                                        window=str(batch.window), keys_base=keys[1],
+                                        ts_base=ts[1], seq_base=seq[1], ids_base=ids[1],
                                         arrival_order=not batch.in_key_order))
 
 

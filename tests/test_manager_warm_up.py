@@ -29,11 +29,16 @@ def test_warm_up_loads_the_managers_kernels_for_int_and_float_keys():
     code = ("from panjoin.manager import kernels\n"
             "from panjoin.manager.engine import warm_up_manager\n"
             "warm_up_manager()\n"
+            "from panjoin import sharding_kernels as sk\n"
             "print(sorted({str(s[1]) for s in kernels.split_into.signatures}),"
-            " len(kernels.pack_rows.signatures), len(kernels.unpack_rows.signatures))")
+            " len(kernels.pack_rows.signatures), len(kernels.unpack_rows.signatures),"
+            " len({str(s[1]) for s in sk.route_eq_rows.signatures}),"
+            " len({str(s[1]) for s in sk.route_rows.signatures}))")
     # Numba's kernels (the build compiled ahead of time would take the int64 calls)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=600, env={**os.environ, "PANJOIN_AOT": "0"})
     assert p.returncode == 0, p.stderr
-    keys, packs, unpacks = p.stdout.rsplit(" ", 2)
+    keys, packs, unpacks, eq_routes, routes = p.stdout.rsplit(" ", 4)
     assert "int64" in keys and "float64" in keys and int(packs) and int(unpacks)
+    # key placement's router, for int and float keys
+    assert int(eq_routes) == int(routes) == 2

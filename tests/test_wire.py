@@ -219,3 +219,25 @@ def test_narrow_and_widen_round_trip_at_the_ends():
         widen(np.array([0, 9], np.uint32), top - 3, "c")
     with pytest.raises(WireError, match="a base"):
         int_column(to_array(np.array([1, 2])), 5, "c")
+
+
+_I64 = np.iinfo(np.int64)
+
+
+@pytest.mark.parametrize("key_dtype", [np.int64, np.float64])
+def test_a_workers_rows_encode_as_the_gathered_batch_would(key_dtype):
+    rng = np.random.default_rng(3)
+    n = 500
+    keys = rng.integers(-(2**40), 2**40, n).astype(key_dtype)
+    ids = rng.integers(_I64.min, _I64.max, n)  # too wide to narrow
+    b = SortedBatch(7, "R", keys, rng.integers(0, 10**6, n) + 10**15, np.arange(n) + 99,
+                    ids, rng.normal(size=n), *codec._join_spec("band:2&band2:1", "time:9,9"),
+                    in_key_order=False)
+    rows = np.flatnonzero(rng.random(n) < 0.3)
+    raw = codec.encode_rows(b, rows).tobytes()
+    got = codec.decode_batch(worker_pb2.Batch.FromString(raw))
+    order = np.argsort(keys[rows], kind="stable")  # the worker sorts what it gets
+    for g, w in zip(got.columns(), (keys, b.ts, b.seq, ids, b.key2), strict=True):
+        np.testing.assert_array_equal(g, w[rows][order])
+    msg = worker_pb2.Batch.FromString(raw)
+    assert msg.ts.dtype == "<u4" and msg.ids.dtype == "<i8"  # narrowed where it fits

@@ -926,8 +926,10 @@ def warm_up_manager() -> None:
     fresh manager's first join paid for them (0.3 s of a 4.9 s join at a quarter core,
     ``benchmarks/scale_out.py``). Over a :class:`~panjoin.backend.NullBackend`, so no
     index kernel is loaded that only workers need."""
+    from panjoin import codec
     from panjoin.backend import NullBackend
     from panjoin.generate import generate
+    from panjoin.manager.key_placement import route_batch
 
     events = generate(4_000, "uniform", key_min=0, key_max=1 << 12, rate=1000, seed=1)
     fkeys = events.key.astype(np.float64) + 0.5
@@ -938,6 +940,14 @@ def warm_up_manager() -> None:
             eng.push_arrays(events.stream, events.id, keys, events.ts)
             eng.flush()
             eng.take_results()
+    # key placement's routing and its workers' rows (panjoin.manager.key_placement)
+    for keys in (events.key, fkeys):
+        for pred in ("eq", "band:3"):
+            p = parse_predicate(pred)
+            rows, _ = route_batch(keys, keys[:1].copy(), p, "R")
+            batch = SortedBatch(1, "R", keys, events.ts, np.arange(keys.size), events.id,
+                                None, p, parse_window("time:500,500"), in_key_order=False)
+            codec.encode_rows(batch, rows[0])
 
 
 def warm_up(index: str = DEFAULT_INDEX, backend=None, n_workers: int = 1) -> None:

@@ -243,7 +243,7 @@ class KeyPlacedBackend(GrpcBackend):
         s = self.sessions[w]
         if s.batch_id == batch.batch_id:
             return
-        msg = codec.encode_batch(batch.take(rows)).message(
+        msg = codec.encode_rows(batch, rows).message(
             worker_pb2.Batch(release_below=batch.batch_id))
         try:
             self.unchecked.append((-1, s.send(order, "batch", msg)))
