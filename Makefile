@@ -12,7 +12,8 @@ STAMP := $(VENV)/.installed
 # rebuilt when a kernel's source changes (a stale build is not used)
 AOT := panjoin/jit/_ahead.json
 AOT_SRC := $(shell find panjoin/subwindow/kernels -name '*.py') \
-	panjoin/jit/ahead.py panjoin/jit/build.py panjoin/manager/kernels.py panjoin/sharding_kernels.py
+	panjoin/jit/ahead.py panjoin/jit/build.py panjoin/manager/kernels.py panjoin/key_sort_kernels.py \
+	panjoin/sharding_kernels.py
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)

@@ -30,7 +30,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
-from panjoin.manager.kernels import pack_rows, unpack_rows
+from panjoin.key_sort_kernels import pack_rows, unpack_rows
 from panjoin.semantics import (
     Predicate,
     Window,
@@ -73,7 +73,7 @@ def key_order(key: np.ndarray, ts: np.ndarray, ids: np.ndarray):
     permutation that sorts the batch, the columns are gathered by it.
 
     int64 keys whose span leaves room for the row number below them are sorted as one
-    packed int64 each (:func:`panjoin.manager.kernels.pack_rows`); other keys (floats,
+    packed int64 each (:func:`panjoin.key_sort_kernels.pack_rows`); other keys (floats,
     spans near int64's) are argsorted (stable)."""
     if key.dtype == np.int64 and key.shape[0] > 1:
         b, lo, packed = pack_rows(key)

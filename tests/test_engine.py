@@ -366,7 +366,7 @@ def test_key_order_is_a_stable_sort(kind):
     """The batch sort: packed (key, row) int64s when the span allows, else an argsort;
     either way the stable order (ties in arrival order) and the sorted keys."""
     from panjoin.backend import key_order
-    from panjoin.manager.kernels import pack_rows
+    from panjoin.key_sort_kernels import pack_rows
 
     rng = np.random.default_rng(len(kind))
     n = 5000

@@ -50,12 +50,12 @@ STAMP_FILE = os.path.join(HERE, MODULE + ".json")
 # (equi and band, time and count windows, one engine and shards); ``K`` is the key
 # type, built for each of :data:`KEY_TYPES`
 EXPORTS = {
+    "panjoin.key_sort_kernels.pack_rows": "i8[::1]",
+    "panjoin.key_sort_kernels.unpack_rows": "i8[::1], i8, i8, i8[::1], i8[::1]",
     "panjoin.manager.kernels.late_rows": "i8[::1], i8, b1, i8, b1[::1]",
-    "panjoin.manager.kernels.pack_rows": "i8[::1]",
     "panjoin.manager.kernels.split_into":
         "u1[::1], K[::1], i8[::1], i8[::1], i8, i8, K[:, ::1], i8[:, ::1], i8[:, ::1], "
         "i8[:, ::1], i8[:, ::1], i8[::1]",
-    "panjoin.manager.kernels.unpack_rows": "i8[::1], i8, i8, i8[::1], i8[::1]",
     "panjoin.sharding_kernels.route_rows": "u1[::1], K[::1], b1[::1], K[::1], K[:, ::1], K[:, ::1]",
     "panjoin.sharding_kernels.route_eq_rows": "u1[::1], K[::1], b1[::1], K[::1]",
     "panjoin.subwindow.kernels.bisort.build_index": "K[::1], i8, i8, K[::1], i8",
@@ -73,10 +73,10 @@ EXPORTS = {
 #: to Numba, which refuses a write to it (tests/test_jit_ahead.py has Numba compile each
 #: kernel with these arguments typed read-only: one that writes them fails there)
 READ_ONLY = {
+    "panjoin.key_sort_kernels.pack_rows": (0,),
+    "panjoin.key_sort_kernels.unpack_rows": (0, 3, 4),
     "panjoin.manager.kernels.late_rows": (0,),
-    "panjoin.manager.kernels.pack_rows": (0,),
     "panjoin.manager.kernels.split_into": (0, 1, 2, 3),
-    "panjoin.manager.kernels.unpack_rows": (0, 3, 4),
     "panjoin.sharding_kernels.route_rows": (0, 1, 2, 3, 4, 5),
     "panjoin.sharding_kernels.route_eq_rows": (0, 1, 2, 3),
 }
@@ -95,7 +95,8 @@ def specs(qualname: str) -> list[str]:
 #: this list and the build (not panjoin/config.py: of it the kernels take only NJIT's
 #: caching and GIL options, which a build does not use)
 SOURCES = ("panjoin/jit/ahead.py", "panjoin/jit/build.py", "panjoin/manager/kernels.py",
-           "panjoin/sharding_kernels.py", "panjoin/subwindow/kernels")
+           "panjoin/key_sort_kernels.py", "panjoin/sharding_kernels.py",
+           "panjoin/subwindow/kernels")
 
 _DTYPES = {"i8": "int64", "u1": "uint8", "b1": "bool", "f8": "float64"}
 _SCALARS = {"i8": "INT", "u1": "INT", "b1": "BOOL", "f8": "FLOAT"}
