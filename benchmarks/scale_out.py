@@ -48,6 +48,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -225,14 +226,16 @@ def manager_names(k: int) -> list[str]:
 
 def run_cluster(wl: Workload, n: int, events: str, work: str, quota: float,
                 memory_mib: float | None, managers: int = 1, lan: dict | None = None,
-                via: str = "workers", placement: str = "time") -> dict:
+                via: str = "workers", placement: str = "time",
+                cluster_args: tuple = ()) -> dict:
     """N worker hosts, ``managers`` manager hosts over all of them (more than one: the
     replay shards the join by key over them) and the client's host; with ``lan``
     (``{"rate_mbit": R, "delay_ms": D}``), each host in its own network namespace on
     an emulated LAN (:mod:`panjoin.bench.lan`), its servers on its address with TLS;
     ``via``: where the pairs go to the client (replay's ``--results-via``: straight
     from the workers, or through the manager); ``placement``: the managers'
-    ``--placement`` (whole subwindows on workers, or every subwindow cut by key)."""
+    ``--placement`` (whole subwindows on workers, or every subwindow cut by key);
+    ``cluster_args``: more flags of the cluster's replay (``--batch-size 64K``)."""
     margs = ["--replicas", "1", "--placement", placement]
     with Hosts(quota, memory_mib) as hs, \
             (Lan(**lan) if lan is not None else contextlib.nullcontext()) as net:
@@ -271,10 +274,11 @@ def run_cluster(wl: Workload, n: int, events: str, work: str, quota: float,
             where = ",".join([c.address, *(m.address for m in more)])
             t, cpu, net_bytes = _replay(
                 wl, events, os.path.join(work, f"cluster{n}.parquet"), client,
-                ["--cluster", where, "--results-via", via,
+                ["--cluster", where, "--results-via", via, *cluster_args,
                  *(sec.argv() if sec is not None else [])], all_hosts, wire)
             rep = _hosts_report(all_hosts, t, quota, {"client": cpu})
-    return {"n": n, "managers": managers, "placement": placement, "time_s": t,
+    return {"n": n, "managers": managers, "placement": placement,
+            "cluster_args": list(cluster_args), "time_s": t,
             "tuples_per_s": wl.tuples / t,
             "wire_b_per_tuple": net_bytes / wl.tuples, "hosts": rep, "lan": lan}
 
@@ -285,9 +289,11 @@ def bottleneck(rec: dict) -> str:
 
 def run_workload(wl: Workload, ns: list[int], quota: float, memory_mib: float | None,
                  work: str, echo=print, managers: int = 1, lan: dict | None = None,
-                 via: str = "workers", placements: tuple = ("time",)) -> dict:
+                 via: str = "workers", placements: tuple = ("time",),
+                 cluster_args: tuple = ()) -> dict:
     """In-process, then each N (with one manager, and with ``managers`` if more; with
-    each of ``placements``, alternated)."""
+    each of ``placements``, alternated); ``cluster_args``: more flags of the cluster's
+    replays (the in-process one keeps replay's own knobs)."""
     events = os.path.join(work, f"{wl.name}.parquet")
     write_events(wl.events(), events)
     local = run_in_process(wl, events, work, quota, memory_mib)
@@ -298,7 +304,8 @@ def run_workload(wl: Workload, ns: list[int], quota: float, memory_mib: float | 
     for n, k, pl in [(n, k, pl) for n in ns for k in sorted({1, managers})
                      for pl in placements]:
         try:
-            r = run_cluster(wl, n, events, work, quota, memory_mib, k, lan, via, pl)
+            r = run_cluster(wl, n, events, work, quota, memory_mib, k, lan, via, pl,
+                            cluster_args)
         except Exception as e:  # reported, and the sweep goes on
             echo(f"{wl.name}: N={n} K={k} {pl} FAILED: {str(e)[-800:]}")
             runs.append({"n": n, "managers": k, "placement": pl, "error": str(e)[-3000:],
@@ -340,7 +347,8 @@ def report(recs: list[dict]) -> str:
             pl = r.get("placement", "time")
             lines.append(
                 f"| {rec['workload']['name']} | {r['n']}{f' (K {k})' if k > 1 else ''}"
-                f"{' key' if pl == 'key' else ''} | "
+                f"{' key' if pl == 'key' else ''}"
+                f"{' ' + ' '.join(r['cluster_args']) if r.get('cluster_args') else ''} | "
                 f"{r['time_s']:.2f} | "
                 f"{r['tuples_per_s'] / 1e6:.2f} | {r['speedup']:.2f}x | {0.75 * r['n']:.2f}x | "
                 f"{r['bottleneck']} ({hs[r['bottleneck']]['util']:.0%}) | "
@@ -411,6 +419,10 @@ def main(argv=None) -> int:
                     help="the managers' --placement: whole subwindows on workers (time, "
                          "default), every subwindow cut by key over them (key), or each N "
                          "with both, alternated (both)")
+    ap.add_argument("--cluster-args", metavar="FLAGS", default="",
+                    help="more flags of the cluster's replays, as one string (e.g. "
+                         "\"--batch-size 64K\": the cluster's knobs against the in-process "
+                         "replay's own; default: none)")
     ap.add_argument("--tuples", type=size, metavar="N",
                     help="the workloads' files of N tuples instead of their own (e.g. 2M: "
                          "a 2-D band join past its window's fill)")
@@ -486,7 +498,8 @@ def main(argv=None) -> int:
             recs.append(run_workload(wl, ns, quota, args.memory_mib, work,
                                      managers=args.managers, lan=lan, via=args.results_via,
                                      placements=(("time", "key") if args.placement == "both"
-                                                 else (args.placement,))))
+                                                 else (args.placement,)),
+                                     cluster_args=tuple(shlex.split(args.cluster_args))))
     print(report(recs))
     print(f"({time.perf_counter() - t0:.0f} s)")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)

@@ -241,3 +241,28 @@ def test_a_delay_without_netem_is_refused_with_the_way_out():
     p = subprocess.run([sys.executable, "-m", "benchmarks.scale_out", "--quick", "--lan"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "--lan-delay-ms 0" in p.stderr, p.stderr
+
+
+@needs_hosts
+def test_cluster_args_reach_the_clusters_replay(tmp_path):
+    """--cluster-args: flags of the cluster's replays alone, in the records and the table;
+    the pairs stay the in-process replay's (which keeps its own knobs)."""
+    p, recs = _quick(tmp_path, "--workers", "1", "--cluster-args", "--batch-size 8K")
+    [r] = recs[0]["cluster"]
+    assert r["cluster_args"] == ["--batch-size", "8K"] and r["same_pairs"]
+    assert "| 1 --batch-size 8K |" in p.stdout
+    assert not [d for d in os.listdir("/sys/fs/cgroup/cpu") if d.startswith("panjoin-hosts")]
+
+
+@needs_hosts
+def test_cluster_args_are_the_replays_own(tmp_path):
+    """A flag the replay does not know fails the cluster's run, which the record says
+    (so --cluster-args reach the replay, not a list kept beside it)."""
+    out, png = tmp_path / "so.json", tmp_path / "so.png"
+    p = subprocess.run([sys.executable, "-m", "benchmarks.scale_out", "--quick", "--workers",
+                        "1", "--cluster-args", "--no-such-knob 3", "--out", str(out),
+                        "--plot", str(png)], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    [r] = json.loads(out.read_text())[0]["cluster"]
+    assert "--no-such-knob" in r["error"] and not r["same_pairs"]
+    assert not [d for d in os.listdir("/sys/fs/cgroup/cpu") if d.startswith("panjoin-hosts")]
