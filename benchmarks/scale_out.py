@@ -308,7 +308,8 @@ def run_workload(wl: Workload, ns: list[int], quota: float, memory_mib: float | 
                             cluster_args)
         except Exception as e:  # reported, and the sweep goes on
             echo(f"{wl.name}: N={n} K={k} {pl} FAILED: {str(e)[-800:]}")
-            runs.append({"n": n, "managers": k, "placement": pl, "error": str(e)[-3000:],
+            runs.append({"n": n, "managers": k, "placement": pl,
+                         "cluster_args": list(cluster_args), "error": str(e)[-3000:],
                          "same_pairs": False})
             continue
         r["speedup"] = local["time_s"] / r["time_s"]

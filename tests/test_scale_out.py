@@ -265,4 +265,5 @@ def test_cluster_args_are_the_replays_own(tmp_path):
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     [r] = json.loads(out.read_text())[0]["cluster"]
     assert "--no-such-knob" in r["error"] and not r["same_pairs"]
+    assert r["cluster_args"] == ["--no-such-knob", "3"]
     assert not [d for d in os.listdir("/sys/fs/cgroup/cpu") if d.startswith("panjoin-hosts")]
