@@ -127,6 +127,12 @@ class SortedBatch:
     def __len__(self) -> int:
         return int(self.key.shape[0])
 
+    @property
+    def ids_are_seq(self) -> bool:
+        """The ids are the seqs, as one array (a join whose client numbers its tuples,
+        ``seq_ids``): the wire carries the column once (:mod:`panjoin.codec`)."""
+        return self.ids is self.seq
+
     def columns(self, seq_from: int | None = None, seq_to: int | None = None):
         """(key, ts, seq, ids, key2) of the tuples with ``seq_from <= seq < seq_to``
         (all of them by default), in key order."""
@@ -141,8 +147,10 @@ class SortedBatch:
         """The batch's rows ``[start, stop)`` (a key range: still in key order), views."""
         if start == 0 and stop == len(self):
             return self
+        seq = self.seq[start:stop]
         return SortedBatch(self.batch_id, self.stream, self.key[start:stop],
-                           self.ts[start:stop], self.seq[start:stop], self.ids[start:stop],
+                           self.ts[start:stop], seq,
+                           seq if self.ids_are_seq else self.ids[start:stop],
                            None if self.key2 is None else self.key2[start:stop],
                            self.predicate, self.window)
 
@@ -152,7 +160,8 @@ class SortedBatch:
         if self.in_key_order:
             return self
         order, key, ts, ids = key_order(self.key, self.ts, self.ids)
-        return SortedBatch(self.batch_id, self.stream, key, ts, self.seq.take(order), ids,
+        return SortedBatch(self.batch_id, self.stream, key, ts,
+                           ids if self.ids_are_seq else self.seq.take(order), ids,
                            None if self.key2 is None else self.key2.take(order),
                            self.predicate, self.window, sent=order)
 

@@ -94,19 +94,24 @@ class Result(NamedTuple):
 
 
 def join_input(join_id: str, batch_id: int, chunk, flush: bool = False,
-               watermark: int | None = None, token: str = "") -> manager_pb2.JoinInput:
+               watermark: int | None = None, token: str = "", *, ids: bool = True,
+               ts: bool = True) -> manager_pb2.JoinInput:
     """The JoinInput of one chunk (anything with stream/id/key/ts arrays and optionally
     ``payload`` and ``key2``); ``watermark``: the client's event-time watermark;
-    ``token``: the join's (OpenReply.token)."""
+    ``token``: the join's (OpenReply.token). ``ids=False`` leaves the id column out (a
+    join opened with ``seq_ids``), ``ts=False`` the ts column (a count window's join
+    never reads it)."""
     # int64 columns of span < 2^32 as uint32 offsets: 13 bytes a tuple, not 25
-    ids, id_base = narrow(np.asarray(chunk.id, np.int64))
-    key, key_base = narrow(np.asarray(chunk.key))
-    ts, ts_base = narrow(np.asarray(chunk.ts, np.int64))
+    cols = {"key": narrow(np.asarray(chunk.key))}
+    if ids:
+        cols["id"] = narrow(np.asarray(chunk.id, np.int64))
+    if ts:
+        cols["ts"] = narrow(np.asarray(chunk.ts, np.int64))
     msg = manager_pb2.JoinInput(
         join_id=join_id, token=token, batch_id=batch_id,
-        stream=to_array(np.asarray(chunk.stream, np.uint8)), id=to_array(ids),
-        id_base=id_base, key=to_array(key), key_base=key_base, ts=to_array(ts),
-        ts_base=ts_base, flush=flush)
+        stream=to_array(np.asarray(chunk.stream, np.uint8)), flush=flush,
+        **{k: to_array(a) for k, (a, _) in cols.items()},
+        **{f"{k}_base": base for k, (_, base) in cols.items()})
     to_payloads(getattr(chunk, "payload", None), msg.payload)
     if getattr(chunk, "key2", None) is not None:
         msg.key2.CopyFrom(to_array(np.asarray(chunk.key2, np.float64)))
@@ -166,8 +171,7 @@ class JoinSession:
         """The answer to this batch; on a streaming join, with the pairs the manager
         pushed before it folded in (:func:`fold`)."""
         self.client.check_size(chunk)
-        self._q.put(join_input(self.join_id, batch_id, chunk, flush, watermark,
-                               self.client.token(self.join_id)))
+        self._q.put(self.client.input_of(self.join_id, batch_id, chunk, flush, watermark))
         pushed = []
         while (out := output_of(next(self._out), self.client.direct.get(self.join_id))).pushed:
             pushed.append(out)
@@ -268,12 +272,11 @@ class LiveJoin:
                 if flush:
                     self._flush_id = bid
                 self._last_sent = time.monotonic()
-            token = self.client.token(self.join_id)
             if chunks:
-                msg = join_input(self.join_id, bid, _concat(chunks), flush, token=token)
+                msg = self.client.input_of(self.join_id, bid, _concat(chunks), flush)
             else:
-                msg = manager_pb2.JoinInput(join_id=self.join_id, token=token, batch_id=bid,
-                                            flush=flush)
+                msg = manager_pb2.JoinInput(join_id=self.join_id, batch_id=bid, flush=flush,
+                                            token=self.client.token(self.join_id))
             yield msg
 
     def _read(self) -> None:
@@ -407,6 +410,19 @@ def rows_of(events, rows: np.ndarray) -> SimpleNamespace:
                            key2=None if key2 is None else key2[rows])
 
 
+def seq_ids_of(events) -> tuple[np.ndarray, np.ndarray]:
+    """Each stream's ids in arrival order: a tuple's id is ``ids[x][seq]`` (the pairs of
+    a join opened with ``seq_ids`` name tuples by seq).
+
+        >>> ev = SimpleNamespace(stream=np.array([0, 1, 0]), id=np.array([7, 8, 9]))
+        >>> [a.tolist() for a in seq_ids_of(ev)]
+        [[7, 9], [8]]
+    """
+    ids = np.asarray(events.id, np.int64)
+    s = np.asarray(events.stream) != 0
+    return np.compress(~s, ids), np.compress(s, ids)  # (a third of a mask's time)
+
+
 def with_payloads(events, r: np.ndarray, s: np.ndarray, late: dict, lookup=None) -> Result:
     """The :class:`Result` of pairs ``r``, ``s``, with ``events``' payloads joined on by
     id where it has them (``lookup``: a :func:`payload_lookup` of ``events`` to reuse)."""
@@ -455,6 +471,9 @@ class Client:
         self.channel = make_channel(address, self.security, token=True)
         self.stub = manager_pb2_grpc.ManagerStub(self.channel)
         self.tokens: dict[str, str] = {}  # join id -> its token (OpenReply.token)
+        #: join id -> (its tuples' ids are seqs, it has a count window): the columns
+        #: its JoinInputs leave out (:meth:`input_of`)
+        self.columns: dict[str, tuple[bool, bool]] = {}
         #: join id -> where its pairs come from, for joins with results past the manager
         self.direct: dict[str, ResultSources] = {}
 
@@ -518,6 +537,8 @@ class Client:
                 raise
             self.direct[reply.join_id] = rs
         self.tokens[reply.join_id] = reply.token
+        self.columns[reply.join_id] = (reply.settings.seq_ids,
+                                       reply.settings.window.strip().startswith("count"))
         return reply.join_id
 
     def token(self, join_id: str) -> str:
@@ -536,6 +557,7 @@ class Client:
         finally:
             self.drop_sources(join_id)
         self.tokens.pop(join_id, None)
+        self.columns.pop(join_id, None)
         return st
 
     def drop_sources(self, join_id: str) -> None:
@@ -564,15 +586,23 @@ class Client:
 
     def _inputs(self, join_id: str, chunks, first_batch_id: int, flush_last: bool):
         """The JoinInputs of ``chunks``, the last one flushed when ``flush_last``."""
-        token = self.token(join_id)
         end = object()
         it = iter(chunks)
         ch, bid = next(it, end), first_batch_id
         while ch is not end:
             nxt = next(it, end)
-            yield join_input(join_id, bid, ch, flush=flush_last and nxt is end,
-                             watermark=getattr(ch, "watermark", None), token=token)
+            yield self.input_of(join_id, bid, ch, flush_last and nxt is end,
+                                getattr(ch, "watermark", None))
             ch, bid = nxt, bid + 1
+
+    def input_of(self, join_id: str, batch_id: int, chunk, flush: bool = False,
+                 watermark: int | None = None) -> manager_pb2.JoinInput:
+        """The JoinInput of ``chunk`` for ``join_id`` (:func:`join_input`), with the
+        columns the join reads: no ids where it numbers the tuples (``seq_ids``
+        granted), no ts on a count window (4 bytes a tuple each)."""
+        seq_ids, count = self.columns.get(join_id, (False, False))
+        return join_input(join_id, batch_id, chunk, flush, watermark, self.token(join_id),
+                          ids=not seq_ids, ts=not count)
 
     def session(self, join_id: str) -> JoinSession:
         """A long-lived Join stream on ``join_id`` that sends one batch at a time."""
@@ -590,17 +620,32 @@ class Client:
         ``r_id, s_id, late_ids_by_stream``). ``out``: a
         :class:`panjoin.events.PairsWriter` (anything with ``write(r_id, s_id,
         r_payload, s_payload)``) that takes each answer's pairs as it arrives, so they
-        are never all held here; the Result then has the late ids and no pairs."""
+        are never all held here; the Result then has the late ids and no pairs.
+
+        ``seq_ids=True`` (a count window) keeps the ids here: the JoinInputs carry none,
+        the join names each tuple by its seq (its row among its stream's events) and
+        the pairs are mapped back here, one gather an id: less for the manager to carry
+        (its id column's passes and 8 bytes a tuple on the wire), more for this process
+        where a tuple has many partners."""
         join_id = self.open(window, predicate, index, **settings)
+        by_seq = seq_ids_of(events) if self.columns[join_id][0] else None
         n = len(events)
         step = self.chunk_rows(chunk)
         chunks = [rows_of(events, np.arange(a, min(n, a + step)))
                   for a in range(0, max(1, n), step)]  # no payloads: they stay here
-        outs = self.run_join(join_id, chunks, None if out is None else answer_writer(events, out))
+        each = None if out is None else answer_writer(events, out)
+        if by_seq is not None and each is not None:
+            write = each
+
+            def each(o: Output) -> None:  # seqs -> ids, then as any answer
+                write(o._replace(r_id=by_seq[0].take(o.r_id), s_id=by_seq[1].take(o.s_id)))
+        outs = self.run_join(join_id, chunks, each)
         ls = np.concatenate([o.late_stream for o in outs])
         li = np.concatenate([o.late_id for o in outs])
         r = np.concatenate([o.r_id for o in outs])
         s = np.concatenate([o.s_id for o in outs])
+        if by_seq is not None and out is None:
+            r, s = by_seq[0].take(r), by_seq[1].take(s)
         late = {"R": li[ls == 0], "S": li[ls == 1]}
         return Result(r, s, late) if out is not None else with_payloads(events, r, s, late)
 

@@ -86,28 +86,35 @@ def encode_batch(batch: SortedBatch) -> Encoded:
     n = batch.key.shape[0]
     ends = n and batch.key.dtype == np.int64 and batch.in_key_order
     keys = narrow(batch.key, *((int(batch.key[0]), int(batch.key[-1])) if ends else ()))
-    return _encode_batch(batch, keys, narrow(batch.ts), narrow(batch.seq), narrow(batch.ids),
-                         batch.key2)
+    seq = narrow(batch.seq)
+    return _encode_batch(batch, keys, narrow(batch.ts), seq,
+                         None if batch.ids_are_seq else narrow(batch.ids), batch.key2)
 
 
 def encode_rows(batch: SortedBatch, rows: np.ndarray) -> Encoded:
     """The Batch of the rows at ``rows`` (ascending) of a batch in arrival order: a
     key-placement worker's rows, each column gathered, then narrowed."""
-    return _encode_batch(batch, *(narrow(c.take(rows)) for c in (batch.key, batch.ts,
-                                                                  batch.seq, batch.ids)),
+    keys, ts, seq = (narrow(c.take(rows)) for c in (batch.key, batch.ts, batch.seq))
+    return _encode_batch(batch, keys, ts, seq,
+                         None if batch.ids_are_seq else narrow(batch.ids.take(rows)),
                          None if batch.key2 is None else batch.key2.take(rows))
 
 
 def _encode_batch(batch: SortedBatch, keys, ts, seq, ids, key2) -> Encoded:
-    """The Batch of ``batch`` with these columns, each ``(array, base)``."""
+    """The Batch of ``batch`` with these columns, each ``(array, base)``; ``ids`` None:
+    they are the seqs (``ids_are_seq``), sent once."""
     enc = (Encoded(worker_pb2.Batch).scalar("batch_id", batch.batch_id)
            .scalar("stream", STREAM[batch.stream]).array("keys", keys[0])
-           .array("ts", ts[0]).array("seq", seq[0]).array("ids", ids[0]))
+           .array("ts", ts[0]).array("seq", seq[0]))
+    if ids is not None:
+        enc.array("ids", ids[0])
     if key2 is not None:  # for a residual condition, checked by the worker's probe
         enc.array("key2", np.asarray(key2, dtype=np.float64))
     return enc.message(worker_pb2.Batch(predicate=str(batch.predicate),
                                         window=str(batch.window), keys_base=keys[1],
-                                        ts_base=ts[1], seq_base=seq[1], ids_base=ids[1],
+                                        ts_base=ts[1], seq_base=seq[1],
+                                        ids_base=0 if ids is None else ids[1],
+                                        ids_are_seq=ids is None,
                                         arrival_order=not batch.in_key_order))
 
 
@@ -138,7 +145,12 @@ def decode_batch(c: worker_pb2.Batch) -> SortedBatch:
         keys = from_array(c.keys, c.keys.dtype, "keys")
     ts = int_column(c.ts, c.ts_base, "ts")
     seq = int_column(c.seq, c.seq_base, "seq")
-    ids = int_column(c.ids, c.ids_base, "ids")
+    if c.ids_are_seq:
+        if c.HasField("ids") or c.ids_base:
+            raise ValueError("a batch whose ids are its seqs (ids_are_seq) carries no ids")
+        ids = seq  # one array: SortedBatch.ids_are_seq
+    else:
+        ids = int_column(c.ids, c.ids_base, "ids")
     if not (keys.ndim == 1 and keys.shape == ts.shape == seq.shape == ids.shape):
         raise ValueError("keys, ts, seq and ids differ in length")
     key2 = None

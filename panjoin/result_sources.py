@@ -33,7 +33,7 @@ from collections import deque
 
 import numpy as np
 
-from panjoin.wire import from_array
+from panjoin.wire import int_column
 
 #: seconds a reference's pairs may take to arrive (they are on their way when the
 #: manager names them: the worker answered the probe once it had queued them)
@@ -118,8 +118,8 @@ class ResultSources:
         why = "the worker ended the stream (its session ended)"
         try:
             for piece in s.call:
-                r = from_array(piece.r_id, "<i8", "r_id")
-                x = from_array(piece.s_id, "<i8", "s_id")
+                r = int_column(piece.r_id, piece.r_base, "r_id")  # maybe narrowed
+                x = int_column(piece.s_id, piece.s_base, "s_id")
                 with self._cond:
                     s.pieces.setdefault(piece.command_id, deque()).append((r, x))
                     s.nbytes += r.nbytes + x.nbytes

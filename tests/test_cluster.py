@@ -264,6 +264,42 @@ def test_a_join_input_goes_narrowed_and_bad_narrowing_is_refused(manager):
     assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
 
 
+def test_seq_ids_keep_the_ids_at_the_client_and_only_count_windows_get_them(manager, events):
+    """A client that numbers its tuples (OpenRequest.seq_ids) sends no id column; the
+    manager grants it for count windows only, and refuses ids on such a join; time
+    placement's sorted batches give the reference with ids in no order."""
+    import queue
+
+    from panjoin.client import Client, rows_of
+
+    ev = events.slice(0, len(events))
+    rng = np.random.default_rng(11)
+    ev.id = (rng.permutation(len(ev)).astype(np.int64) - 700) * -9_000_000_011
+    with Client(manager) as c:
+        jid = c.open("time:160,120", "band:1", seq_ids=True)
+        assert c.columns[jid] == (False, False)  # a time window: the client sends its ids
+        c.close_join(jid)
+        jid = c.open("count:150,110", "eq", seq_ids=True)
+        assert c.columns[jid] == (True, True)
+        m = c.input_of(jid, 1, rows_of(ev, np.arange(50)))
+        m.id.CopyFrom(to_array(np.arange(50)))  # ids on a join whose ids are seqs
+        inputs: queue.Queue = queue.Queue()
+        for msg in (m, None):
+            inputs.put(msg)
+        with pytest.raises(grpc.RpcError) as e:
+            list(c.stub.Join(iter(inputs.get, None)))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "seq_ids" in e.value.details()
+        res = {idx: c.join(ev, "count:150,110", "bands:-3,-1;2,5", idx, chunk=400,
+                           subwindow_size=30, batch_size=64, seq_ids=True)
+               for idx in ("bisort", "rap")}
+    ref = reference_join(ev.stream, ev.id, ev.key, ev.ts, parse_window("count:150,110"),
+                         parse_predicate("bands:-3,-1;2,5"))
+    assert len(ref.pairs) > 100
+    for r, s, _ in res.values():
+        assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+
+
 def test_replay_cli_on_a_local_cluster(tmp_path):
     from panjoin.cli.main import main
     from panjoin.events import read_pairs, write_events

@@ -94,6 +94,32 @@ def test_pairs_past_the_manager_are_the_references(cluster, window, pred, index,
     assert all(not s.pieces for s in sources._sources.values())
 
 
+@pytest.mark.parametrize("wide", [False, True])
+def test_a_workers_pairs_go_narrowed_where_they_fit(cluster, monkeypatch, wide):
+    """A ResultPiece's ids as uint32 offsets when a piece's ids span < 2^32 (8 bytes a
+    pair), as int64 otherwise; exact either way."""
+    import panjoin.result_sources as rsrc
+
+    seen = []
+    real = rsrc.int_column
+
+    def spy(a, base, name):
+        seen.append(a.dtype)
+        return real(a, base, name)
+
+    monkeypatch.setattr(rsrc, "int_column", spy)
+    ev = _events(3000)
+    if wide:  # both ends of int64 among them
+        ev.id = np.where(ev.id % 2 == 0, ev.id - (1 << 62), ev.id + (1 << 62)).astype(np.int64)
+    with Client(cluster.address) as c:
+        jid = c.open("count:500,500", "band:1", "bisort", subwindow_size=256, batch_size=128,
+                     direct_results=True)
+        outs = _outputs_of(c, jid, ev)
+    np.testing.assert_array_equal(_pairs(outs), _reference(ev, "count:500,500", "band:1"))
+    # wide: a piece whose ids all fall at one end still fits (narrowed per piece)
+    assert "<i8" in seen if wide else set(seen) == {"<u4"}
+
+
 def test_the_manager_sends_references_not_pairs(cluster):
     ev = _events(4000)
     with Client(cluster.address) as c:
@@ -141,6 +167,47 @@ def test_replay_takes_the_pairs_from_the_workers(cluster, tmp_path, capsys):
         np.testing.assert_array_equal(
             sort_pairs(read_pairs(str(out))),
             _reference(read_events(str(path)), "count:500,500", "band:2"))
+
+
+@pytest.mark.parametrize("pred,stay", [("eq", True), ("band:2", False), ("band:2", True)])
+def test_replay_keeps_the_ids_with_seq_ids(cluster, tmp_path, caplog, pred, stay):
+    """``--seq-ids``: the ids stay with replay and the pairs come back as seqs; the
+    pairs are the reference's either way, with ids in no order."""
+    import logging
+
+    from panjoin.cli.main import main
+    from panjoin.events import read_pairs, write_events
+
+    ev = _events(5000)
+    ev.id = (np.random.default_rng(2).permutation(len(ev)) - 2500) * 1_000_000_007
+    path, out = tmp_path / "ev.parquet", tmp_path / "p.parquet"
+    write_events(ev, str(path))
+    with caplog.at_level(logging.INFO, logger="panjoin"):
+        assert main(["replay", str(path), "--cluster", cluster.address, "--window",
+                     "count:500,500", "--predicate", pred, "--out", str(out),
+                     "--no-progress", *(["--seq-ids"] if stay else [])]) == 0
+    said = [r.getMessage() for r in caplog.records if "tuple ids" in r.getMessage()]
+    assert said == (["tuple ids stayed here: the join named tuples by seq"] if stay else [])
+    np.testing.assert_array_equal(sort_pairs(read_pairs(str(out))),
+                                  _reference(ev, "count:500,500", pred))
+
+
+@pytest.mark.parametrize("where", [["--window", "time:500,500"], ["--workers", "2"]])
+def test_seq_ids_is_refused_where_it_cannot_apply(tmp_path, capsys, where):
+    from panjoin.cli.main import main
+    from panjoin.events import write_events
+
+    path = tmp_path / "ev.parquet"
+    write_events(_events(500), str(path))
+    args = ["replay", str(path), "--predicate", "eq", "--out", str(tmp_path / "p.parquet"),
+            "--no-progress", "--seq-ids", *where]
+    if "--window" not in where:
+        args += ["--window", "count:50,50"]
+    if "--workers" not in where:
+        args += ["--cluster", "127.0.0.1:1"]
+    with pytest.raises(SystemExit) as e:
+        main(args)
+    assert "--seq-ids is for a count window on one --cluster manager" in str(e.value)
 
 
 def test_a_manager_with_two_replicas_declines_and_relays():

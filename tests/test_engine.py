@@ -448,6 +448,51 @@ def test_split_streams_numbers_each_arrival():
         assert (nr, ns) == tuple(rank)
 
 
+def test_split_streams_without_ts_and_ids_numbers_the_same():
+    """A count window whose ids are seqs: key, seq and opp as the full split's."""
+    from panjoin.manager.kernels import split_streams
+
+    rng = np.random.default_rng(8)
+    stream = rng.integers(0, 2, 999).astype(np.uint8)
+    keys = rng.integers(-9, 9, 999)
+    full = split_streams(stream, keys, np.arange(999), np.arange(999) + 5, 3, 70)
+    lean = split_streams(stream, keys, None, None, 3, 70)
+    assert lean[1] is None and lean[3] is None and lean[5:7] == full[5:7]
+    nr, ns = lean[5:7]
+    for a, b in ((lean[0], full[0]), (lean[2], full[2]), (lean[4], full[4])):
+        np.testing.assert_array_equal(a[0, :nr], b[0, :nr])
+        np.testing.assert_array_equal(a[1, :ns], b[1, :ns])
+    np.testing.assert_array_equal(lean[7], full[7])
+
+
+@pytest.mark.parametrize("index", ["bisort", "hash"])
+def test_an_engine_whose_ids_are_seqs_names_each_tuple_by_its_arrival(index):
+    """seq_ids: pushes carry no ids (nor ts, on a count window); each pair names its
+    tuples by their arrival numbers in their streams, from 0."""
+    ev = generate(4000, "zipf", key_min=0, key_max=300, rate=1000, seed=4)
+    eng = JoinEngine("count:500,300", "eq", index=index, batch_size=128, subwindow_size=100,
+                     threads=1, seq_ids=True)
+    for a in range(0, 4000, 700):
+        eng.push_arrays(ev.stream[a:a + 700], None, ev.key[a:a + 700], None)
+    eng.flush()
+    r, s = eng.take_results()
+    seq = np.empty(4000, np.int64)  # each tuple's rank in its stream
+    for x in (0, 1):
+        rows = np.flatnonzero(ev.stream == x)
+        seq[rows] = np.arange(rows.size)
+    ref = reference_join(ev.stream, seq, ev.key, ev.ts, parse_window("count:500,300"),
+                         parse_predicate("eq"))
+    assert len(ref.pairs) > 1000
+    assert np.array_equal(sort_pairs(np.stack([r, s], axis=1)), ref.pairs)
+    with pytest.raises(ValueError, match="push no ids"):
+        eng.push_arrays(ev.stream[:5], ev.id[:5], ev.key[:5], None)
+    with pytest.raises(ValueError, match="count window"):
+        JoinEngine("time:50,50", "eq", index="nested", seq_ids=True)
+    plain = JoinEngine("count:5,5", "eq", index="nested")
+    with pytest.raises(ValueError, match="an id per tuple"):
+        plain.push_arrays(ev.stream[:5], None, ev.key[:5], None)
+
+
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux only")
 def test_engine_advises_its_heap_for_huge_pages():
     """A library in the same process may trim the heap (DuckDB calls malloc_trim): the

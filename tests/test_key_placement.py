@@ -163,6 +163,39 @@ def test_key_placed_joins_are_the_references(cluster, window, pred, index, gen, 
     np.testing.assert_array_equal(got, want)
 
 
+def scrambled_ids(ev, seed: int = 3):
+    """``ev`` with ids in no order, at both ends of int64 among them: pairs that came
+    back as seqs, or mapped by the wrong stream, could not match the reference."""
+    rng = np.random.default_rng(seed)
+    ids = (rng.permutation(len(ev)).astype(np.int64) - len(ev) // 2) * 7_919_000_003
+    ids[rng.choice(len(ev), 2, replace=False)] = [I64.min, I64.max]
+    ev.id = ids
+    return ev
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["past-the-manager", "through-it"])
+@pytest.mark.parametrize("window,pred,index,gen",
+                         [c for c in CASES if c[0].startswith("count")][:4])
+def test_a_client_that_numbers_its_tuples_gets_the_reference(cluster, window, pred, index,
+                                                             gen, direct):
+    """Client.join(seq_ids=True) on a count window: no id (nor ts) column goes to the
+    manager or the workers, the pairs come back as seqs and the client maps them to
+    its ids."""
+    ev = scrambled_ids(_events(**gen))
+    with Client(cluster.address) as c:
+        jid = c.open(window, pred, index, seq_ids=True)
+        assert c.columns[jid] == (True, True)  # granted; a count window
+        msg = c.input_of(jid, 1, rows_of(ev, np.arange(10)))
+        assert not msg.HasField("id") and not msg.HasField("ts") and msg.HasField("key")
+        c.close_join(jid)
+        res = c.join(ev, window, pred, index, chunk=1000, subwindow_size=256,
+                     batch_size=128, direct_results=direct, seq_ids=True)
+    want = reference_join(ev.stream, ev.id, ev.key, ev.ts, parse_window(window),
+                          parse_predicate(pred), getattr(ev, "key2", None)).pairs
+    assert want.shape[0] > 100
+    np.testing.assert_array_equal(sort_pairs(np.stack([res.r_id, res.s_id], axis=1)), want)
+
+
 @pytest.mark.parametrize("keys", ["extreme", "equal"])
 def test_extreme_and_equal_keys(cluster, keys):
     n = 3000

@@ -129,6 +129,41 @@ def test_a_batch_sent_in_arrival_order_arrives_sorted_and_remembers_its_rows(key
     assert np.array_equal(got.seq, order + 100) and np.array_equal(got.ts, order * 10)
 
 
+@pytest.mark.parametrize("arrival", [False, True])
+def test_a_batch_whose_ids_are_its_seqs_sends_them_once(arrival):
+    """ids_are_seq: one column on the wire, one array at the worker (sorted or rows)."""
+    rng = np.random.default_rng(5)
+    n = 300
+    keys = rng.integers(-50, 50, n)
+    seq = np.arange(n) * 3 + 1000  # a key placement's rows: seqs with gaps
+    spec = codec._join_spec("band:1", "count:9,9")
+    if arrival:
+        b = SortedBatch(3, "S", keys, np.arange(n), seq, seq, None, *spec, in_key_order=False)
+        rows = np.flatnonzero(rng.random(n) < 0.5)
+        raw, want = codec.encode_rows(b, rows).tobytes(), rows
+    else:
+        order = np.argsort(keys, kind="stable")
+        sseq = seq[order]
+        b = SortedBatch(3, "S", keys[order], np.arange(n), sseq, sseq, None, *spec)
+        raw, want = codec.encode_batch(b).tobytes(), order
+    assert b.ids_are_seq
+    msg = worker_pb2.Batch.FromString(raw)
+    assert msg.ids_are_seq and not msg.HasField("ids")
+    got = codec.decode_batch(msg)
+    assert got.ids is got.seq and got.rows(1, 5).ids_are_seq
+    if arrival:
+        want = want[np.argsort(keys[want], kind="stable")]
+    np.testing.assert_array_equal(got.seq, seq[want])
+    np.testing.assert_array_equal(got.key, keys[want])
+    # a copy of the column is not the same array: sent as ids, as before
+    b.ids = b.ids.copy()
+    assert not worker_pb2.Batch.FromString(
+        (codec.encode_rows(b, rows) if arrival else codec.encode_batch(b)).tobytes()).ids_are_seq
+    msg.ids.CopyFrom(to_array(np.arange(5)))  # ids_are_seq and ids both: refused
+    with pytest.raises(ValueError, match="ids_are_seq"):
+        codec.decode_batch(msg)
+
+
 def test_a_batch_in_arrival_order_must_have_ascending_seqs():
     b = SortedBatch.of(1, "R", np.array([2, 1]), np.zeros(2), np.array([5, 4]), np.arange(2),
                        predicate="eq", window="count:9,9")

@@ -54,7 +54,7 @@ from panjoin.limits import (
 from panjoin.ops.metrics import WorkerCollector, with_metrics
 from panjoin.proto.panjoin.v1 import worker_pb2, worker_pb2_grpc
 from panjoin.serving import END, SPARE_THREADS, abort_full, read_ahead, register, start_server
-from panjoin.wire import WireError, to_array
+from panjoin.wire import WireError, narrow, to_array
 from workers.results import END as RESULTS_END
 from workers.results import MAX_TOKEN, ChannelError, ResultChannel
 
@@ -203,8 +203,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                         return
                     continue
                 cid, r, s = piece
-                yield worker_pb2.ResultPiece(command_id=cid, r_id=to_array(r),
-                                             s_id=to_array(s))
+                (r, rb), (s, sb) = narrow(r), narrow(s)  # half the bytes where they fit
+                yield worker_pb2.ResultPiece(command_id=cid, r_id=to_array(r), r_base=rb,
+                                             s_id=to_array(s), s_base=sb)
         finally:
             ch.leave()  # a client that left takes no more: later probes fail at once
 

@@ -58,6 +58,13 @@ def add_parser(sub) -> None:
                         "(results past the manager, where it grants them: a manager with "
                         "--replicas 1, the ring topology), else through the manager "
                         "(default: workers)")
+    p.add_argument("--seq-ids", action="store_true",
+                   help="on one --cluster manager, a count window: the tuples' ids stay "
+                        "here and the join names each tuple by its arrival number in its "
+                        "stream (the manager then carries 4 bytes a tuple less, and no id "
+                        "column through its passes); each pair is mapped back here, two "
+                        "gathers a pair. For a client with CPU to spare beside a busy "
+                        "manager (default: the ids go with the tuples)")
     p.add_argument("--with-payload", action="store_true",
                    help="join the events' payloads back onto the pairs: columns r_payload, "
                         "s_payload (kept by the client or in-process engine; workers never "
@@ -192,6 +199,11 @@ def _run(args, ph) -> int:
         wait_passively()
     window = parse_window(args.window, args.allowed_lateness)
     pred = parse_predicate(args.predicate)
+    if args.seq_ids and not (args.cluster and len(managers(args.cluster)) == 1
+                             and window.kind == "count"):
+        raise SystemExit("panjoin replay: error: --seq-ids is for a count window on one "
+                         "--cluster manager (a time window's late tuples get no seq; "
+                         "in-process and local joins carry no ids over a wire): drop it")
     if args.cluster and len(managers(args.cluster)) > 1 and window.kind != "time":
         from panjoin.sharding import COUNT_REFUSED
 
@@ -448,7 +460,10 @@ def _replay_on_manager(args, events, window, pred, ph) -> int:
                 with Client(addresses[0]) as c:
                     res = c.join(events, str(window), str(pred), args.index,
                                  chunk=args.chunk, out=spent,
-                                 direct_results=args.results_via == "workers", **opts)
+                                 direct_results=args.results_via == "workers",
+                                 seq_ids=args.seq_ids, **opts)
+                    if args.seq_ids:
+                        log.info("tuple ids stayed here: the join named tuples by seq")
                     why = c.why_not_direct or "--results-via manager"
                     via = ("the workers" if args.results_via == "workers" and not
                            c.why_not_direct else f"the manager ({why})")

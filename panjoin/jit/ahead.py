@@ -56,6 +56,8 @@ EXPORTS = {
     "panjoin.manager.kernels.split_into":
         "u1[::1], K[::1], i8[::1], i8[::1], i8, i8, K[:, ::1], i8[:, ::1], i8[:, ::1], "
         "i8[:, ::1], i8[:, ::1], i8[::1]",
+    "panjoin.manager.kernels.split_keys_into":
+        "u1[::1], K[::1], i8, i8, K[:, ::1], i8[:, ::1], i8[:, ::1], i8[::1]",
     "panjoin.sharding_kernels.route_rows": "u1[::1], K[::1], b1[::1], K[::1], K[:, ::1], K[:, ::1]",
     "panjoin.sharding_kernels.route_eq_rows": "u1[::1], K[::1], b1[::1], K[::1]",
     "panjoin.subwindow.kernels.bisort.build_index": "K[::1], i8, i8, K[::1], i8",
@@ -77,6 +79,7 @@ READ_ONLY = {
     "panjoin.key_sort_kernels.unpack_rows": (0, 3, 4),
     "panjoin.manager.kernels.late_rows": (0,),
     "panjoin.manager.kernels.split_into": (0, 1, 2, 3),
+    "panjoin.manager.kernels.split_keys_into": (0, 1),
     "panjoin.sharding_kernels.route_rows": (0, 1, 2, 3, 4, 5),
     "panjoin.sharding_kernels.route_eq_rows": (0, 1, 2, 3),
 }

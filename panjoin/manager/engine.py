@@ -271,8 +271,14 @@ class JoinEngine:
         pipeline: int = 8,
         memory_limit: int | None = None,
         window_tuples: int | None = None,
+        seq_ids: bool = False,
     ):
         self.window = parse_window(window, allowed_lateness) if isinstance(window, str) else window
+        if seq_ids and self.window.kind != "count":
+            raise ValueError("seq_ids needs a count window: a time window's late tuples "
+                             "get no seq, so a client could not number its tuples")
+        #: the tuples' ids are their seqs (OpenRequest.seq_ids): pushes carry no ids
+        self.seq_ids = seq_ids
         self.pred = parse_predicate(predicate)
         if index not in INDEX_CHOICES:
             raise ValueError(f"unknown index {index!r}; choose one of {', '.join(INDEX_CHOICES)}")
@@ -381,6 +387,10 @@ class JoinEngine:
         without one keeps the last W); without any, a tuple is late iff it is more than
         L behind the largest ts pushed before it.
 
+        ``ids`` is None for a join with ``seq_ids``: each tuple's id is then its seq (its
+        arrival number in its stream, from 0), and so are the pairs' ids. ``ts`` may be
+        None for a count window, which never reads it.
+
         ``payload`` (strings or bytes, one per tuple) is kept by the manager and joined
         back onto the results (:meth:`take_results` with ``payloads=True``); a join has
         payloads on every push or on none. ``key2`` (float64, one per tuple) is needed
@@ -388,11 +398,25 @@ class JoinEngine:
         workers keep it beside their subwindows and check the residual while probing."""
         t0 = time.perf_counter()
         stream = np.asarray(stream, dtype=np.uint8)
-        ids = np.asarray(ids, dtype=_I64)
         keys = np.asarray(keys)
-        ts = np.asarray(ts, dtype=_I64)
         n = stream.shape[0]
-        if not (ids.shape == keys.shape == ts.shape == (n,)):
+        if self.seq_ids:
+            if ids is not None and len(ids):
+                raise ValueError("this join numbers its tuples (seq_ids): each tuple's id is "
+                                 "its seq; push no ids")
+            ids = None
+        elif ids is None:
+            raise ValueError("push an id per tuple (only a join opened with seq_ids takes none)")
+        else:
+            ids = np.asarray(ids, dtype=_I64)
+        if self.window.kind == "count":
+            ts = None  # a count window never reads ts (nor keeps it)
+        elif ts is None:
+            raise ValueError("a time window needs a ts per tuple")
+        else:
+            ts = np.asarray(ts, dtype=_I64)
+        if not all(c.shape == (n,) for c in (keys, ids, ts) if c is not None) \
+                or keys.shape != (n,):
             raise ValueError("stream, id, key and ts must be 1-d arrays of one length")
         if self.pred.residual is not None:
             if key2 is None:
@@ -469,7 +493,8 @@ class JoinEngine:
         k = stream.shape[0]
         for a in range(0, k, PIECE_ROWS):
             b = min(k, a + PIECE_ROWS)
-            self._push_piece(stream[a:b], keys[a:b], ts[a:b], ids[a:b],
+            self._push_piece(stream[a:b], keys[a:b], None if ts is None else ts[a:b],
+                             None if ids is None else ids[a:b],
                              payload.slice(a, b - a) if payload is not None else None,
                              key2[a:b] if key2 is not None else None)
         if self.bound is not None:
@@ -489,7 +514,9 @@ class JoinEngine:
         for x, (name, n_x) in enumerate((("R", n_r), ("S", n_s))):
             idx = np.flatnonzero(stream == x) if payload is not None or key2 is not None \
                 else None
-            split[name] = (sk[x, :n_x], st[x, :n_x], sseq[x, :n_x], sid[x, :n_x],
+            # ts only where a time window reads it; ids None where they are the seqs
+            split[name] = (sk[x, :n_x], st[x, :n_x] if ts is not None else None,
+                           sseq[x, :n_x], sid[x, :n_x] if sid is not None else None,
                            sopp[x, :n_x],
                            payload.take(pa.array(idx)) if payload is not None else None,
                            key2[idx] if key2 is not None else None)
@@ -634,6 +661,8 @@ class JoinEngine:
 
     def _process_batch(self, x: str, since: float | None = None) -> None:
         key, ev, seq, ids, opp, pay, key2 = self.buffers[x].take()
+        if ids is None:  # seq_ids: the ids are the seqs (the same array: not sent twice)
+            ids = seq
         self.buf_since[x] = None
         if self.chooser is not None:  # what --index auto decides from
             fill = 1.0
@@ -659,7 +688,10 @@ class JoinEngine:
                                 self.window, in_key_order=False)
         else:
             order, skey, sts, sids = key_order(key, tscol, ids)
-            sseq = seq[0] + order if consecutive else seq[order]
+            if ids is seq:
+                sseq = sids  # seq_ids: one column, gathered once
+            else:
+                sseq = seq[0] + order if consecutive else seq[order]
             batch = SortedBatch(self.stats.batches, x, skey, sts, sseq, sids,
                                 key2[order] if key2 is not None else None, self.pred,
                                 self.window)
@@ -933,11 +965,12 @@ def warm_up_manager() -> None:
 
     events = generate(4_000, "uniform", key_min=0, key_max=1 << 12, rate=1000, seed=1)
     fkeys = events.key.astype(np.float64) + 0.5
-    for window in ("count:1K,1K", "time:500,500"):
+    for window, seq_ids in (("count:1K,1K", False), ("count:1K,1K", True),
+                            ("time:500,500", False)):
         for keys in (events.key, fkeys):
             eng = JoinEngine(window, "band:3", index="nested", batch_size=512,
-                             subwindow_size=256, backend=NullBackend())
-            eng.push_arrays(events.stream, events.id, keys, events.ts)
+                             subwindow_size=256, backend=NullBackend(), seq_ids=seq_ids)
+            eng.push_arrays(events.stream, None if seq_ids else events.id, keys, events.ts)
             eng.flush()
             eng.take_results()
     # key placement's routing and its workers' rows (panjoin.manager.key_placement)

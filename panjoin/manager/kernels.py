@@ -30,17 +30,44 @@ from panjoin.jit import njit
 def split_streams(stream, keys, ts, ids, total_r, total_s):
     """``(key, ts, seq, id, opp)`` as (2, n) arrays (row 0: R in arrival order, row 1: S;
     ``n_r`` and ``n_s`` of them used), the per-stream counts ``n_r, n_s``, and ``c_r``,
-    the R arrivals up to and including each chunk row.
+    the R arrivals up to and including each chunk row. ``ts`` None (a count window,
+    which never reads it) leaves the ts rows undefined; ``ids`` None too (ids are
+    seqs) gives None for both and skips them (24 bytes a row fewer written).
 
     The outputs (88 bytes a chunk row) are numpy's: it advises arrays of 4 MiB and more
     for transparent huge pages, where the kernel's own allocation took 4 KiB page
     faults on every chunk (a 1M-row chunk: 44 ms, against 5 ms gathered)."""
     n = stream.shape[0]
+    c_r = np.empty(n, dtype=np.int64)
+    if ids is None:  # a count window whose tuples' ids are their seqs: key, seq, opp
+        ok, oseq, oopp = (np.empty((2, n), dtype=keys.dtype),
+                          np.empty((2, n), dtype=np.int64), np.empty((2, n), dtype=np.int64))
+        nr, ns = split_keys_into(stream, keys, total_r, total_s, ok, oseq, oopp, c_r)
+        return ok, None, oseq, None, oopp, nr, ns, c_r
     out = (np.empty((2, n), dtype=keys.dtype),) + tuple(
         np.empty((2, n), dtype=np.int64) for _ in range(4))
-    c_r = np.empty(n, dtype=np.int64)
-    nr, ns = split_into(stream, keys, ts, ids, total_r, total_s, *out, c_r)
+    # count windows never read ts: any int64 column of the chunk's length stands in
+    nr, ns = split_into(stream, keys, ids if ts is None else ts, ids, total_r, total_s,
+                        *out, c_r)
     return (*out, nr, ns, c_r)
+
+
+@njit(**NJIT)
+def split_keys_into(stream, keys, total_r, total_s, ok, oseq, oopp, c_r):
+    """:func:`split_into` without ts and ids (a count window whose ids are seqs)."""
+    n = stream.shape[0]
+    nr = 0
+    ns = 0
+    for i in range(n):
+        s = np.int64(stream[i])
+        j = nr + (ns - nr) * s
+        ok[s, j] = keys[i]
+        oseq[s, j] = total_r + (total_s - total_r) * s + j
+        oopp[s, j] = total_s + (total_r - total_s) * s + (ns + (nr - ns) * s)
+        nr += 1 - s
+        ns += s
+        c_r[i] = nr
+    return nr, ns
 
 
 @njit(**NJIT)

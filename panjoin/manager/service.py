@@ -258,7 +258,10 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                 batch_size=request.batch_size or (None if bound else 32768),
                 max_lag=request.max_lag or None,
                 max_collect_ms=request.max_collect_ms or None, max_latency_ms=bound,
-                threads=self.threads, backend=_Unconnected(), n_workers=len(self.workers))
+                threads=self.threads, backend=_Unconnected(), n_workers=len(self.workers),
+                # the client numbers its tuples: granted for count windows (the reply's
+                # settings say so), else it sends its ids
+                seq_ids=request.seq_ids and window.kind == "count")
             limits.check_sizes(engine.nsub, engine.partitions)
         except (SpecError, ValueError, TypeError, OverflowError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -289,6 +292,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         settings.batch_size = engine.batch_size
         settings.max_lag = engine.max_lag
         settings.max_latency_ms = bound or 0.0
+        settings.seq_ids = engine.seq_ids
         return self._register(_Join(engine, backend, settings, threading.RLock(),
                                     streaming=bound is not None),
                               f"{window} on {pred}, index {engine.index}"
@@ -370,6 +374,7 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
         # under a bound the chain collects its input for a share of it (a run per stream
         # and deadline, not a message per client chunk) and streams its pairs out
         settings.max_latency_ms = bound or 0.0
+        settings.seq_ids = False  # the chain's nodes keep the client's ids
         return self._register(_Join(chain, chain, settings, threading.RLock(),
                                     streaming=bound is not None),
                               f"{window} on {pred}, a {len(self.workers)}-node handshake chain",
@@ -444,6 +449,10 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             # counted before anything else is
             stream = from_array(msg.stream, "|u1", "stream")
             ids = int_column(msg.id, msg.id_base, "id")  # (wire.narrow: maybe uint32)
+            seq_ids = getattr(j.engine, "seq_ids", False)
+            if seq_ids and ids.size:
+                raise WireError("this join was opened with seq_ids: each tuple's id is its "
+                                "seq, so a JoinInput carries no id column")
             n = max(stream.size, ids.size)
             if n > self.max_input_tuples:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT,
@@ -453,13 +462,20 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
             keys = (int_column(msg.key, msg.key_base, "key")
                     if msg.key.dtype == "<u4" or msg.key_base else from_array(msg.key, None, "key"))
             ts = int_column(msg.ts, msg.ts_base, "ts")
-            if not (stream.shape == ids.shape == keys.shape == ts.shape):
-                raise WireError("stream, id, key and ts must have one length")
+            count = j.engine.window.kind == "count"
+            if count and ts.size == 0:  # a count window never reads ts
+                ts = np.zeros(n, np.int64) if self.topology == "handshake" else None
+            if not (stream.shape == keys.shape and (seq_ids or ids.shape == stream.shape)
+                    and (ts is None or ts.shape == stream.shape)):
+                raise WireError("stream, id, key and ts must have one length" +
+                                (" (a count window's ts may be empty)" if count else "")
+                                + (" (this join's ids are seqs: no id column)"
+                                   if seq_ids else ""))
             if keys.dtype == np.float64 and not np.isfinite(keys).all():
                 raise WireError("keys must be finite (no NaN or inf)")
             if stream.size and stream.max() > 1:
                 raise WireError("stream must be 0 (R) or 1 (S)")
-            payload = from_payloads(msg.payload, ids.size)
+            payload = from_payloads(msg.payload, stream.size)
             if payload is not None and getattr(j.backend, "direct", False):
                 raise WireError("this join sends its pairs past the manager, which then "
                                 "keeps no payloads: keep them at the client (replay does), "
@@ -469,10 +485,10 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
                 if self.topology == "handshake":
                     raise ValueError("a client watermark needs the ring topology; the "
                                      "handshake chain decides lateness by the largest ts")
-                j.engine.push_arrays(stream, ids, keys, ts, payload, key2,
+                j.engine.push_arrays(stream, None if seq_ids else ids, keys, ts, payload, key2,
                                      watermark=msg.watermark)
             else:
-                j.engine.push_arrays(stream, ids, keys, ts, payload, key2)
+                j.engine.push_arrays(stream, None if seq_ids else ids, keys, ts, payload, key2)
             if msg.flush:
                 j.engine.flush()
         except (WireError, ValueError, TypeError) as e:

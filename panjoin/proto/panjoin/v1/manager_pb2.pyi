@@ -58,7 +58,7 @@ class ResizeReply(_message.Message):
     def __init__(self, workers: _Optional[_Iterable[str]] = ..., joins: _Optional[int] = ...) -> None: ...
 
 class OpenRequest(_message.Message):
-    __slots__ = ("window", "predicate", "index", "allowed_lateness", "subwindow_size", "partitions", "batch_size", "max_lag", "max_collect_ms", "key_dtype", "result_format", "max_latency_ms", "direct_results")
+    __slots__ = ("window", "predicate", "index", "allowed_lateness", "subwindow_size", "partitions", "batch_size", "max_lag", "max_collect_ms", "key_dtype", "result_format", "max_latency_ms", "direct_results", "seq_ids")
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     PREDICATE_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class OpenRequest(_message.Message):
     RESULT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     MAX_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
     DIRECT_RESULTS_FIELD_NUMBER: _ClassVar[int]
+    SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     window: str
     predicate: str
     index: str
@@ -85,7 +86,8 @@ class OpenRequest(_message.Message):
     result_format: _worker_pb2.ResultFormat
     max_latency_ms: float
     direct_results: bool
-    def __init__(self, window: _Optional[str] = ..., predicate: _Optional[str] = ..., index: _Optional[str] = ..., allowed_lateness: _Optional[int] = ..., subwindow_size: _Optional[int] = ..., partitions: _Optional[int] = ..., batch_size: _Optional[int] = ..., max_lag: _Optional[int] = ..., max_collect_ms: _Optional[float] = ..., key_dtype: _Optional[str] = ..., result_format: _Optional[_Union[_worker_pb2.ResultFormat, str]] = ..., max_latency_ms: _Optional[float] = ..., direct_results: _Optional[bool] = ...) -> None: ...
+    seq_ids: bool
+    def __init__(self, window: _Optional[str] = ..., predicate: _Optional[str] = ..., index: _Optional[str] = ..., allowed_lateness: _Optional[int] = ..., subwindow_size: _Optional[int] = ..., partitions: _Optional[int] = ..., batch_size: _Optional[int] = ..., max_lag: _Optional[int] = ..., max_collect_ms: _Optional[float] = ..., key_dtype: _Optional[str] = ..., result_format: _Optional[_Union[_worker_pb2.ResultFormat, str]] = ..., max_latency_ms: _Optional[float] = ..., direct_results: _Optional[bool] = ..., seq_ids: _Optional[bool] = ...) -> None: ...
 
 class ResultSource(_message.Message):
     __slots__ = ("source", "address", "token")

@@ -27,14 +27,18 @@ class ResultsRequest(_message.Message):
     def __init__(self, token: _Optional[str] = ...) -> None: ...
 
 class ResultPiece(_message.Message):
-    __slots__ = ("command_id", "r_id", "s_id")
+    __slots__ = ("command_id", "r_id", "s_id", "r_base", "s_base")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     R_ID_FIELD_NUMBER: _ClassVar[int]
     S_ID_FIELD_NUMBER: _ClassVar[int]
+    R_BASE_FIELD_NUMBER: _ClassVar[int]
+    S_BASE_FIELD_NUMBER: _ClassVar[int]
     command_id: int
     r_id: _common_pb2.Array
     s_id: _common_pb2.Array
-    def __init__(self, command_id: _Optional[int] = ..., r_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., s_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ...) -> None: ...
+    r_base: int
+    s_base: int
+    def __init__(self, command_id: _Optional[int] = ..., r_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., s_id: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., r_base: _Optional[int] = ..., s_base: _Optional[int] = ...) -> None: ...
 
 class Commands(_message.Message):
     __slots__ = ("commands",)
@@ -67,7 +71,7 @@ class Command(_message.Message):
     def __init__(self, command_id: _Optional[int] = ..., create: _Optional[_Union[Create, _Mapping]] = ..., insert: _Optional[_Union[Insert, _Mapping]] = ..., probe: _Optional[_Union[Probe, _Mapping]] = ..., expire: _Optional[_Union[Expire, _Mapping]] = ..., promote: _Optional[_Union[Promote, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
 
 class Batch(_message.Message):
-    __slots__ = ("batch_id", "stream", "keys", "ts", "seq", "ids", "key2", "predicate", "window", "release_below", "keys_base", "ts_base", "seq_base", "ids_base", "arrival_order")
+    __slots__ = ("batch_id", "stream", "keys", "ts", "seq", "ids", "key2", "predicate", "window", "release_below", "keys_base", "ts_base", "seq_base", "ids_base", "arrival_order", "ids_are_seq")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -83,6 +87,7 @@ class Batch(_message.Message):
     SEQ_BASE_FIELD_NUMBER: _ClassVar[int]
     IDS_BASE_FIELD_NUMBER: _ClassVar[int]
     ARRIVAL_ORDER_FIELD_NUMBER: _ClassVar[int]
+    IDS_ARE_SEQ_FIELD_NUMBER: _ClassVar[int]
     batch_id: int
     stream: _common_pb2.Stream
     keys: _common_pb2.Array
@@ -98,7 +103,8 @@ class Batch(_message.Message):
     seq_base: int
     ids_base: int
     arrival_order: bool
-    def __init__(self, batch_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Stream, str]] = ..., keys: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ids: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., predicate: _Optional[str] = ..., window: _Optional[str] = ..., release_below: _Optional[int] = ..., keys_base: _Optional[int] = ..., ts_base: _Optional[int] = ..., seq_base: _Optional[int] = ..., ids_base: _Optional[int] = ..., arrival_order: _Optional[bool] = ...) -> None: ...
+    ids_are_seq: bool
+    def __init__(self, batch_id: _Optional[int] = ..., stream: _Optional[_Union[_common_pb2.Stream, str]] = ..., keys: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ts: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., seq: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., ids: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., key2: _Optional[_Union[_common_pb2.Array, _Mapping]] = ..., predicate: _Optional[str] = ..., window: _Optional[str] = ..., release_below: _Optional[int] = ..., keys_base: _Optional[int] = ..., ts_base: _Optional[int] = ..., seq_base: _Optional[int] = ..., ids_base: _Optional[int] = ..., arrival_order: _Optional[bool] = ..., ids_are_seq: _Optional[bool] = ...) -> None: ...
 
 class Create(_message.Message):
     __slots__ = ("sub_id", "stream", "index", "capacity", "key_dtype", "partitions", "splitters", "options", "backup", "piece")
