@@ -86,8 +86,7 @@ def encode_batch(batch: SortedBatch) -> Encoded:
     n = batch.key.shape[0]
     ends = n and batch.key.dtype == np.int64 and batch.in_key_order
     keys = narrow(batch.key, *((int(batch.key[0]), int(batch.key[-1])) if ends else ()))
-    seq = narrow(batch.seq)
-    return _encode_batch(batch, keys, narrow(batch.ts), seq,
+    return _encode_batch(batch, keys, narrow(batch.ts), narrow(batch.seq),
                          None if batch.ids_are_seq else narrow(batch.ids), batch.key2)
 
 

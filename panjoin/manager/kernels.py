@@ -32,7 +32,7 @@ def split_streams(stream, keys, ts, ids, total_r, total_s):
     ``n_r`` and ``n_s`` of them used), the per-stream counts ``n_r, n_s``, and ``c_r``,
     the R arrivals up to and including each chunk row. ``ts`` None (a count window,
     which never reads it) leaves the ts rows undefined; ``ids`` None too (ids are
-    seqs) gives None for both and skips them (24 bytes a row fewer written).
+    seqs) gives None for both and skips them (16 bytes a row fewer written).
 
     The outputs (88 bytes a chunk row) are numpy's: it advises arrays of 4 MiB and more
     for transparent huge pages, where the kernel's own allocation took 4 KiB page
