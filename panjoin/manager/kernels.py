@@ -52,42 +52,43 @@ def split_streams(stream, keys, ts, ids, total_r, total_s):
     return (*out, nr, ns, c_r)
 
 
+@njit(inline="always", **NJIT)
+def _number(stream, keys, i, nr, ns, total_r, total_s, ok, oseq, oopp, c_r):
+    """Row ``i`` after ``nr`` R and ``ns`` S rows of its chunk: its key, seq and opp in
+    its stream's output row, the R arrivals up to it; returns ``(stream, rank)``."""
+    s = np.int64(stream[i])
+    j = nr + (ns - nr) * s  # the tuple's rank in its stream
+    ok[s, j] = keys[i]
+    # seq: total of its own stream + j; opp: the other's total + the other's rank
+    oseq[s, j] = total_r + (total_s - total_r) * s + j
+    oopp[s, j] = total_s + (total_r - total_s) * s + (ns + (nr - ns) * s)
+    c_r[i] = nr + 1 - s
+    return s, j
+
+
 @njit(**NJIT)
 def split_keys_into(stream, keys, total_r, total_s, ok, oseq, oopp, c_r):
     """:func:`split_into` without ts and ids (a count window whose ids are seqs)."""
-    n = stream.shape[0]
     nr = 0
     ns = 0
-    for i in range(n):
-        s = np.int64(stream[i])
-        j = nr + (ns - nr) * s
-        ok[s, j] = keys[i]
-        oseq[s, j] = total_r + (total_s - total_r) * s + j
-        oopp[s, j] = total_s + (total_r - total_s) * s + (ns + (nr - ns) * s)
+    for i in range(stream.shape[0]):
+        s, _ = _number(stream, keys, i, nr, ns, total_r, total_s, ok, oseq, oopp, c_r)
         nr += 1 - s
         ns += s
-        c_r[i] = nr
     return nr, ns
 
 
 @njit(**NJIT)
 def split_into(stream, keys, ts, ids, total_r, total_s, ok, ot, oseq, oid, oopp, c_r):
     """:func:`split_streams`' pass, into its outputs; returns ``n_r, n_s``."""
-    n = stream.shape[0]
     nr = 0
     ns = 0
-    for i in range(n):
-        s = np.int64(stream[i])
-        j = nr + (ns - nr) * s  # the tuple's rank in its stream
-        ok[s, j] = keys[i]
+    for i in range(stream.shape[0]):
+        s, j = _number(stream, keys, i, nr, ns, total_r, total_s, ok, oseq, oopp, c_r)
         ot[s, j] = ts[i]
         oid[s, j] = ids[i]
-        # seq: total of its own stream + j; opp: the other's total + the other's rank
-        oseq[s, j] = total_r + (total_s - total_r) * s + j
-        oopp[s, j] = total_s + (total_r - total_s) * s + (ns + (nr - ns) * s)
         nr += 1 - s
         ns += s
-        c_r[i] = nr
     return nr, ns
 
 
