@@ -276,3 +276,22 @@ def test_a_workers_rows_encode_as_the_gathered_batch_would(key_dtype):
         np.testing.assert_array_equal(g, w[rows][order])
     msg = worker_pb2.Batch.FromString(raw)
     assert msg.ts.dtype == "<u4" and msg.ids.dtype == "<i8"  # narrowed where it fits
+
+
+@pytest.mark.parametrize("gaps", [False, True])
+def test_a_count_windows_rows_encode_their_seqs_and_ts_by_their_ends(gaps):
+    """Consecutive seqs go as the rows' offsets (``seq[0] + row``), a count window's ts
+    (opposite arrivals, never falling) narrowed by its ends; seqs with gaps gathered."""
+    rng = np.random.default_rng(4)
+    n = 400
+    seq = (np.cumsum(rng.integers(1, 3, n)) if gaps else np.arange(n)) + (1 << 40)
+    opp = np.cumsum(rng.integers(0, 3, n)) + 10**12
+    b = SortedBatch(2, "S", rng.integers(-99, 99, n), opp, seq, rng.integers(-9, 9, n) << 50,
+                    None, *codec._join_spec("eq", "count:9,9"), in_key_order=False)
+    for rows in (np.flatnonzero(rng.random(n) < 0.4), np.arange(0), np.array([n - 1])):
+        msg = worker_pb2.Batch.FromString(codec.encode_rows(b, rows).tobytes())
+        assert rows.size == 0 or msg.seq.dtype == msg.ts.dtype == "<u4"
+        got = codec.decode_batch(msg)
+        order = np.argsort(b.key[rows], kind="stable")
+        for g, w in zip(got.columns(), (b.key, opp, seq, b.ids), strict=False):
+            np.testing.assert_array_equal(g, w[rows][order])
