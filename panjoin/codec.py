@@ -102,9 +102,9 @@ def encode_rows(batch: SortedBatch, rows: np.ndarray) -> Encoded:
                       else ()))
     n = len(batch)
     if n and rows.size and int(batch.seq[-1]) - int(batch.seq[0]) == n - 1:
-        seq = narrow(rows, int(rows[0]), int(rows[-1]))
-        seq = (seq[0], seq[1] + int(batch.seq[0])) if seq[0].dtype == np.uint32 else \
-            (rows + int(batch.seq[0]), 0)
+        # (a batch's rows span far less than 2^32: always offsets)
+        off, base = narrow(rows.astype(np.int64, copy=False), int(rows[0]), int(rows[-1]))
+        seq = (off, base + int(batch.seq[0]))
     else:
         seq = narrow(batch.seq.take(rows))
     ids = None
