@@ -415,8 +415,7 @@ class JoinEngine:
             raise ValueError("a time window needs a ts per tuple")
         else:
             ts = np.asarray(ts, dtype=_I64)
-        if not all(c.shape == (n,) for c in (keys, ids, ts) if c is not None) \
-                or keys.shape != (n,):
+        if not all(c.shape == (n,) for c in (keys, ids, ts) if c is not None):
             raise ValueError("stream, id, key and ts must be 1-d arrays of one length")
         if self.pred.residual is not None:
             if key2 is None:
