@@ -26,7 +26,15 @@ from panjoin.backend import CreateSpec, SortedBatch
 from panjoin.proto.panjoin.v1 import common_pb2, worker_pb2
 from panjoin.semantics import SpecError, parse_predicate, parse_window
 from panjoin.subwindow import INDEX_KINDS, WindowFilter
-from panjoin.wire import Encoded, from_array, int_column, narrow, to_array, widen
+from panjoin.wire import (
+    NARROW_SPAN,
+    Encoded,
+    from_array,
+    int_column,
+    narrow,
+    to_array,
+    widen,
+)
 
 STREAM = {"R": common_pb2.STREAM_R, "S": common_pb2.STREAM_S}
 STREAM_NAME = {v: k for k, v in STREAM.items()}
@@ -95,13 +103,30 @@ def encode_rows(batch: SortedBatch, rows: np.ndarray) -> Encoded:
     key-placement worker's rows, each column gathered, then narrowed. A stream's
     arrivals are numbered consecutively, so the rows' seqs are ``seq[0] + rows``: sent
     as the rows' offsets, not gathered; a count window's ts (opposite arrivals) never
-    falls in arrival order, so its ends are its extremes (two passes fewer each)."""
+    falls in arrival order, so its ends are its extremes. Where every column of the
+    whole batch spans less than 2^32 (:func:`_row_bases`), the offsets are from the
+    batch's least values, gathered and narrowed in one kernel pass
+    (:func:`panjoin.manager.kernels.gather_offsets`)."""
+    n = len(batch)
+    consecutive = n and int(batch.seq[-1]) - int(batch.seq[0]) == n - 1
+    bases = _row_bases(batch) if consecutive and rows.size else None
+    key2 = None if batch.key2 is None else batch.key2.take(rows)
+    if bases is not None:
+        from panjoin.manager.kernels import gather_offsets
+
+        kb, tb, ib = bases
+        with_ids = not batch.ids_are_seq
+        out = np.empty((4 if with_ids else 3, rows.shape[0]), np.uint32)
+        gather_offsets(batch.key, batch.ts, batch.ids if with_ids else batch.ts,
+                       np.ascontiguousarray(rows, np.int64), kb, tb, ib, with_ids, out)
+        return _encode_batch(batch, (out[0], kb), (out[1], tb),
+                             (out[2], int(batch.seq[0]) + int(rows[0])),
+                             (out[3], ib) if with_ids else None, key2)
     keys = narrow(batch.key.take(rows))
     ts = batch.ts.take(rows)
     ts = narrow(ts, *((int(ts[0]), int(ts[-1])) if batch.window.kind == "count" and ts.size
                       else ()))
-    n = len(batch)
-    if n and rows.size and int(batch.seq[-1]) - int(batch.seq[0]) == n - 1:
+    if consecutive and rows.size:
         # (a batch's rows span far less than 2^32: always offsets)
         off, base = narrow(rows.astype(np.int64, copy=False), int(rows[0]), int(rows[-1]))
         seq = (off, base + int(batch.seq[0]))
@@ -110,8 +135,29 @@ def encode_rows(batch: SortedBatch, rows: np.ndarray) -> Encoded:
     ids = None
     if not batch.ids_are_seq:
         ids = narrow(batch.ids.take(rows))
-    return _encode_batch(batch, keys, ts, seq, ids,
-                         None if batch.key2 is None else batch.key2.take(rows))
+    return _encode_batch(batch, keys, ts, seq, ids, key2)
+
+
+def _row_bases(batch: SortedBatch) -> tuple[int, int, int] | None:
+    """The least key, ts and id of a batch in arrival order whose int64 columns each
+    span less than 2^32 (the bases of every worker's offsets), else None; found once a
+    batch (its workers' rows share them). A count window's ts (opposite arrivals) never
+    falls in arrival order: its ends are its extremes."""
+    got = batch.__dict__.get("_row_bases", False)
+    if got is not False:
+        return got
+    got = None
+    cols = (batch.key, batch.ts, batch.ids)
+    if len(batch) and all(c.dtype == np.int64 and c.flags.c_contiguous for c in cols):
+        spans = [(int(batch.key.min()), int(batch.key.max()))]
+        spans.append((int(batch.ts[0]), int(batch.ts[-1])) if batch.window.kind == "count"
+                     else (int(batch.ts.min()), int(batch.ts.max())))
+        spans.append((0, 0) if batch.ids_are_seq else
+                     (int(batch.ids.min()), int(batch.ids.max())))
+        if all(hi - lo < NARROW_SPAN for lo, hi in spans):
+            got = tuple(lo for lo, _ in spans)
+    batch.__dict__["_row_bases"] = got
+    return got
 
 
 def _encode_batch(batch: SortedBatch, keys, ts, seq, ids, key2) -> Encoded:

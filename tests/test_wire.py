@@ -295,3 +295,38 @@ def test_a_count_windows_rows_encode_their_seqs_and_ts_by_their_ends(gaps):
         order = np.argsort(b.key[rows], kind="stable")
         for g, w in zip(got.columns(), (b.key, opp, seq, b.ids), strict=False):
             np.testing.assert_array_equal(g, w[rows][order])
+
+
+@pytest.mark.parametrize("window", ["count:9,9", "time:9,9"])
+@pytest.mark.parametrize("low", [-(2**63), -77, 2**63 - 2**32])
+@pytest.mark.parametrize("ids_are_seq", [False, True])
+def test_a_workers_rows_gathered_in_one_pass_are_the_gathered_columns(window, low, ids_are_seq):
+    """Where the whole batch's columns span < 2^32 a worker's rows go as offsets from
+    the batch's least values, gathered and narrowed in one kernel pass
+    (``codec._row_bases``): the same columns at the worker as numpy's path sends, at
+    both ends of int64; a span of 2^32 takes numpy's path."""
+    rng = np.random.default_rng(abs(low) % 1000 + len(window))
+    n = 700
+    top = min(low + 2**32 - 1, 2**63 - 1)
+    keys = rng.integers(low, top, n, endpoint=True)
+    keys[3], keys[9] = low, top  # the whole span
+    ts = (np.cumsum(rng.integers(0, 3, n)) if window.startswith("count")
+          else rng.integers(0, 2**32 - 1, n)) + low
+    seq = np.arange(n) + (1 << 40)
+    ids = seq if ids_are_seq else rng.integers(low, top, n, endpoint=True)
+    spec = codec._join_spec("eq", window)
+    for wide in (False, True):
+        k = keys.copy()
+        if wide:
+            k[5] = low + 2**32 if low < 0 else low - 1  # one key too far: numpy's path
+        b = SortedBatch(2, "S", k, ts, seq, ids, None, *spec, in_key_order=False)
+        for rows in (np.flatnonzero(rng.random(n) < 0.3), np.array([n - 1]), np.arange(n)):
+            msg = worker_pb2.Batch.FromString(codec.encode_rows(b, rows).tobytes())
+            assert (codec._row_bases(b) is None) == wide
+            if not wide:  # offsets from the whole batch's least key, not the rows'
+                assert msg.keys_base == low and msg.keys.dtype == msg.ts.dtype == "<u4"
+            got = codec.decode_batch(msg)
+            assert got.ids_are_seq == ids_are_seq
+            order = np.argsort(k[rows], kind="stable")
+            for g, w in zip(got.columns()[:4], (k, ts, seq, ids), strict=True):
+                np.testing.assert_array_equal(g, w[rows][order])

@@ -58,6 +58,8 @@ EXPORTS = {
         "i8[:, ::1], i8[:, ::1], i8[::1]",
     "panjoin.manager.kernels.split_keys_into":
         "u1[::1], K[::1], i8, i8, K[:, ::1], i8[:, ::1], i8[:, ::1], i8[::1]",
+    "panjoin.manager.kernels.gather_offsets":
+        "i8[::1], i8[::1], i8[::1], i8[::1], i8, i8, i8, b1, u4[:, ::1]",
     "panjoin.sharding_kernels.route_rows": "u1[::1], K[::1], b1[::1], K[::1], K[:, ::1], K[:, ::1]",
     "panjoin.sharding_kernels.route_eq_rows": "u1[::1], K[::1], b1[::1], K[::1]",
     "panjoin.subwindow.kernels.bisort.build_index": "K[::1], i8, i8, K[::1], i8",
@@ -80,6 +82,7 @@ READ_ONLY = {
     "panjoin.manager.kernels.late_rows": (0,),
     "panjoin.manager.kernels.split_into": (0, 1, 2, 3),
     "panjoin.manager.kernels.split_keys_into": (0, 1),
+    "panjoin.manager.kernels.gather_offsets": (0, 1, 2, 3),
     "panjoin.sharding_kernels.route_rows": (0, 1, 2, 3, 4, 5),
     "panjoin.sharding_kernels.route_eq_rows": (0, 1, 2, 3),
 }
@@ -101,7 +104,7 @@ SOURCES = ("panjoin/jit/ahead.py", "panjoin/jit/build.py", "panjoin/manager/kern
            "panjoin/key_sort_kernels.py", "panjoin/sharding_kernels.py",
            "panjoin/subwindow/kernels")
 
-_DTYPES = {"i8": "int64", "u1": "uint8", "b1": "bool", "f8": "float64"}
+_DTYPES = {"i8": "int64", "u1": "uint8", "b1": "bool", "f8": "float64", "u4": "uint32"}
 _SCALARS = {"i8": "INT", "u1": "INT", "b1": "BOOL", "f8": "FLOAT"}
 
 
