@@ -94,7 +94,7 @@ def encode_batch(batch: SortedBatch) -> Encoded:
     n = batch.key.shape[0]
     ends = n and batch.key.dtype == np.int64 and batch.in_key_order
     keys = narrow(batch.key, *((int(batch.key[0]), int(batch.key[-1])) if ends else ()))
-    return _encode_batch(batch, keys, narrow(batch.ts), narrow(batch.seq),
+    return encode_columns(batch, keys, narrow(batch.ts), narrow(batch.seq),
                          None if batch.ids_are_seq else narrow(batch.ids), batch.key2)
 
 
@@ -104,12 +104,12 @@ def encode_rows(batch: SortedBatch, rows: np.ndarray) -> Encoded:
     arrivals are numbered consecutively, so the rows' seqs are ``seq[0] + rows``: sent
     as the rows' offsets, not gathered; a count window's ts (opposite arrivals) never
     falls in arrival order, so its ends are its extremes. Where every column of the
-    whole batch spans less than 2^32 (:func:`_row_bases`), the offsets are from the
+    whole batch spans less than 2^32 (:func:`row_bases`), the offsets are from the
     batch's least values, gathered and narrowed in one kernel pass
     (:func:`panjoin.manager.kernels.gather_offsets`)."""
     n = len(batch)
     consecutive = n and int(batch.seq[-1]) - int(batch.seq[0]) == n - 1
-    bases = _row_bases(batch) if consecutive and rows.size else None
+    bases = row_bases(batch) if consecutive and rows.size else None
     key2 = None if batch.key2 is None else batch.key2.take(rows)
     if bases is not None:
         from panjoin.manager.kernels import gather_offsets
@@ -119,7 +119,7 @@ def encode_rows(batch: SortedBatch, rows: np.ndarray) -> Encoded:
         out = np.empty((4 if with_ids else 3, rows.shape[0]), np.uint32)
         gather_offsets(batch.key, batch.ts, batch.ids if with_ids else batch.ts,
                        np.ascontiguousarray(rows, np.int64), kb, tb, ib, with_ids, out)
-        return _encode_batch(batch, (out[0], kb), (out[1], tb),
+        return encode_columns(batch, (out[0], kb), (out[1], tb),
                              (out[2], int(batch.seq[0]) + int(rows[0])),
                              (out[3], ib) if with_ids else None, key2)
     keys = narrow(batch.key.take(rows))
@@ -135,15 +135,15 @@ def encode_rows(batch: SortedBatch, rows: np.ndarray) -> Encoded:
     ids = None
     if not batch.ids_are_seq:
         ids = narrow(batch.ids.take(rows))
-    return _encode_batch(batch, keys, ts, seq, ids, key2)
+    return encode_columns(batch, keys, ts, seq, ids, key2)
 
 
-def _row_bases(batch: SortedBatch) -> tuple[int, int, int] | None:
+def row_bases(batch: SortedBatch) -> tuple[int, int, int] | None:
     """The least key, ts and id of a batch in arrival order whose int64 columns each
     span less than 2^32 (the bases of every worker's offsets), else None; found once a
     batch (its workers' rows share them). A count window's ts (opposite arrivals) never
     falls in arrival order: its ends are its extremes."""
-    got = batch.__dict__.get("_row_bases", False)
+    got = batch.__dict__.get("row_bases", False)
     if got is not False:
         return got
     got = None
@@ -156,13 +156,13 @@ def _row_bases(batch: SortedBatch) -> tuple[int, int, int] | None:
                      (int(batch.ids.min()), int(batch.ids.max())))
         if all(hi - lo < NARROW_SPAN for lo, hi in spans):
             got = tuple(lo for lo, _ in spans)
-    batch.__dict__["_row_bases"] = got
+    batch.__dict__["row_bases"] = got
     return got
 
 
-def _encode_batch(batch: SortedBatch, keys, ts, seq, ids, key2) -> Encoded:
-    """The Batch of ``batch`` with these columns, each ``(array, base)``; ``ids`` None:
-    they are the seqs (``ids_are_seq``), sent once."""
+def encode_columns(batch: SortedBatch, keys, ts, seq, ids, key2) -> Encoded:
+    """The Batch of ``batch`` with these columns, each ``(array, base)`` (``key2`` an
+    array or None); ``ids`` None: they are the seqs (``ids_are_seq``), sent once."""
     enc = (Encoded(worker_pb2.Batch).scalar("batch_id", batch.batch_id)
            .scalar("stream", STREAM[batch.stream]).array("keys", keys[0])
            .array("ts", ts[0]).array("seq", seq[0]))

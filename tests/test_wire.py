@@ -303,7 +303,7 @@ def test_a_count_windows_rows_encode_their_seqs_and_ts_by_their_ends(gaps):
 def test_a_workers_rows_gathered_in_one_pass_are_the_gathered_columns(window, low, ids_are_seq):
     """Where the whole batch's columns span < 2^32 a worker's rows go as offsets from
     the batch's least values, gathered and narrowed in one kernel pass
-    (``codec._row_bases``): the same columns at the worker as numpy's path sends, at
+    (``codec.row_bases``): the same columns at the worker as numpy's path sends, at
     both ends of int64; a span of 2^32 takes numpy's path."""
     rng = np.random.default_rng(abs(low) % 1000 + len(window))
     n = 700
@@ -322,7 +322,7 @@ def test_a_workers_rows_gathered_in_one_pass_are_the_gathered_columns(window, lo
         b = SortedBatch(2, "S", k, ts, seq, ids, None, *spec, in_key_order=False)
         for rows in (np.flatnonzero(rng.random(n) < 0.3), np.array([n - 1]), np.arange(n)):
             msg = worker_pb2.Batch.FromString(codec.encode_rows(b, rows).tobytes())
-            assert (codec._row_bases(b) is None) == wide
+            assert (codec.row_bases(b) is None) == wide
             if not wide:  # offsets from the whole batch's least key, not the rows'
                 assert msg.keys_base == low and msg.keys.dtype == msg.ts.dtype == "<u4"
             got = codec.decode_batch(msg)
