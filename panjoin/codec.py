@@ -94,7 +94,7 @@ def encode_batch(batch: SortedBatch) -> Encoded:
     n = batch.key.shape[0]
     ends = n and batch.key.dtype == np.int64 and batch.in_key_order
     keys = narrow(batch.key, *((int(batch.key[0]), int(batch.key[-1])) if ends else ()))
-    return encode_columns(batch, keys, narrow(batch.ts), narrow(batch.seq),
+    return _encode_batch(batch, keys, narrow(batch.ts), narrow(batch.seq),
                          None if batch.ids_are_seq else narrow(batch.ids), batch.key2)
 
 
@@ -119,7 +119,7 @@ def encode_rows(batch: SortedBatch, rows: np.ndarray) -> Encoded:
         out = np.empty((4 if with_ids else 3, rows.shape[0]), np.uint32)
         gather_offsets(batch.key, batch.ts, batch.ids if with_ids else batch.ts,
                        np.ascontiguousarray(rows, np.int64), kb, tb, ib, with_ids, out)
-        return encode_columns(batch, (out[0], kb), (out[1], tb),
+        return _encode_batch(batch, (out[0], kb), (out[1], tb),
                              (out[2], int(batch.seq[0]) + int(rows[0])),
                              (out[3], ib) if with_ids else None, key2)
     keys = narrow(batch.key.take(rows))
@@ -135,7 +135,7 @@ def encode_rows(batch: SortedBatch, rows: np.ndarray) -> Encoded:
     ids = None
     if not batch.ids_are_seq:
         ids = narrow(batch.ids.take(rows))
-    return encode_columns(batch, keys, ts, seq, ids, key2)
+    return _encode_batch(batch, keys, ts, seq, ids, key2)
 
 
 def row_bases(batch: SortedBatch) -> tuple[int, int, int] | None:
@@ -160,9 +160,9 @@ def row_bases(batch: SortedBatch) -> tuple[int, int, int] | None:
     return got
 
 
-def encode_columns(batch: SortedBatch, keys, ts, seq, ids, key2) -> Encoded:
-    """The Batch of ``batch`` with these columns, each ``(array, base)`` (``key2`` an
-    array or None); ``ids`` None: they are the seqs (``ids_are_seq``), sent once."""
+def _encode_batch(batch: SortedBatch, keys, ts, seq, ids, key2) -> Encoded:
+    """The Batch of ``batch`` with these columns, each ``(array, base)``; ``ids`` None:
+    they are the seqs (``ids_are_seq``), sent once."""
     enc = (Encoded(worker_pb2.Batch).scalar("batch_id", batch.batch_id)
            .scalar("stream", STREAM[batch.stream]).array("keys", keys[0])
            .array("ts", ts[0]).array("seq", seq[0]))

@@ -25,10 +25,10 @@ from panjoin.client import Client, rows_of
 from panjoin.generate import generate
 from panjoin.launch import start_cluster, start_workers
 from panjoin.manager.engine import JoinEngine
-from panjoin.manager.key_placement import KeyPlacedBackend, partition_batch, route_batch
+from panjoin.manager.key_placement import KeyPlacedBackend, route_batch
 from panjoin.proto.panjoin.v1 import manager_pb2, worker_pb2
 from panjoin.reference import reference_join, sort_pairs
-from panjoin.semantics import parse_predicate, parse_window, probe_bounds, stored_bands
+from panjoin.semantics import parse_predicate, parse_window, probe_bounds
 from panjoin.sharding import shard_of
 from panjoin.subwindow.piece_ids import PieceIds
 from panjoin.subwindow.store import SubwindowStore
@@ -83,47 +83,6 @@ def test_a_batch_is_routed_where_its_inserts_and_probes_belong(case):
         a, b = own[k]
         assert np.array_equal(mine[a:b], r[shard[r] == k][np.argsort(keys[r][shard[r] == k],
                                                                       kind="stable")])
-
-
-@settings(max_examples=200, deadline=None)
-@given(_cut_case(), st.sampled_from(["count:9,9", "time:9,9"]), st.booleans(),
-       st.integers(-(2**63), 2**63 - 2**33))
-def test_an_equi_batch_cut_in_one_pass_sends_what_the_gathers_sent(case, window, seq_ids,
-                                                                    low):
-    """partition_batch (route and narrow in one kernel pass) gives each worker the rows
-    route_batch gives it, and its Batch decodes to the columns encode_rows' does; it
-    declines what it cannot send as offsets (float keys, spans of 2^32, other
-    predicates), and those batches go as before."""
-    keys, bounds, pred, stream = case
-    n = keys.size
-    rng = np.random.default_rng(n)
-    ts = (np.cumsum(rng.integers(0, 3, n)) if window.startswith("count")
-          else rng.integers(0, 2**31, n)) + low
-    seq = np.arange(n, dtype=np.int64) + (1 << 40)
-    ids = seq if seq_ids else rng.integers(low, low + 2**32 - 1, n, endpoint=True)
-    batch = SortedBatch(5, stream, keys, ts, seq, ids, None, *codec._join_spec(pred, window),
-                        in_key_order=False)
-    part = partition_batch(batch, bounds)
-    p = parse_predicate(pred)
-    one_owner = not p.primary.negated and stored_bands(p.primary, stream) == [(0, 0)]
-    narrow = keys.dtype == np.int64 and n > 0 and \
-        int(keys.max()) - int(keys.min()) < 2**32
-    if not (one_owner and narrow):
-        assert part is None
-        return
-    rows, own = route_batch(keys, bounds, p, stream)
-    got_rows, got_own, (cols, starts, bases) = part
-    assert [r.tolist() for r in got_rows] == [r.tolist() for r in rows] and got_own == own
-    backend = KeyPlacedBackend.__new__(KeyPlacedBackend)
-    backend._last_cut = (batch, (got_rows, got_own), part[2])
-    for w, r in enumerate(rows):
-        one = codec.decode_batch(worker_pb2.Batch.FromString(
-            backend._encode(w, batch, r).tobytes()))
-        two = codec.decode_batch(worker_pb2.Batch.FromString(
-            codec.encode_rows(batch, r).tobytes()))
-        assert one.ids_are_seq == two.ids_are_seq == seq_ids
-        for a, b in zip(one.columns()[:4], two.columns()[:4], strict=True):
-            np.testing.assert_array_equal(a, b)
 
 
 @settings(max_examples=150, deadline=None)

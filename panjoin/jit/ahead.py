@@ -60,8 +60,6 @@ EXPORTS = {
         "u1[::1], K[::1], i8, i8, K[:, ::1], i8[:, ::1], i8[:, ::1], i8[::1]",
     "panjoin.manager.kernels.gather_offsets":
         "i8[::1], i8[::1], i8[::1], i8[::1], i8, i8, i8, b1, u4[:, ::1]",
-    "panjoin.manager.kernels.partition_eq":
-        "i8[::1], i8[::1], i8[::1], i8[::1], i8, i8, i8, b1, u4[:, ::1], i8[::1]",
     "panjoin.sharding_kernels.route_rows": "u1[::1], K[::1], b1[::1], K[::1], K[:, ::1], K[:, ::1]",
     "panjoin.sharding_kernels.route_eq_rows": "u1[::1], K[::1], b1[::1], K[::1]",
     "panjoin.subwindow.kernels.bisort.build_index": "K[::1], i8, i8, K[::1], i8",
@@ -85,7 +83,6 @@ READ_ONLY = {
     "panjoin.manager.kernels.split_into": (0, 1, 2, 3),
     "panjoin.manager.kernels.split_keys_into": (0, 1),
     "panjoin.manager.kernels.gather_offsets": (0, 1, 2, 3),
-    "panjoin.manager.kernels.partition_eq": (0, 1, 2, 3),
     "panjoin.sharding_kernels.route_rows": (0, 1, 2, 3, 4, 5),
     "panjoin.sharding_kernels.route_eq_rows": (0, 1, 2, 3),
 }

@@ -114,34 +114,6 @@ def route_batch(keys: np.ndarray, bounds: np.ndarray, pred: Predicate, stream: s
     return rows, own
 
 
-def partition_batch(batch: SortedBatch, bounds: np.ndarray):
-    """``(rows, own, parts)`` of an equi join's batch (in arrival order) as
-    :func:`route_batch` gives ``rows`` and ``own``, with ``parts``: each worker's rows
-    already as the uint32 offsets a Batch carries (``(cols, bases)``: ``cols[:, a:b]``
-    worker w's, see :func:`panjoin.manager.kernels.partition_eq`), written in one pass.
-    None where that does not apply: another predicate, float keys, a column spanning
-    2^32 or more (:func:`panjoin.codec.row_bases`), seqs not consecutive."""
-    from panjoin.manager.kernels import partition_eq
-
-    pred = batch.predicate.primary
-    n = len(batch)
-    if pred.negated or stored_bands(pred, batch.stream) != [(0, 0)] or n == 0 or \
-            batch.key.dtype != np.int64 or int(batch.seq[-1]) - int(batch.seq[0]) != n - 1:
-        return None
-    bases = codec.row_bases(batch)
-    if bases is None:
-        return None
-    kb, tb, ib = bases
-    with_ids = not batch.ids_are_seq
-    cols = np.empty((4 if with_ids else 3, n), np.uint32)
-    order = np.empty(n, np.int64)
-    starts = partition_eq(batch.key, batch.ts, batch.ids if with_ids else batch.ts,
-                          np.ascontiguousarray(bounds, np.int64), kb, tb, ib, with_ids,
-                          cols, order)
-    rows = [order[a:b] for a, b in zip(starts[:-1], starts[1:], strict=True)]
-    return rows, [(0, int(r.size)) for r in rows], (cols, starts, bases)
-
-
 class KeyRound(ProbeRound):
     """A probe round over key pieces: every worker's answer to every target, merged per
     target (a worker's probe indexes, of its rows as sent, mapped to the batch's)."""
@@ -205,8 +177,7 @@ class KeyPlacedBackend(GrpcBackend):
         self.bounds: np.ndarray | None = None  # the workers' key boundaries (first batch)
         self.capacity: dict[int, int] = {}  # sub_id -> its NSub
         self._first: dict[int, int] = {}  # sub_id -> its first seq (its first insert's)
-        #: (batch, (rows, own), parts or None): the last batch's cut (partition_batch)
-        self._last_cut: tuple | None = None
+        self._last_cut: tuple[SortedBatch, tuple] | None = None
 
     #: the engine hands this backend its batches in arrival order: each worker sorts
     #: its own rows (the manager neither sorts nor gathers a batch in key order)
@@ -220,27 +191,9 @@ class KeyPlacedBackend(GrpcBackend):
         if self._last_cut is None or self._last_cut[0] is not batch:
             if self.bounds is None:
                 self.bounds = piece_boundaries(batch.key, self.n_workers)
-            part = partition_batch(batch, self.bounds)
-            if part is not None:
-                self._last_cut = (batch, part[:2], part[2])
-            else:
-                self._last_cut = (batch, route_batch(batch.key, self.bounds, batch.predicate,
-                                                     batch.stream), None)
+            self._last_cut = (batch, route_batch(batch.key, self.bounds, batch.predicate,
+                                                 batch.stream))
         return self._last_cut[1]
-
-    def _encode(self, w: int, batch: SortedBatch, rows: np.ndarray):
-        """Worker ``w``'s rows of ``batch`` as a Batch: its part of the partition pass
-        where the batch had one, else gathered (:func:`panjoin.codec.encode_rows`)."""
-        cut = self._last_cut
-        if cut is None or cut[0] is not batch or cut[2] is None:
-            return codec.encode_rows(batch, rows)
-        cols, starts, (kb, tb, ib) = cut[2]
-        a, b = int(starts[w]), int(starts[w + 1])
-        part = cols[:, a:b]
-        return codec.encode_columns(
-            batch, (part[0], kb), (part[1], tb), (part[2], int(batch.seq[0])),
-            (part[3], ib) if part.shape[0] == 4 else None,
-            None if batch.key2 is None else batch.key2.take(rows))
 
     def lost(self, e: Exception) -> WorkerError:
         return WorkerError(f"{e}: under key placement every worker holds a piece of every "
@@ -293,7 +246,7 @@ class KeyPlacedBackend(GrpcBackend):
         s = self.sessions[w]
         if s.batch_id == batch.batch_id:
             return
-        msg = self._encode(w, batch, rows).message(
+        msg = codec.encode_rows(batch, rows).message(
             worker_pb2.Batch(release_below=batch.batch_id))
         try:
             self.unchecked.append((-1, s.send(order, "batch", msg)))
