@@ -138,10 +138,11 @@ def late_rows(ts, maxts, has_max, lateness, late):
 
 @njit(**NJIT)
 def gather_offsets(key, ts, ids, rows, key_base, ts_base, ids_base, with_ids, out):
-    """Rows ``rows`` (ascending) of a batch as uint32 offsets, into ``out`` (4, m):
-    ``key - key_base``, ``ts - ts_base``, the row's offset from ``rows[0]`` (its seq's,
-    a stream's seqs being consecutive) and, ``with_ids``, ``id - ids_base``. The caller
-    has checked that each column's span over the batch is below 2^32."""
+    """Rows ``rows`` (ascending) of a batch as uint32 offsets, into ``out`` ((4, m), or
+    (3, m) without ids): ``key - key_base``, ``ts - ts_base``, the row's offset from
+    ``rows[0]`` (its seq's, a stream's seqs being consecutive) and, ``with_ids``,
+    ``id - ids_base``. The caller has checked that each column's span over the batch is
+    below 2^32."""
     first = rows[0] if rows.shape[0] else 0
     for i in range(rows.shape[0]):
         r = rows[i]
@@ -151,4 +152,3 @@ def gather_offsets(key, ts, ids, rows, key_base, ts_base, ids_base, with_ids, ou
     if with_ids:
         for i in range(rows.shape[0]):
             out[3, i] = np.uint32(ids[rows[i]] - ids_base)
-
