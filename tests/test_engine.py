@@ -419,57 +419,50 @@ def test_late_rows_is_the_lateness_rule_in_one_pass(ts, maxts, lateness):
         assert top == want_top
 
 
-def _buffers(n: int, off: int, key_dtype, with_ts: bool, with_ids: bool):
-    cap = n + off + 3  # room past the rows written: must stay untouched
-    cols = [np.full(cap, -77, key_dtype), np.full(cap, -77, np.int64) if with_ts else None,
-            np.full(cap, -77, np.int64), np.full(cap, -77, np.int64) if with_ids else None,
-            np.full(cap, -77, np.int64)]
-    return cols
+def test_split_streams_numbers_each_arrival():
+    """seq = the stream's total + rank, opp = the other stream's arrivals before it (the
+    module docstring's example, and random chunks against a plain loop)."""
+    from panjoin.manager.kernels import split_streams
 
-
-@pytest.mark.parametrize("with_ts,with_ids", [(True, True), (False, True), (False, False)])
-def test_split_into_buffers_numbers_each_arrival(with_ts, with_ids):
-    """seq = the stream's total + rank, opp = the other stream's arrivals before it, each
-    row written into its stream's buffer after the rows there (the module docstring's
-    example, and random chunks against a plain loop); ts and ids only where kept."""
-    from panjoin.manager.kernels import split_into_buffers
-
-    r, s = _buffers(3, 2, np.int64, with_ts, with_ids), _buffers(3, 4, np.int64, with_ts,
-                                                                 with_ids)
-    nr, ns, c_r = split_into_buffers(
-        np.array([0, 1, 0], np.uint8), np.array([4, 5, 6]),
-        np.array([7, 8, 9]) if with_ts else None,
-        np.array([10, 11, 12]) if with_ids else None, 5, 7, r, s, 2, 4)
+    ok, ot, oseq, oid, oopp, nr, ns, c_r = split_streams(
+        np.array([0, 1, 0], np.uint8), np.array([4, 5, 6]), np.array([7, 8, 9]),
+        np.array([10, 11, 12]), 5, 7)
     assert (nr, ns) == (2, 1) and c_r.tolist() == [1, 1, 2]
-    assert r[2][2:4].tolist() == [5, 6] and r[4][2:4].tolist() == [7, 8]
-    assert s[2][4:5].tolist() == [7] and s[4][4:5].tolist() == [6]
-    assert r[0][:5].tolist() == [-77, -77, 4, 6, -77]
-    if with_ids:
-        assert s[3][4:6].tolist() == [11, -77]
+    assert oseq[0, :2].tolist() == [5, 6] and oopp[0, :2].tolist() == [7, 8]
+    assert oseq[1, :1].tolist() == [7] and oopp[1, :1].tolist() == [6]
+    assert ok[0, :2].tolist() == [4, 6] and oid[1, :1].tolist() == [11]
     rng = np.random.default_rng(3)
     for n in (0, 1, 1000):
         stream = rng.integers(0, 2, n).astype(np.uint8)
         keys = rng.normal(size=n)
-        off = (5, 9)
-        bufs = [_buffers(n, o, np.float64, with_ts, with_ids) for o in off]
-        nr, ns, c_r = split_into_buffers(
-            stream, keys, np.arange(n) if with_ts else None,
-            np.arange(n) + 100 if with_ids else None, 40, 9, *bufs, *off)
+        ok, ot, oseq, oid, oopp, nr, ns, c_r = split_streams(
+            stream, keys, np.arange(n), np.arange(n) + 100, 40, 9)
         tot, rank = [40, 9], [0, 0]
         for i in range(n):
             x = int(stream[i])
-            j = off[x] + rank[x]
-            key, ts, seq, ids, opp = bufs[x]
-            assert key[j] == keys[i] and seq[j] == tot[x] + rank[x]
-            assert opp[j] == tot[1 - x] + rank[1 - x]
-            assert (ts is None or ts[j] == i) and (ids is None or ids[j] == i + 100)
+            j = rank[x]
+            assert ok[x, j] == keys[i] and oid[x, j] == i + 100 and ot[x, j] == i
+            assert oseq[x, j] == tot[x] + j and oopp[x, j] == tot[1 - x] + rank[1 - x]
             rank[x] += 1
             assert c_r[i] == rank[0]
         assert (nr, ns) == tuple(rank)
-        for x in (0, 1):  # nothing written before or past a stream's rows
-            for c in bufs[x]:
-                if c is not None:
-                    assert (c[:off[x]] == -77).all() and (c[off[x] + rank[x]:] == -77).all()
+
+
+def test_split_streams_without_ts_and_ids_numbers_the_same():
+    """A count window whose ids are seqs: key, seq and opp as the full split's."""
+    from panjoin.manager.kernels import split_streams
+
+    rng = np.random.default_rng(8)
+    stream = rng.integers(0, 2, 999).astype(np.uint8)
+    keys = rng.integers(-9, 9, 999)
+    full = split_streams(stream, keys, np.arange(999), np.arange(999) + 5, 3, 70)
+    lean = split_streams(stream, keys, None, None, 3, 70)
+    assert lean[1] is None and lean[3] is None and lean[5:7] == full[5:7]
+    nr, ns = lean[5:7]
+    for a, b in ((lean[0], full[0]), (lean[2], full[2]), (lean[4], full[4])):
+        np.testing.assert_array_equal(a[0, :nr], b[0, :nr])
+        np.testing.assert_array_equal(a[1, :ns], b[1, :ns])
+    np.testing.assert_array_equal(lean[7], full[7])
 
 
 @pytest.mark.parametrize("index", ["bisort", "hash"])

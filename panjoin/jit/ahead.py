@@ -54,8 +54,10 @@ EXPORTS = {
     "panjoin.key_sort_kernels.unpack_rows": "i8[::1], i8, i8, i8[::1], i8[::1]",
     "panjoin.manager.kernels.late_rows": "i8[::1], i8, b1, i8, b1[::1]",
     "panjoin.manager.kernels.split_into":
-        "u1[::1], K[::1], i8[::1], i8[::1], b1, b1, i8, i8, i8, i8, K[::1], K[::1], i8[::1], "
-        "i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8[::1], i8[::1]",
+        "u1[::1], K[::1], i8[::1], i8[::1], i8, i8, K[:, ::1], i8[:, ::1], i8[:, ::1], "
+        "i8[:, ::1], i8[:, ::1], i8[::1]",
+    "panjoin.manager.kernels.split_keys_into":
+        "u1[::1], K[::1], i8, i8, K[:, ::1], i8[:, ::1], i8[:, ::1], i8[::1]",
     "panjoin.manager.kernels.gather_offsets":
         "i8[::1], i8[::1], i8[::1], i8[::1], i8, i8, i8, b1, u4[:, ::1]",
     "panjoin.sharding_kernels.route_rows": "u1[::1], K[::1], b1[::1], K[::1], K[:, ::1], K[:, ::1]",
@@ -79,6 +81,7 @@ READ_ONLY = {
     "panjoin.key_sort_kernels.unpack_rows": (0, 3, 4),
     "panjoin.manager.kernels.late_rows": (0,),
     "panjoin.manager.kernels.split_into": (0, 1, 2, 3),
+    "panjoin.manager.kernels.split_keys_into": (0, 1),
     "panjoin.manager.kernels.gather_offsets": (0, 1, 2, 3),
     "panjoin.sharding_kernels.route_rows": (0, 1, 2, 3, 4, 5),
     "panjoin.sharding_kernels.route_eq_rows": (0, 1, 2, 3),

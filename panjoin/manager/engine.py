@@ -80,7 +80,7 @@ from panjoin.config import (
 )
 from panjoin.events.arrays import PAYLOAD_TYPE
 from panjoin.manager.index_choice import IndexChooser
-from panjoin.manager.kernels import late_tuples, split_into_buffers
+from panjoin.manager.kernels import late_tuples, split_streams
 from panjoin.manager.latency import CAP_MAX, LatencyBound
 from panjoin.manager.ring import SubwindowRing
 from panjoin.ops.timings import Timings
@@ -107,12 +107,11 @@ def _log_threads(why: str) -> None:
 
 STREAM_NAMES = ("R", "S")
 _I64 = np.int64
-#: rows a push is numbered and split in at a time (a piece); a 1M-row piece's
-#: temporaries took fresh pages every push (page faults, or a huge page's compaction:
-#: 22-118 ms a push against 4-5 ms)
+#: rows a push is numbered and split in at a time: the split's 88 bytes a row (11 MiB
+#: here) stay below the allocator's mmap threshold (panjoin.config.tune_allocator), so
+#: each piece reuses the last one's pages; a 1M-row piece took fresh pages every push
+#: (page faults, or a huge page's compaction: 22-118 ms a push against 4-5 ms)
 PIECE_ROWS = 1 << 17
-#: a collect buffer's arrays hold this many batches and pieces (see _Buffer)
-BUFFER_ROOM = 3
 
 
 @dataclass
@@ -161,86 +160,47 @@ def default_partitions(subwindow_size: int, index: str = "bisort") -> int:
 
 
 class _Buffer:
-    """The collect buffer of one stream (step 1). The split writes each pushed piece's
-    rows of this stream straight into its columns (key, ts, seq, id, opp: ts None on a
-    count window, id None where ids are seqs), after the rows already there
-    (:func:`panjoin.manager.kernels.split_into_buffers`): rows ``[start, start + n)``
-    are buffered, ``[start + n, end)`` split but not yet appended (a cut fell inside the
-    piece). A cut (:meth:`take`) hands out views of the buffered rows and moves
-    ``start`` past them: nothing is copied. When a piece does not fit, the buffered rows
-    (at most a batch) move to new columns of :data:`BUFFER_ROOM` batches and pieces
-    (their arrays stay below glibc's mmap threshold at the default NBat, so a freed
-    buffer's pages serve the next). Payloads and key2 (rare) stay runs of each piece's
-    columns, joined at the cut. ::
+    """The collect buffer of one stream (step 1): runs of rows in arrival order, each a
+    range ``[lo, hi)`` of one pushed piece's columns for this stream. A cut of the other
+    stream appends the rows before it, so a batch is built from many appends: the run
+    grows while they continue each other, and :meth:`take` hands out views of it."""
 
-        NBat 3, a piece of R rows r0..r4: split at end 0..5; r0-r2 appended, cut: the
-        batch is views of rows 0..3, start 3; r3, r4 appended after the cut: start 3, n 2
-    """
-
-    __slots__ = ("cols", "start", "n", "end", "runs", "first_opp", "min_ts", "track_ts")
+    __slots__ = ("runs", "n", "first_opp", "min_ts", "track_ts")
 
     def __init__(self, track_ts: bool = True):
         self.track_ts = track_ts  # min_ts is read by time windows' expiry only
-        self.cols: list | None = None  # [key, ts, seq, id, opp], allocated by reserve
-        self.start = self.n = self.end = 0
-        #: [payload or None, key2 or None, lo, hi]: runs of the pieces' extra columns
+        #: [cols, lo, hi]: cols = (key, ts, seq, id, opp, payload or None, key2 or None)
         self.runs: list[list] = []
+        self.n = 0
         self.first_opp = -1
         self.min_ts = I64_MAX
 
-    def reserve(self, k: int, room: int, key_dtype, with_ts: bool, with_ids: bool) -> None:
-        """Room for ``k`` more rows after ``end`` (called between pieces, when every
-        split row is appended); else the buffered rows move to new columns of
-        ``room`` rows or more."""
-        if self.cols is not None and self.end + k <= self.cols[0].shape[0]:
+    def append(self, cols: tuple, lo: int, hi: int) -> None:
+        if hi <= lo:
             return
-        held = self.end - self.start
-        cap = max(room, held + k)
-        new = [np.empty(cap, key_dtype), np.empty(cap, _I64) if with_ts else None,
-               np.empty(cap, _I64), np.empty(cap, _I64) if with_ids else None,
-               np.empty(cap, _I64)]
-        if self.cols is not None and held:
-            for c, old in zip(new, self.cols, strict=True):
-                if c is not None:
-                    c[:held] = old[self.start:self.end]
-        self.cols, self.start, self.end = new, 0, held
-
-    def append(self, count: int, extras: tuple, lo: int, hi: int) -> None:
-        """The next ``count`` split rows join the buffer; ``extras``: the piece's
-        (payload, key2) of this stream (None each if absent), of which ``[lo, hi)``."""
-        if count <= 0:
-            return
-        a = self.start + self.n
         if self.n == 0:
-            self.first_opp = int(self.cols[4][a])
+            self.first_opp = int(cols[4][lo])
+        last = self.runs[-1] if self.runs else None
+        if last is not None and last[0] is cols and last[2] == lo:
+            last[2] = hi
+        else:
+            self.runs.append([cols, lo, hi])
+        self.n += hi - lo
         if self.track_ts:
-            self.min_ts = min(self.min_ts, int(self.cols[1][a:a + count].min()))
-        if extras[0] is not None or extras[1] is not None:
-            last = self.runs[-1] if self.runs else None
-            if last is not None and last[0] is extras[0] and last[1] is extras[1] \
-                    and last[3] == lo:
-                last[3] = hi
-            else:
-                self.runs.append([extras[0], extras[1], lo, hi])
-        self.n += count
+            self.min_ts = min(self.min_ts, int(cols[1][lo:hi].min()))
 
     def take(self):
-        """(key, ts, seq, id, opp, payload or None, key2 or None), all in arrival order:
-        views of the buffer's columns (ts and id None where not kept)."""
-        a, b = self.start, self.start + self.n
-        cols = tuple(None if c is None else c[a:b] for c in self.cols)
-        pay = k2 = None
-        if self.runs:
-            if self.runs[0][0] is not None:
-                pays = [p.slice(lo, hi - lo) for p, _, lo, hi in self.runs]
-                pay = pays[0] if len(pays) == 1 else pa.concat_arrays(pays)
-            if self.runs[0][1] is not None:
-                k2s = [k[lo:hi] for _, k, lo, hi in self.runs]
-                k2 = k2s[0] if len(k2s) == 1 else np.concatenate(k2s)
-        self.start, self.n, self.runs = b, 0, []
-        self.first_opp = -1
-        self.min_ts = I64_MAX
-        return (*cols, pay, k2)
+        """(key, ts, seq, id, opp, payload or None, key2 or None), all in arrival order."""
+        parts = [tuple(None if c is None else c.slice(lo, hi - lo) if isinstance(c, pa.Array)
+                       else c[lo:hi] for c in cols) for cols, lo, hi in self.runs]
+        if len(parts) == 1:  # one run of one piece: views, nothing to copy
+            out = parts[0]
+        else:
+            out = tuple(c[0] if c[0] is None else pa.concat_arrays(c)
+                        if isinstance(c[0], pa.Array) else np.concatenate(c)
+                        for c in zip(*parts, strict=True))
+        self.__init__(self.track_ts)
+        return out
 
 
 def as_payload(payload, n: int) -> pa.Array | None:
@@ -540,33 +500,25 @@ class JoinEngine:
             self.tick()  # a deadline may have passed while this chunk was cut
 
     def _push_piece(self, stream, keys, ts, ids, payload, key2) -> None:
-        """Step 1 for rows on time, in arrival order: numbered, written into their
-        stream's buffer, and cut into batches as they fill (or wait too long for the
-        other stream)."""
+        """Step 1 for rows on time, in arrival order: numbered, gathered per stream, and
+        cut into batches as they fill (or wait too long for the other stream)."""
         t0 = time.perf_counter()
         k = stream.shape[0]
-        bufs = [self.buffers[name] for name in STREAM_NAMES]
-        room = BUFFER_ROOM * (self.batch_size + PIECE_ROWS)
-        for b in bufs:
-            b.reserve(k, room, keys.dtype, self.window.kind == "time", ids is not None)
-        base = [b.end for b in bufs]
-        # each stream's tuples written once into its buffer, numbered (seq, opp; see
-        # split_into_buffers); a cut hands out views of them
-        n_r, n_s, c_r = split_into_buffers(
-            stream, keys, ts if self.window.kind == "time" else None, ids,
-            self.total["R"], self.total["S"], bufs[0].cols, bufs[1].cols, base[0], base[1])
-        bufs[0].end += n_r
-        bufs[1].end += n_s
+        # each stream's tuples gathered once, numbered (seq, opp; see split_streams); a
+        # cut appends a contiguous slice of them (views)
+        sk, st, sseq, sid, sopp, n_r, n_s, c_r = split_streams(
+            stream, keys, ts, ids, self.total["R"], self.total["S"])
         cnt = {"R": c_r, "S": np.arange(1, k + 1, dtype=_I64) - c_r}  # arrivals up to each row
         split = {}
         for x, (name, n_x) in enumerate((("R", n_r), ("S", n_s))):
             idx = np.flatnonzero(stream == x) if payload is not None or key2 is not None \
                 else None
-            # the chunk's opps of this stream (its cut by max_lag reads them), and the
-            # piece's extra columns of this stream
-            split[name] = (bufs[x].cols[4][base[x]:base[x] + n_x],
-                           (payload.take(pa.array(idx)) if payload is not None else None,
-                            key2[idx] if key2 is not None else None))
+            # ts only where a time window reads it; ids None where they are the seqs
+            split[name] = (sk[x, :n_x], st[x, :n_x] if ts is not None else None,
+                           sseq[x, :n_x], sid[x, :n_x] if sid is not None else None,
+                           sopp[x, :n_x],
+                           payload.take(pa.array(idx)) if payload is not None else None,
+                           key2[idx] if key2 is not None else None)
         # the watermark only moves time windows' expiry: the largest ts appended so far
         cols = (split, cnt, ts if self.window.kind == "time" else None)
         self.stats.preprocess_s += time.perf_counter() - t0
@@ -576,7 +528,7 @@ class JoinEngine:
             # the earliest cut event of either buffer within [pos, k)
             best_e, best_x = k, None
             for name in STREAM_NAMES:
-                e = self._next_cut(name, pos, k, cnt, split[name][0])
+                e = self._next_cut(name, pos, k, cnt, split[name][4])
                 if e < best_e:
                     best_e, best_x = e, name
             if best_x is None:
@@ -642,7 +594,7 @@ class JoinEngine:
                 continue
             if self.buffers[name].n == 0:
                 self.buf_since[name] = time.monotonic()
-            self.buffers[name].append(hi - lo, split[name][1], lo, hi)
+            self.buffers[name].append(split[name], lo, hi)
             self.total[name] += hi - lo
 
     def tick(self, now: float | None = None) -> None:
