@@ -106,13 +106,13 @@ def encode_rows(batch: SortedBatch, rows: np.ndarray) -> Encoded:
     falls in arrival order, so its ends are its extremes. Where every column of the
     whole batch spans less than 2^32 (:func:`row_bases`), the offsets are from the
     batch's least values, gathered and narrowed in one kernel pass
-    (:func:`panjoin.manager.kernels.gather_offsets`)."""
+    (:func:`panjoin.sharding_kernels.gather_offsets`)."""
     n = len(batch)
     consecutive = n and int(batch.seq[-1]) - int(batch.seq[0]) == n - 1
     bases = row_bases(batch) if consecutive and rows.size else None
     key2 = None if batch.key2 is None else batch.key2.take(rows)
     if bases is not None:
-        from panjoin.manager.kernels import gather_offsets
+        from panjoin.sharding_kernels import gather_offsets
 
         kb, tb, ib = bases
         with_ids = not batch.ids_are_seq

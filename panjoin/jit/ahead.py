@@ -58,10 +58,10 @@ EXPORTS = {
         "i8[:, ::1], i8[:, ::1], i8[::1]",
     "panjoin.manager.kernels.split_keys_into":
         "u1[::1], K[::1], i8, i8, K[:, ::1], i8[:, ::1], i8[:, ::1], i8[::1]",
-    "panjoin.manager.kernels.gather_offsets":
-        "i8[::1], i8[::1], i8[::1], i8[::1], i8, i8, i8, b1, u4[:, ::1]",
     "panjoin.sharding_kernels.route_rows": "u1[::1], K[::1], b1[::1], K[::1], K[:, ::1], K[:, ::1]",
     "panjoin.sharding_kernels.route_eq_rows": "u1[::1], K[::1], b1[::1], K[::1]",
+    "panjoin.sharding_kernels.gather_offsets":
+        "i8[::1], i8[::1], i8[::1], i8[::1], i8, i8, i8, b1, u4[:, ::1]",
     "panjoin.subwindow.kernels.bisort.build_index": "K[::1], i8, i8, K[::1], i8",
     "panjoin.subwindow.kernels.bisort.build_levels": "K[::1], i8, K[::1], i8[::1], K, i8",
     "panjoin.subwindow.kernels.bisort.first_moved": "K[::1], i8, K",
@@ -82,9 +82,9 @@ READ_ONLY = {
     "panjoin.manager.kernels.late_rows": (0,),
     "panjoin.manager.kernels.split_into": (0, 1, 2, 3),
     "panjoin.manager.kernels.split_keys_into": (0, 1),
-    "panjoin.manager.kernels.gather_offsets": (0, 1, 2, 3),
     "panjoin.sharding_kernels.route_rows": (0, 1, 2, 3, 4, 5),
     "panjoin.sharding_kernels.route_eq_rows": (0, 1, 2, 3),
+    "panjoin.sharding_kernels.gather_offsets": (0, 1, 2, 3),
 }
 #: the key types a kernel with ``K`` in its arguments is built for (int64 first: a
 #: call's guards are tried in this order)

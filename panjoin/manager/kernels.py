@@ -18,13 +18,7 @@ rule is :func:`panjoin.semantics.late_mask`'s, which took a running maximum, a s
 copy and a saturating subtraction, each a whole chunk's temporary).
 
 Step 2's sort is :mod:`panjoin.key_sort_kernels`' (the workers of key placement sort
-too). Under key placement a worker's rows of a batch go out gathered and narrowed in
-one pass (``gather_offsets``): each column as uint32 offsets from the batch's least
-value, where numpy took a gather, a least and a largest value, a subtraction and a cast
-per column. Rows ``[1, 3]`` of keys ``[7, 5, 9, 6]`` (base 5) go as ``[0, 1]``.
-(Routing and narrowing an equi join's batch in one scatter pass, each row written into
-its worker's part, was slower: 4.7-5.7 ms a 256K-row batch against 3.8-4.4 for the
-routing and the gathers, its 17 write streams the limit.)
+too); key placement's routing and its workers' rows are :mod:`panjoin.sharding_kernels`'.
 """
 
 import numpy as np
@@ -135,20 +129,3 @@ def late_rows(ts, maxts, has_max, lateness, late):
             bound = top - lateness if top >= lowest + lateness else lowest
     return n_late, top
 
-
-@njit(**NJIT)
-def gather_offsets(key, ts, ids, rows, key_base, ts_base, ids_base, with_ids, out):
-    """Rows ``rows`` (ascending) of a batch as uint32 offsets, into ``out`` ((4, m), or
-    (3, m) without ids): ``key - key_base``, ``ts - ts_base``, the row's offset from
-    ``rows[0]`` (its seq's, a stream's seqs being consecutive) and, ``with_ids``,
-    ``id - ids_base``. The caller has checked that each column's span over the batch is
-    below 2^32."""
-    first = rows[0] if rows.shape[0] else 0
-    for i in range(rows.shape[0]):
-        r = rows[i]
-        out[0, i] = np.uint32(key[r] - key_base)
-        out[1, i] = np.uint32(ts[r] - ts_base)
-        out[2, i] = np.uint32(r - first)
-    if with_ids:
-        for i in range(rows.shape[0]):
-            out[3, i] = np.uint32(ids[rows[i]] - ids_base)
