@@ -128,4 +128,3 @@ def late_rows(ts, maxts, has_max, lateness, late):
             has_max = True
             bound = top - lateness if top >= lowest + lateness else lowest
     return n_late, top
-
