@@ -247,9 +247,19 @@ class _Prefault:
 
         # blocks of 1 MiB: from the heap (under the mmap threshold), in 4 KiB pages
         # (numpy asks for transparent huge pages from 4 MiB on, which may have the
-        # kernel compact memory as it faults them); numpy lets go of the GIL as it fills
+        # kernel compact memory as it faults them); the kernel faults a block's whole
+        # pages in one call (MADV_POPULATE_WRITE, Linux 5.14: 180 MB in 0.11 CPU-s
+        # against 0.14 for a fault a page as numpy fills it), else numpy fills it
+        # (letting go of the GIL)
+        populate = _madvise()
         for _ in range(max(1, nbytes >> 20)):
-            self.blocks.append(np.ones(1 << 17))
+            b = np.empty(1 << 17)
+            a = b.ctypes.data
+            lo, hi = (a + _PAGE - 1) & -_PAGE, (a + b.nbytes) & -_PAGE
+            if populate is None or populate(lo, hi - lo, _MADV_POPULATE_WRITE) != 0:
+                populate = None  # refused (an older kernel): fill this block and the rest
+                b.fill(1.0)
+            self.blocks.append(b)
 
     def release(self) -> None:
         """Wait for the thread, and free the blocks into the heap."""
@@ -257,8 +267,22 @@ class _Prefault:
         self.blocks.clear()
 
 
-#: madvise's MADV_HUGEPAGE (Linux)
-_MADV_HUGEPAGE = 14
+#: madvise's MADV_HUGEPAGE and MADV_POPULATE_WRITE (Linux), and the page size they see
+_MADV_HUGEPAGE, _MADV_POPULATE_WRITE = 14, 23
+_PAGE = 4096
+
+
+def _madvise():
+    """libc's ``madvise(addr, length, advice)`` (it lets go of the GIL), or None."""
+    import ctypes
+
+    try:
+        f = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    f.restype = ctypes.c_int
+    return f
 
 
 def advise_heap_hugepages() -> None:
@@ -274,14 +298,12 @@ def advise_heap_hugepages() -> None:
     ``PANJOIN_TUNE_MALLOC=0`` leaves the heap alone too."""
     if os.environ.get("PANJOIN_TUNE_MALLOC") == "0":
         return
-    import ctypes
-
     try:
         with open("/proc/self/maps") as f:
             heap = [line.split()[0] for line in f if line.rstrip().endswith("[heap]")]
-        madvise = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
+    except OSError:
         return
-    for span in heap:
+    madvise = _madvise()
+    for span in heap if madvise is not None else ():
         a, b = (int(x, 16) for x in span.split("-"))
-        madvise(ctypes.c_void_p(a), ctypes.c_size_t(b - a), _MADV_HUGEPAGE)
+        madvise(a, b - a, _MADV_HUGEPAGE)

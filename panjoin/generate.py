@@ -214,15 +214,7 @@ def generate(
 
     is_s = tags_rng.random(n) >= r_fraction
     stream = is_s.view(np.uint8)
-    s_so_far = np.cumsum(is_s, dtype=np.int64)  # S tuples up to and including i
-    pos = np.arange(n, dtype=np.int64)
-    ids = np.where(is_s, s_so_far - 1, pos - s_so_far)
-
-    if float(rate).is_integer():
-        ts = pos * 1000 // int(rate)
-    else:  # i * 1000 is exact in a double, and floor division of exact doubles is exact
-        ts = np.floor_divide(pos * 1000.0, float(rate)).astype(np.int64)
-    ts += EPOCH_MS
+    ids, ts = _ids_and_ts(is_s, rate)
     if disorder_ms > 0:
         delayed = ts_rng.random(n) < disorder_fraction
         delay = ts_rng.integers(0, int(disorder_ms), size=n, endpoint=True, dtype=np.int64)
@@ -238,6 +230,48 @@ def generate(
         pl = pc.binary_join_element_wise(tags, pc.cast(pa.array(ids), pa.string()), "")
     key2 = None if key2_max is None else key2_rng.random(n) * float(key2_max)
     return EventTable(stream, ids, key, ts, pl, key2)
+
+
+def _ids_and_ts(is_s: np.ndarray, rate: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each tuple's rank within its stream, and its arrival time (module docstring)."""
+    n = is_s.shape[0]
+    s_so_far = np.cumsum(is_s, dtype=np.int64)  # S tuples up to and including i
+    pos = np.arange(n, dtype=np.int64)
+    ids = np.where(is_s, s_so_far - 1, pos - s_so_far)
+    if float(rate).is_integer():
+        ts = pos * 1000 // int(rate)
+    else:  # i * 1000 is exact in a double, and floor division of exact doubles is exact
+        ts = np.floor_divide(pos * 1000.0, float(rate)).astype(np.int64)
+    ts += EPOCH_MS
+    return ids, ts
+
+
+#: Weyl's step for :func:`warm_up_events` (2^64 / the golden ratio, odd)
+_WEYL = np.uint64(0x9E3779B97F4A7C15)
+
+
+def warm_up_events(n: int, key_max: int, *, float_keys: bool = False,
+                   key2_max: float | None = None, rate: float = 1_000_000.0) -> EventTable:
+    """``n`` tuples for a throwaway join that loads kernels before a timed one: no
+    random generator (numpy.random's import alone is 15-25 ms of a replay's start).
+    Tuple i's hash ``h = i * 0x9E3779B97F4A7C15 mod 2^64`` (Weyl's sequence: spread
+    evenly) gives its stream (h's top bit: R and S interleaved, about half each), its
+    key (``(h >> 11) mod (key_max + 1)``: below 2^53 whatever key_max; float keys the
+    same values as floats) and
+    its key2 (``(h mod 2^11) / 2^11 * key2_max``); ids and ts as :func:`generate`'s.
+
+        >>> e = warm_up_events(6, 99)
+        >>> "".join("RS"[s] for s in e.stream), e.key.tolist()
+        ('RSRSRR', [0, 55, 19, 74, 38, 1])
+    """
+    h = np.arange(n, dtype=np.uint64) * _WEYL  # wraps: mod 2^64
+    is_s = (h >> np.uint64(63)).astype(bool)
+    ids, ts = _ids_and_ts(is_s, rate)
+    key = ((h >> np.uint64(11)) % np.uint64(key_max + 1)).astype(np.int64)
+    key2 = None if key2_max is None else (
+        (h & np.uint64(2047)).astype(np.float64) * (float(key2_max) / 2048.0))
+    return EventTable(is_s.view(np.uint8), ids, key.astype(np.float64) if float_keys
+                      else key, ts, None, key2)
 
 
 def band_for_selectivity(selectivity: float, window: int, key_min, key_max) -> float:

@@ -150,7 +150,7 @@ def _load_kernels_behind(args, window, pred) -> threading.Thread | None:
     # importing the same packages together can meet in a circular import
     import panjoin.events  # noqa: F401 (the main thread's read)
     import panjoin.manager.engine  # noqa: F401 (the loader's join)
-    from panjoin.generate import generate
+    from panjoin.generate import warm_up_events
     from panjoin.sharding import warm_up_router
 
     def load():
@@ -161,9 +161,8 @@ def _load_kernels_behind(args, window, pred) -> threading.Thread | None:
             if _may_shard(args, window):
                 warm_up_router("float64" if float_keys else "int64", pred)
             # key2 in [0, 1): a residual's second band passes every candidate
-            _warm_join(generate(WARM_UP_TUPLES, "uniform", key_max=_warm_key_max(pred), seed=1,
-                                float_keys=float_keys,
-                                key2_max=None if pred.residual is None else 1.0),
+            _warm_join(warm_up_events(WARM_UP_TUPLES, _warm_key_max(pred), float_keys=float_keys,
+                                      key2_max=None if pred.residual is None else 1.0),
                        pred, args.index, args.threads, window.kind)
         except Exception:  # the join itself will meet (and report) whatever this did
             log.debug("loading the kernels ahead failed", exc_info=True)

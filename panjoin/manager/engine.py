@@ -959,10 +959,10 @@ def warm_up_manager() -> None:
     index kernel is loaded that only workers need."""
     from panjoin import codec
     from panjoin.backend import NullBackend
-    from panjoin.generate import generate
+    from panjoin.generate import warm_up_events
     from panjoin.manager.key_placement import route_batch
 
-    events = generate(4_000, "uniform", key_min=0, key_max=1 << 12, rate=1000, seed=1)
+    events = warm_up_events(4_000, 1 << 12, rate=1000)
     fkeys = events.key.astype(np.float64) + 0.5
     for window, seq_ids in (("count:1K,1K", False), ("count:1K,1K", True),
                             ("time:500,500", False)):
@@ -987,9 +987,9 @@ def warm_up(index: str = DEFAULT_INDEX, backend=None, n_workers: int = 1) -> Non
     kernels are compiled, or loaded from Numba's disk cache, before anything is timed;
     in this process once with one thread and once with the default, as a probe on one
     thread runs other kernels than a parallel one (BI-Sort's ``probe_pairs``)."""
-    from panjoin.generate import generate
+    from panjoin.generate import warm_up_events
 
-    events = generate(20_000, "uniform", key_min=0, key_max=1 << 20, seed=1)
+    events = warm_up_events(20_000, 1 << 20)
     # auto picks hash or BI-Sort per subwindow: load both
     for k, kind in enumerate(("bisort", "hash") if index == "auto" else (index,)):
         for threads in ((None,) if backend is not None else sorted({1, default_threads()})):

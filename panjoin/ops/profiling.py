@@ -19,13 +19,7 @@ The profile costs the process about 2x its Python time: compare shares, not seco
 
 from __future__ import annotations
 
-import atexit
-import cProfile
 import os
-import pstats
-import sys
-import threading
-import time
 
 ENV = "PANJOIN_PROFILE"
 
@@ -37,6 +31,14 @@ def install(command: str) -> str | None:
     only = os.environ.get(ENV + "_COMMANDS", "")
     if not folder or (only and command not in only.split(",")):
         return None
+    # imported here: every command imports this module, few profile (5 ms of a start)
+    import atexit
+    import cProfile
+    import pstats
+    import sys
+    import threading
+    import time
+
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{command}-{os.getpid()}.pstats")
     profiles: list[cProfile.Profile] = []
