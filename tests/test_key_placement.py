@@ -254,6 +254,30 @@ def test_an_engine_over_key_pieces_answers_with_seqs():
             x.stop()
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["past-the-manager", "through-it"])
+def test_rounds_in_flight_keep_the_batch_only_where_the_manager_maps_pairs(direct):
+    """With the pairs sent to the client by the workers, a probe round in flight holds
+    nothing of its batch (the heap reuses the batch's memory); through the manager, it
+    keeps the ids its pairs are mapped by."""
+    ev = generate(3000, "uniform", key_min=0, key_max=500, rate=1000, seed=5)
+    ws = start_workers(2)
+    try:
+        backend = KeyPlacedBackend([x.address for x in ws], direct=direct)
+        try:
+            eng = JoinEngine("count:800,800", "eq", index="bisort", subwindow_size=200,
+                             batch_size=100, backend=backend, n_workers=2)
+            eng.push(ev)
+            assert len(eng._inflight) > 2
+            for f in eng._inflight:
+                assert (f.ids is None, f.answers.batch is None) == (direct, direct)
+            eng.flush()
+        finally:
+            backend.close()
+    finally:
+        for x in ws:
+            x.stop()
+
+
 def test_key_placement_refuses_what_it_cannot_do(cluster):
     with pytest.raises(ValueError, match="replicas 1"):
         KeyPlacedBackend(["127.0.0.1:1"], replicas=2)

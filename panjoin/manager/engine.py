@@ -225,7 +225,9 @@ class _InFlight:
 
     answers: object  # has .result() -> [(probe_idx, stored_id, stored_seq)] per target
     x: str
-    ids: np.ndarray  # the probe batch's ids in key order
+    #: the probe batch's ids in key order; None where the workers send the pairs to the
+    #: client themselves (nothing to map here, and the batch's arrays are let go)
+    ids: np.ndarray | None
     payload: pa.Array | None  # the probe batch's payloads in arrival order
     #: key order -> arrival order (payloads are gathered once, per pair); None: the
     #: batch is in arrival order (its workers sort it)
@@ -743,7 +745,8 @@ class JoinEngine:
                                            for sub, filtered in targets], batch)
         stores = [(sub.seq_start, sub.payloads() if self.with_payload else None)
                   for sub, _ in targets]
-        self._last_round = _InFlight(answers, x, batch.ids, pay, order, stores, since=since)
+        ids = None if getattr(self.backend, "direct", False) else batch.ids
+        self._last_round = _InFlight(answers, x, ids, pay, order, stores, since=since)
         self._inflight.append(self._last_round)
         self._rounds += 1
 

@@ -116,7 +116,13 @@ def route_batch(keys: np.ndarray, bounds: np.ndarray, pred: Predicate, stream: s
 
 class KeyRound(ProbeRound):
     """A probe round over key pieces: every worker's answer to every target, merged per
-    target (a worker's probe indexes, of its rows as sent, mapped to the batch's)."""
+    target (a worker's probe indexes, of its rows as sent, mapped to the batch's). With
+    the pairs sent to the client by the workers it keeps nothing of the batch (there is
+    no failover to send it again): its columns are let go once sent, and the heap
+    serves their memory to the next batches (eight rounds in flight held 64 MB)."""
+
+    def __init__(self, backend, targets, batch: SortedBatch, parts):
+        super().__init__(backend, targets, None if backend.direct else batch, parts)
 
     def result(self):
         if self._out is None:
