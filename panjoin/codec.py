@@ -102,8 +102,8 @@ def encode_rows(batch: SortedBatch, rows: np.ndarray) -> Encoded:
     """The Batch of the rows at ``rows`` (ascending) of a batch in arrival order: a
     key-placement worker's rows, each column gathered, then narrowed. A stream's
     arrivals are numbered consecutively, so the rows' seqs are ``seq[0] + rows``: sent
-    as the rows' offsets, not gathered; a count window's ts (opposite arrivals) never
-    falls in arrival order, so its ends are its extremes. Where every column of the
+    as the rows' offsets, not gathered; ts narrowed by its ends (:func:`_ts_ends`).
+    Where every column of the
     whole batch spans less than 2^32 (:func:`row_bases`), the offsets are from the
     batch's least values, gathered and narrowed in one kernel pass
     (:func:`panjoin.sharding_kernels.gather_offsets`)."""
@@ -124,8 +124,7 @@ def encode_rows(batch: SortedBatch, rows: np.ndarray) -> Encoded:
                              (out[3], ib) if with_ids else None, key2)
     keys = narrow(batch.key.take(rows))
     ts = batch.ts.take(rows)
-    ts = narrow(ts, *((int(ts[0]), int(ts[-1])) if batch.window.kind == "count" and ts.size
-                      else ()))
+    ts = narrow(ts, *(_ts_ends(ts, batch.window) if ts.size else ()))
     if consecutive and rows.size:
         # (a batch's rows span far less than 2^32: always offsets)
         off, base = narrow(rows.astype(np.int64, copy=False), int(rows[0]), int(rows[-1]))
@@ -138,20 +137,25 @@ def encode_rows(batch: SortedBatch, rows: np.ndarray) -> Encoded:
     return _encode_batch(batch, keys, ts, seq, ids, key2)
 
 
+def _ts_ends(ts: np.ndarray, window) -> tuple[int, int]:
+    """The least and greatest of rows' ts in arrival order: a count window's ts (opposite
+    arrivals) never falls in arrival order, so its ends are its extremes (no pass)."""
+    if window.kind == "count":
+        return int(ts[0]), int(ts[-1])
+    return int(ts.min()), int(ts.max())
+
+
 def row_bases(batch: SortedBatch) -> tuple[int, int, int] | None:
-    """The least key, ts and id of a batch in arrival order whose int64 columns each
-    span less than 2^32 (the bases of every worker's offsets), else None; found once a
-    batch (its workers' rows share them). A count window's ts (opposite arrivals) never
-    falls in arrival order: its ends are its extremes."""
+    """The least key, ts (:func:`_ts_ends`) and id of a batch in arrival order whose
+    int64 columns each span less than 2^32 (the bases of every worker's offsets), else
+    None; found once a batch (its workers' rows share them)."""
     got = batch.__dict__.get("row_bases", False)
     if got is not False:
         return got
     got = None
     cols = (batch.key, batch.ts, batch.ids)
     if len(batch) and all(c.dtype == np.int64 and c.flags.c_contiguous for c in cols):
-        spans = [(int(batch.key.min()), int(batch.key.max()))]
-        spans.append((int(batch.ts[0]), int(batch.ts[-1])) if batch.window.kind == "count"
-                     else (int(batch.ts.min()), int(batch.ts.max())))
+        spans = [(int(batch.key.min()), int(batch.key.max())), _ts_ends(batch.ts, batch.window)]
         spans.append((0, 0) if batch.ids_are_seq else
                      (int(batch.ids.min()), int(batch.ids.max())))
         if all(hi - lo < NARROW_SPAN for lo, hi in spans):
