@@ -351,64 +351,6 @@ def late_mask(ts: np.ndarray, maxts: int | None, lateness: int) -> tuple[np.ndar
     return late, top if maxts is None else max(maxts, top)
 
 
-def _exact_ge(c: np.ndarray, k: np.ndarray, a: float) -> np.ndarray:
-    """Exactly ``c - k >= a`` for float64 arrays (TwoSum error-free difference)."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        d = c - k
-        bb = d - c
-        err = (c - (d - bb)) + (-k - bb)
-    return (d > a) | ((d == a) & (err >= 0))
-
-
-def _exact_le(c: np.ndarray, k: np.ndarray, b: float) -> np.ndarray:
-    """Exactly ``c - k <= b`` for float64 arrays."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        d = c - k
-        bb = d - c
-        err = (c - (d - bb)) + (-k - bb)
-    return (d < b) | ((d == b) & (err <= 0))
-
-
-def _float_lo(k: np.ndarray, a: float) -> np.ndarray:
-    """Smallest float64 c with c - k >= a exactly."""
-    if a == -math.inf:
-        return np.full(k.shape, -np.inf)
-    with np.errstate(over="ignore"):
-        c = k + a
-    for _ in range(4):
-        bad = ~_exact_ge(c, k, a) & np.isfinite(c)
-        if not bad.any():
-            break
-        c[bad] = np.nextafter(c[bad], np.inf)
-    for _ in range(4):
-        prev = np.nextafter(c, -np.inf)
-        can = _exact_ge(prev, k, a) & np.isfinite(prev)
-        if not can.any():
-            break
-        c[can] = prev[can]
-    return c
-
-
-def _float_hi(k: np.ndarray, b: float) -> np.ndarray:
-    """Largest float64 c with c - k <= b exactly."""
-    if b == math.inf:
-        return np.full(k.shape, np.inf)
-    with np.errstate(over="ignore"):
-        c = k + b
-    for _ in range(4):
-        bad = ~_exact_le(c, k, b) & np.isfinite(c)
-        if not bad.any():
-            break
-        c[bad] = np.nextafter(c[bad], -np.inf)
-    for _ in range(4):
-        nxt = np.nextafter(c, np.inf)
-        can = _exact_le(nxt, k, b) & np.isfinite(nxt)
-        if not can.any():
-            break
-        c[can] = nxt[can]
-    return c
-
-
 def stored_bands(pred: Predicate, probe_stream: str) -> list[tuple[float, float]]:
     """Bands on ``stored.key - probe.key`` when ``probe_stream`` probes the other stream."""
     if probe_stream == "R":
@@ -441,15 +383,17 @@ def _float_bounds(pred, probe_stream, keys, nb, n):
     """probe_bounds for float64 keys."""
     lo = np.empty((nb, n), np.float64)
     hi = np.empty((nb, n), np.float64)
-    if pred.negated:
-        lo[0] = -np.inf
-        hi[0] = np.nextafter(keys, -np.inf)
-        lo[1] = np.nextafter(keys, np.inf)
-        hi[1] = np.inf
-    else:
+    if not pred.negated:  # exact, empty bands marked: one kernel pass a band
+        from panjoin.bounds_kernels import float_bounds
+
+        keys = np.ascontiguousarray(keys)
         for j, (a, b) in enumerate(stored_bands(pred, probe_stream)):
-            lo[j] = _float_lo(keys, a)
-            hi[j] = _float_hi(keys, b)
+            float_bounds(keys, float(a), float(b), lo[j], hi[j])
+        return lo, hi
+    lo[0] = -np.inf
+    hi[0] = np.nextafter(keys, -np.inf)
+    lo[1] = np.nextafter(keys, np.inf)
+    hi[1] = np.inf
     empty = lo > hi
     lo[empty] = np.inf
     hi[empty] = -np.inf

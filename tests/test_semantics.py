@@ -113,6 +113,54 @@ def test_float_bounds_exact(keys, stored, a, width, side):
     assert np.array_equal(_by_bounds(pred, side, k, s), _brute(pred, side, k, s))
 
 
+_FMAX = float(np.finfo(np.float64).max)
+
+
+def _least_exact(k: float, a: float, lo: float) -> bool:
+    """``lo`` is the least float64 c with c - k >= a in reals (-inf: every finite
+    float passes; inf: none does)."""
+    from fractions import Fraction as F
+
+    if lo == -np.inf:
+        return F(-_FMAX) - F(k) >= F(a)
+    if lo == np.inf:
+        return F(_FMAX) - F(k) < F(a)
+    with np.errstate(over="ignore"):
+        below = np.nextafter(lo, -np.inf)
+    return F(lo) - F(k) >= F(a) and (below == -np.inf or F(float(below)) - F(k) < F(a))
+
+
+def _greatest_exact(k: float, b: float, hi: float) -> bool:
+    """``hi`` is the greatest float64 c with c - k <= b in reals."""
+    return _least_exact(-k, -b, -hi)  # c - k <= b  <=>  (-c) - (-k) >= -b
+
+
+@settings(max_examples=400, deadline=None)
+@given(keys=st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1,
+                     max_size=16),
+       a=st.floats(allow_nan=False, allow_infinity=False),
+       b=st.floats(allow_nan=False, allow_infinity=False))
+def test_float_bound_kernel_is_exact_over_the_whole_range(keys, a, b):
+    """Each bound alone (the other side open) is the least, or the greatest, float64
+    whose exact difference from the key passes, from subnormals to overflow; both
+    together mark a band that no float passes as lo = inf, hi = -inf."""
+    from panjoin.bounds_kernels import float_bounds
+
+    k = np.array(keys)
+    lo, hi, lo1, hi1 = (np.empty(k.size) for _ in range(4))
+    float_bounds(k, a, np.inf, lo1, hi)
+    assert (hi == np.inf).all()
+    float_bounds(k, -np.inf, b, lo, hi1)
+    assert (lo == -np.inf).all()
+    for x, lx, hx in zip(keys, lo1, hi1, strict=True):
+        assert _least_exact(x, a, float(lx)), (x, a, lx)
+        assert _greatest_exact(x, b, float(hx)), (x, b, hx)
+    float_bounds(k, a, b, lo, hi)
+    empty = lo1 > hi1
+    assert np.array_equal(lo, np.where(empty, np.inf, lo1))
+    assert np.array_equal(hi, np.where(empty, -np.inf, hi1))
+
+
 def test_float_ne():
     k = np.array([0.1, 1.0, 2.5])
     s = np.array([0.1, np.nextafter(0.1, 1), 1.0, 3.0])

@@ -50,6 +50,7 @@ STAMP_FILE = os.path.join(HERE, MODULE + ".json")
 # (equi and band, time and count windows, one engine and shards); ``K`` is the key
 # type, built for each of :data:`KEY_TYPES`
 EXPORTS = {
+    "panjoin.bounds_kernels.float_bounds": "f8[::1], f8, f8, f8[::1], f8[::1]",
     "panjoin.key_sort_kernels.pack_rows": "i8[::1]",
     "panjoin.key_sort_kernels.unpack_rows": "i8[::1], i8, i8, i8[::1], i8[::1]",
     "panjoin.manager.kernels.late_rows": "i8[::1], i8, b1, i8, b1[::1]",
@@ -77,6 +78,7 @@ EXPORTS = {
 #: to Numba, which refuses a write to it (tests/test_jit_ahead.py has Numba compile each
 #: kernel with these arguments typed read-only: one that writes them fails there)
 READ_ONLY = {
+    "panjoin.bounds_kernels.float_bounds": (0,),
     "panjoin.key_sort_kernels.pack_rows": (0,),
     "panjoin.key_sort_kernels.unpack_rows": (0, 3, 4),
     "panjoin.manager.kernels.late_rows": (0,),
@@ -100,9 +102,9 @@ def specs(qualname: str) -> list[str]:
 #: sources whose change makes a build stale: the kernels', the helpers they inline,
 #: this list and the build (not panjoin/config.py: of it the kernels take only NJIT's
 #: caching and GIL options, which a build does not use)
-SOURCES = ("panjoin/jit/ahead.py", "panjoin/jit/build.py", "panjoin/manager/kernels.py",
-           "panjoin/key_sort_kernels.py", "panjoin/sharding_kernels.py",
-           "panjoin/subwindow/kernels")
+SOURCES = ("panjoin/jit/ahead.py", "panjoin/jit/build.py", "panjoin/bounds_kernels.py",
+           "panjoin/manager/kernels.py", "panjoin/key_sort_kernels.py",
+           "panjoin/sharding_kernels.py", "panjoin/subwindow/kernels")
 
 _DTYPES = {"i8": "int64", "u1": "uint8", "b1": "bool", "f8": "float64", "u4": "uint32"}
 _SCALARS = {"i8": "INT", "u1": "INT", "b1": "BOOL", "f8": "FLOAT"}
