@@ -103,9 +103,8 @@ def encode_rows(batch: SortedBatch, rows: np.ndarray) -> Encoded:
     key-placement worker's rows, each column gathered, then narrowed. A stream's
     arrivals are numbered consecutively, so the rows' seqs are ``seq[0] + rows``: sent
     as the rows' offsets, not gathered; ts narrowed by its ends (:func:`_ts_ends`).
-    Where every column of the
-    whole batch spans less than 2^32 (:func:`row_bases`), the offsets are from the
-    batch's least values, gathered and narrowed in one kernel pass
+    Where every column of the whole batch spans less than 2^32 (:func:`row_bases`), the
+    offsets are from the batch's least values, gathered and narrowed in one kernel pass
     (:func:`panjoin.sharding_kernels.gather_offsets`)."""
     n = len(batch)
     consecutive = n and int(batch.seq[-1]) - int(batch.seq[0]) == n - 1

@@ -257,8 +257,8 @@ def warm_up_events(n: int, key_max: int, *, float_keys: bool = False,
     Tuple i's hash ``h = i * 0x9E3779B97F4A7C15 mod 2^64`` (Weyl's sequence: spread
     evenly) gives its stream (h's top bit: R and S interleaved, about half each), its
     key (``(h >> 11) mod (key_max + 1)``: below 2^53 whatever key_max; float keys the
-    same values as floats) and
-    its key2 (``(h mod 2^11) / 2^11 * key2_max``); ids and ts as :func:`generate`'s.
+    same values as floats) and its key2 (``(h mod 2^11) / 2^11 * key2_max``); ids and
+    ts as :func:`generate`'s.
 
         >>> e = warm_up_events(6, 99)
         >>> "".join("RS"[s] for s in e.stream), e.key.tolist()
