@@ -97,3 +97,47 @@ def test_mallopt_takes_settings_without_a_library_search():
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True"
     assert config._mallopt(config._M_TOP_PAD, 16 << 20)
+
+
+#: in a fresh process: the heap advised, grown by 64 MiB of arrays, advised again
+#: (argv[1] == "1") or not; prints each [heap] mapping's "hg" flag (huge pages advised)
+_ADVISED = """
+import json, sys
+import numpy as np
+from panjoin.config import advise_heap_hugepages, tune_allocator
+tune_allocator()
+advise_heap_hugepages()
+keep = [np.ones(1 << 17) for _ in range(64)]
+if sys.argv[1] == "1":
+    advise_heap_hugepages()
+flags, cur = [], None
+for line in open("/proc/self/smaps"):
+    parts = line.split()
+    if parts[0] == "VmFlags:":
+        if cur == "[heap]":
+            flags.append("hg" in parts[1:])
+    elif "-" in parts[0] and not parts[0].endswith(":"):
+        cur = parts[5] if len(parts) > 5 else ""
+print(json.dumps(flags))
+"""
+
+
+def test_the_heap_is_advised_as_far_as_it_has_grown():
+    """Each call advises the heap up to the program break (its start read once): the
+    part grown since the first call is covered by the second, and not without it."""
+    import os
+
+    import pytest
+
+    if not os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"):
+        pytest.skip("no transparent huge pages on this kernel")
+
+    def flags(again: bool) -> list[bool]:
+        run = subprocess.run([sys.executable, "-c", _ADVISED, "1" if again else "0"],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        return json.loads(run.stdout)
+
+    once, twice = flags(False), flags(True)
+    assert once[0] and not all(once), once  # the grown part is not advised yet
+    assert twice and all(twice), twice
