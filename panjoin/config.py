@@ -295,7 +295,7 @@ def advise_heap_hugepages() -> None:
     On an advised heap the same trim costs 4K faults (16M/s). numpy advises only
     arrays of 4 MiB and more; the engine's temporaries are smaller. The advice covers
     the heap as far as it reaches at the time of the call (the engine calls it as it
-    starts): from its start, found once in ``/proc/self/maps`` (1-6 ms a read in a
+    starts): from its start, found once in ``/proc/self/maps`` (1-2 ms a read in a
     process with Numba's libraries mapped: a worker's warm-up made 47 engines), to the
     program break (``sbrk(0)``), and only when the heap has moved since the last call.
     ``PANJOIN_TUNE_MALLOC=0`` leaves the heap alone too."""
