@@ -186,16 +186,38 @@ def tune_allocator() -> None:
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -2, -3, -8
 
 
-def _mallopt(param: int, value: int) -> bool:
-    """glibc's ``mallopt(param, value)``: True where it took it (False elsewhere). Looked
-    up among the symbols the process has loaded (libc's among them), not by
+_LIBC: list = []  # [the C library's functions by name, or None], once a process
+
+
+def _libc(name: str):
+    """The C library's function ``name`` (typed for :func:`_mallopt`, :func:`_madvise`'s
+    and :func:`_program_break`'s calls), or None where there is none. Looked up once,
+    among the symbols the process has loaded (libc's among them), not by
     ``ctypes.util.find_library``, which runs ``ldconfig -p`` a call: 25-40 ms of a
     replay's start."""
-    import ctypes
+    if not _LIBC:
+        import ctypes
 
+        try:
+            lib = ctypes.CDLL(None, use_errno=True)
+            fns = {"mallopt": lib.mallopt, "madvise": lib.madvise, "sbrk": lib.sbrk}
+        except (OSError, AttributeError):
+            fns = None
+        else:
+            fns["mallopt"].argtypes = [ctypes.c_int, ctypes.c_int]
+            fns["madvise"].argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            fns["sbrk"].argtypes = [ctypes.c_ssize_t]
+            fns["sbrk"].restype = ctypes.c_void_p
+        _LIBC.append(fns)
+    return None if _LIBC[0] is None else _LIBC[0].get(name)
+
+
+def _mallopt(param: int, value: int) -> bool:
+    """glibc's ``mallopt(param, value)``: True where it took it (False elsewhere)."""
+    f = _libc("mallopt")
     try:
-        return bool(ctypes.CDLL(None).mallopt(param, value))
-    except (OSError, AttributeError, TypeError):
+        return f is not None and bool(f(param, value))
+    except (OSError, TypeError):
         return False
 
 
@@ -274,15 +296,7 @@ _PAGE = 4096
 
 def _madvise():
     """libc's ``madvise(addr, length, advice)`` (it lets go of the GIL), or None."""
-    import ctypes
-
-    try:
-        f = ctypes.CDLL(None, use_errno=True).madvise
-    except (OSError, AttributeError):
-        return None
-    f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    f.restype = ctypes.c_int
-    return f
+    return _libc("madvise")
 
 
 def advise_heap_hugepages() -> None:
@@ -326,12 +340,5 @@ _HEAP = [0, 0]
 
 def _program_break() -> int | None:
     """The heap's end as glibc's ``sbrk(0)`` says it (None where there is none)."""
-    import ctypes
-
-    try:
-        f = ctypes.CDLL(None).sbrk
-    except (OSError, AttributeError):
-        return None
-    f.argtypes = [ctypes.c_ssize_t]
-    f.restype = ctypes.c_void_p
-    return f(0) or None
+    f = _libc("sbrk")
+    return None if f is None else f(0) or None
