@@ -195,6 +195,44 @@ def test_index_residual_equals_post_filter(kind, dtype):
     assert 0 < kept < total  # the residual both kept and dropped real candidates
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_bisort_residual_over_a_full_buffer(threads):
+    """Batches no larger than BI-Sort's insertion buffer stay in it, so its probes with a
+    residual find most candidates in the buffer: its sorted ranges (several key bands,
+    several key2 bands, duplicates at the bounds, every window mode) must give the pairs
+    the post filter keeps, as the buffer fills and after each merge."""
+    rng = np.random.default_rng(11)
+    ix = make_index("bisort", 2000, partitions=16, threads=threads, buffer=64,
+                    par_merge_min=1)
+    n, pos, seen_buffer = 900, 0, 0
+    keys = rng.integers(-20, 20, n)
+    k2 = rng.integers(0, 8, n) * 0.5
+    ts = rng.integers(0, 1000, n)
+    seq = np.arange(5, 5 + n, dtype=np.int64)
+    key2_of = dict(zip(seq.tolist(), k2.tolist(), strict=True))
+    preds = ["eq&band2:1", "band:2&bands2:-2,-1;0.5,1", "bands:-5,-2;4,9&eq2", "ne&band2:0"]
+    while pos < n:
+        sl = slice(pos, min(n, pos + int(rng.integers(5, 30))))
+        o = np.argsort(keys[sl], kind="stable")
+        ix.insert(keys[sl][o], ts[sl][o], seq[sl][o], k2[sl][o])
+        ix.check()
+        pos = sl.stop
+        seen_buffer += ix.nbuf > 10
+        p = parse_predicate(preds[pos % len(preds)])
+        for side in "RS":
+            m = int(rng.integers(1, 90))
+            pk = np.sort(rng.integers(-22, 22, m))
+            lo, hi = probe_bounds(p, side, pk)
+            res = Residual(*residual_bounds(p, side, rng.integers(0, 8, m) * 0.5))
+            flt = random_filter(rng, (W.NONE, W.TIME, W.COUNT)[pos % 3], m)
+            a, b = ix.probe(lo, hi, flt)
+            keep = res.mask(a, np.array([key2_of[s] for s in b.tolist()]))
+            ga, gb = ix.probe(lo, hi, flt, res)
+            np.testing.assert_array_equal(np.sort((ga << 32) | gb),
+                                          np.sort((a[keep] << 32) | b[keep]))
+    assert seen_buffer > 10  # the buffer held candidates in many of the probes
+
+
 def test_index_residual_errors():
     ix = make_index("bisort", 50, partitions=4)
     ix.insert(np.array([1, 2]), np.zeros(2, np.int64), np.array([0, 1]))  # no key2
