@@ -423,3 +423,27 @@ def test_a_worker_sorts_rows_sent_in_arrival_order_and_answers_by_them():
         batch_id=2, sub_ids=[0], filtered=[False], seq_limit=[4],
         format=worker_pb2.RESULT_FORMAT_RANGES)), batches)
     assert fb.code == "INVALID_ARGUMENT" and "arrival order" in fb.error
+
+
+def test_replay_sizes_batches_for_the_workers_that_share_them(cluster):
+    """A file's NBat (panjoin.manager.knobs) sizes each worker's share of a batch: on a
+    manager that cuts every batch by key over its workers, the batch is that many shares,
+    where a manager that places whole subwindows or an in-process join gets one share."""
+    from types import SimpleNamespace
+
+    from panjoin.cli.replay import _batch_sharers
+    from panjoin.launch import start_manager
+
+    def args(**kw):
+        return SimpleNamespace(**{"cluster": None, "workers": None, "placement": "time", **kw})
+
+    assert _batch_sharers(args(cluster=cluster.manager.address)) == 3
+    timed = start_manager(cluster.addresses)  # the same workers, whole subwindows
+    try:
+        assert _batch_sharers(args(cluster=timed.address)) == 1
+    finally:
+        timed.stop()
+    assert _batch_sharers(args(workers=2, placement="key")) == 2
+    assert _batch_sharers(args(workers=2)) == _batch_sharers(args()) == 1
+    assert _batch_sharers(args(cluster="127.0.0.1:1")) == 1  # no answer: the join says why
+    assert _batch_sharers(args(cluster=f"{cluster.manager.address},127.0.0.1:1")) == 1

@@ -164,7 +164,7 @@ def test_the_chunk_follows_the_pairs_in_process_and_is_256k_on_a_manager(caplog)
 
     def chunk(cluster, given=None):
         a = argparse.Namespace(cluster=cluster, chunk=given, subwindow_size=None,
-                               batch_size=None)
+                               batch_size=None, workers=None, placement="time")
         with caplog.at_level(logging.INFO):
             _fill_knobs(a, window, ev, pred)
         assert f"chunks of {a.chunk} rows" in caplog.text

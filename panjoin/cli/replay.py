@@ -402,7 +402,8 @@ def _fill_knobs(args, window, events, pred) -> None:
     w = window_tuples(window, events.ts, events.stream)
     pairs = pairs_per_tuple(events.key, events.stream, pred, w)
     increasing = keys_increase(events.key)
-    nsub, nbat = offline_knobs(window, events.ts, events.stream, pairs, increasing)
+    sharers = _batch_sharers(args) if args.batch_size is None else 1
+    nsub, nbat = offline_knobs(window, events.ts, events.stream, pairs, increasing, sharers)
     if args.subwindow_size is None:
         args.subwindow_size = nsub
     if args.batch_size is None:
@@ -411,8 +412,33 @@ def _fill_knobs(args, window, events, pred) -> None:
         args.chunk = CHUNK_WIRE if args.cluster else chunk_rows(pairs, args.batch_size)
     log.info("knobs for the whole file (panjoin/manager/knobs.py; --subwindow-size, "
              "--batch-size and --chunk override): NSub %d, NBat %d, chunks of %d rows (W %d "
-             "tuples a stream, about %.3g pairs a probe tuple%s)", args.subwindow_size,
-             args.batch_size, args.chunk, w, pairs, ", keys increasing" if increasing else "")
+             "tuples a stream, about %.3g pairs a probe tuple%s%s)", args.subwindow_size,
+             args.batch_size, args.chunk, w, pairs, ", keys increasing" if increasing else "",
+             f", each batch cut by key over {sharers} workers" if sharers > 1 else "")
+
+
+def _batch_sharers(args) -> int:
+    """The workers every batch is cut over, by key: ``--workers N --placement key``'s N,
+    or on ``--cluster``'s one manager, its workers if it places by key (``panjoin manager
+    --placement key``: its ClusterStatus); else 1 (in-process, time placement, a join
+    sharded over managers, a manager that does not answer: the join will say why)."""
+    if args.workers and not args.cluster:
+        return args.workers if args.placement == "key" else 1
+    addresses = managers(args.cluster) if args.cluster else []
+    if len(addresses) != 1:
+        return 1
+    import grpc
+
+    from panjoin.client import Client
+    from panjoin.proto.panjoin.v1 import manager_pb2
+
+    try:
+        with Client(addresses[0]) as c:
+            st = c.stub.ClusterStatus(manager_pb2.ClusterStatusRequest(), timeout=30)
+    except grpc.RpcError as e:
+        log.debug("no cluster status from %s (%s): NBat as in-process", addresses[0], e)
+        return 1
+    return max(1, len(st.workers)) if st.topology == "ring" and st.placement == "key" else 1
 
 
 def _wire_or_max_chunk(args) -> int:

@@ -27,6 +27,19 @@ checks and drops)::
     NSub = min(NSub, max(1K, W / clamp(S / 16, 1, 4)))   # W/2 from S = 32, W/4 from 64
                                                          # (W/2 at least: increasing keys, W > 512K)
 
+On a cluster whose manager cuts every subwindow by key over its N workers (``panjoin
+manager --placement key``), each worker joins about 1/N of every batch, so the rule
+above sizes a worker's share, and the batch is N of them, within the same cap::
+
+    NBat = min(clamp(W / 2, 32K, 256K), N x NBat)
+
+A batch's commands cost a worker a fixed part besides its rows (some 3 ms of a quarter
+core: the Python around a command, gRPC's messages), which 1/N of a small batch does
+not pay for: the 2-D band join (``band:10&band2:10``, W 256K, some 540 candidates a
+probe tuple: NBat 32K in-process) on 4 workers at a quarter core each took 2.1 of their
+CPU-s at NBat 128K against 2.7 at 32K; the equi joins at W 1M and 4M are at the cap
+already (256K).
+
 Measured (``benchmarks/knobs.py``, CPU seconds of separate processes, best of 2): at
 W 1M, band S = 64, NBat 32K was the best or within 1.1x of it on uniform, zipf and
 increasing keys (128K: 1.0x, 1.4x, 1.3x; 256K: 1.6-2.2x), NSub 256K-1M within 1.1x
@@ -249,15 +262,22 @@ def keys_increase(key: np.ndarray, blocks: int = 16, sample: int = 1 << 16) -> b
 
 def offline_knobs(window: Window, ts: np.ndarray | None = None,
                   stream: np.ndarray | None = None, pairs: float = 0.0,
-                  increasing: bool = False) -> tuple[int, int]:
+                  increasing: bool = False, makers: int = 1) -> tuple[int, int]:
     """``(NSub, NBat)`` for joining a whole file whose probe tuples find about ``pairs``
-    pairs each, its keys ``increasing`` or not (see the module docstring)."""
+    pairs each, its keys ``increasing`` or not, each batch shared by ``makers`` workers
+    (N in the module docstring; 1 in-process).
+
+        >>> offline_knobs(parse_window("count:256K,256K"), pairs=540.0)
+        (65536, 32768)
+        >>> offline_knobs(parse_window("count:256K,256K"), pairs=540.0, makers=4)
+        (65536, 131072)
+    """
     w = max(1, window_tuples(window, ts, stream))
-    nbat = int(min(NBAT_MAX, max(NBAT_MIN, w // 2)))
+    cap = int(min(NBAT_MAX, max(NBAT_MIN, w // 2)))
     nsub = max(min(w, max(w // 2, NSUB_HALF)), NSUB_MIN)
     # the nearest power of two, as the grids measured (an estimate of 66 pairs: 32K)
     cut = max(NBAT_MIN, 1 << round(np.log2(max(1.0, BATCH_PAIRS / max(pairs, 1.0)))))
-    nbat = min(nbat, cut)
+    nbat = min(cap, max(1, makers) * min(cap, cut))
     # the expired tail a probe meets is NSub / 2 on average: W/2 at 2x, W/4 at 4x HEAVY
     shrink = round(np.log2(min(4.0, max(1.0, pairs / HEAVY_PAIRS))))
     if increasing and w > NSUB_HALF:  # a band meets the newest keys, not the tail's

@@ -601,7 +601,8 @@ class ManagerServicer(manager_pb2_grpc.ManagerServicer):
 
         with self.lock:
             joins = list(self.joins.items())
-        reply = manager_pb2.ClusterStatusReply(topology=self.topology)
+        reply = manager_pb2.ClusterStatusReply(
+            topology=self.topology, placement=self.placement if self.topology == "ring" else "")
         for jid, j in joins:
             reply.joins.add(status=self._status(jid, j, sync=False), settings=j.settings)
         with ThreadPoolExecutor(max_workers=min(16, len(self.workers))) as pool:

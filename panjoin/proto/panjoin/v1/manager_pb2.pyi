@@ -34,14 +34,16 @@ class WorkerSummary(_message.Message):
     def __init__(self, address: _Optional[str] = ..., reachable: _Optional[bool] = ..., error: _Optional[str] = ..., status: _Optional[_Union[_worker_pb2.WorkerStatus, _Mapping]] = ...) -> None: ...
 
 class ClusterStatusReply(_message.Message):
-    __slots__ = ("topology", "joins", "workers")
+    __slots__ = ("topology", "joins", "workers", "placement")
     TOPOLOGY_FIELD_NUMBER: _ClassVar[int]
     JOINS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     topology: str
     joins: _containers.RepeatedCompositeFieldContainer[JoinSummary]
     workers: _containers.RepeatedCompositeFieldContainer[WorkerSummary]
-    def __init__(self, topology: _Optional[str] = ..., joins: _Optional[_Iterable[_Union[JoinSummary, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerSummary, _Mapping]]] = ...) -> None: ...
+    placement: str
+    def __init__(self, topology: _Optional[str] = ..., joins: _Optional[_Iterable[_Union[JoinSummary, _Mapping]]] = ..., workers: _Optional[_Iterable[_Union[WorkerSummary, _Mapping]]] = ..., placement: _Optional[str] = ...) -> None: ...
 
 class WorkerRef(_message.Message):
     __slots__ = ("address",)
