@@ -115,6 +115,9 @@ class SortedBatch:
     #: for a batch sorted where it arrived (:meth:`sorted_by_key`): each row's place
     #: in the batch as sent
     sent: np.ndarray | None = None
+    #: what other modules derive once a batch, by their own names (the wire's bases of
+    #: every worker's offsets: :func:`panjoin.codec.row_bases`)
+    memo: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, batch_id: int, stream: str, key, ts, seq, ids, key2=None, *,

@@ -148,7 +148,7 @@ def row_bases(batch: SortedBatch) -> tuple[int, int, int] | None:
     """The least key, ts (:func:`_ts_ends`) and id of a batch in arrival order whose
     int64 columns each span less than 2^32 (the bases of every worker's offsets), else
     None; found once a batch (its workers' rows share them)."""
-    got = batch.__dict__.get("row_bases", False)
+    got = batch.memo.get("row_bases", False)
     if got is not False:
         return got
     got = None
@@ -159,7 +159,7 @@ def row_bases(batch: SortedBatch) -> tuple[int, int, int] | None:
                      (int(batch.ids.min()), int(batch.ids.max())))
         if all(hi - lo < NARROW_SPAN for lo, hi in spans):
             got = tuple(lo for lo, _ in spans)
-    batch.__dict__["row_bases"] = got
+    batch.memo["row_bases"] = got
     return got
 
 
