@@ -33,9 +33,9 @@ above sizes a worker's share, and the batch is N of them, within the same cap::
 
     NBat = min(clamp(W / 2, 32K, 256K), N x NBat)
 
-A batch's commands cost a worker a fixed part besides its rows (some 3 ms of a quarter
-core: the Python around a command, gRPC's messages), which 1/N of a small batch does
-not pay for: the 2-D band join (``band:10&band2:10``, W 256K, some 540 candidates a
+A batch's commands cost a worker a fixed part besides its rows (milliseconds of a
+quarter core: the Python around a command, gRPC's messages), which 1/N of a small
+batch does not pay for: the 2-D band join (``band:10&band2:10``, W 256K, some 540 candidates a
 probe tuple: NBat 32K in-process) on 4 workers at a quarter core each took 2.1 of their
 CPU-s at NBat 128K against 2.7 at 32K; the equi joins at W 1M and 4M are at the cap
 already (256K).
